@@ -1,0 +1,189 @@
+//! The Indexer: a [`ThreadSafeStore`] keyed by a key function, as client-go's `cache`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{
+    Indexers, KeyError, Object, StoreError, ThreadSafeStore, meta_namespace_key,
+};
+
+/// Computes an object's key; [`meta_namespace_key`] by default.
+pub type KeyFunc<K> = Arc<dyn Fn(&K) -> Result<String, KeyError> + Send + Sync>;
+
+/// What a DeltaFifo needs to know of the objects it feeds: their keys and the
+/// last state of each. client-go's `KeyListerGetter`.
+pub trait KnownObjects<K>: Send + Sync {
+    /// Every key held.
+    fn list_keys(&self) -> Vec<String>;
+    /// The object held under `key`.
+    fn get_by_key(&self, key: &str) -> Option<Arc<K>>;
+}
+
+/// A thread-safe, indexed store of `Arc<K>` keyed by a key function: the cache
+/// behind an informer and its Listers.
+///
+/// Semantics are client-go's `Indexer`: `add` and `update` both upsert,
+/// `delete` of an absent object is not an error, `replace` swaps the whole
+/// content atomically and rebuilds the indexes, and indexes can only be added
+/// while the store is empty. Unlike client-go, an object without a key or an
+/// index function that fails is an error naming the object, and the store is
+/// left unchanged.
+pub struct Indexer<K> {
+    store: ThreadSafeStore<K>,
+    key_func: KeyFunc<K>,
+}
+
+impl<K: Object> Default for Indexer<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> fmt::Debug for Indexer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Indexer")
+            .field("len", &self.store.len())
+            .field("indexes", &self.store.indexer_names())
+            .finish()
+    }
+}
+
+impl<K: Object> Indexer<K> {
+    /// An empty indexer keyed by [`meta_namespace_key`], without indexes.
+    pub fn new() -> Self {
+        Self::with_key_func(Arc::new(|obj: &K| meta_namespace_key(obj)), Indexers::new())
+    }
+
+    /// An empty indexer keyed by [`meta_namespace_key`] with the given indexes.
+    pub fn with_indexers(indexers: Indexers<K>) -> Self {
+        Self::with_key_func(Arc::new(|obj: &K| meta_namespace_key(obj)), indexers)
+    }
+}
+
+impl<K> Indexer<K> {
+    /// An empty indexer with a key function of your own.
+    pub fn with_key_func(key_func: KeyFunc<K>, indexers: Indexers<K>) -> Self {
+        Self {
+            store: ThreadSafeStore::with_indexers(indexers),
+            key_func,
+        }
+    }
+
+    /// The key of `obj` under this indexer's key function.
+    pub fn key_of(&self, obj: &K) -> Result<String, KeyError> {
+        (self.key_func)(obj)
+    }
+
+    /// The key function, for layers above that key objects the same way.
+    pub fn key_func(&self) -> &KeyFunc<K> {
+        &self.key_func
+    }
+
+    /// Inserts or replaces the object.
+    pub fn add(&self, obj: Arc<K>) -> Result<(), StoreError> {
+        let key = self.key_of(&obj)?;
+        self.store.add(&key, obj)
+    }
+
+    /// Inserts or replaces the object.
+    pub fn update(&self, obj: Arc<K>) -> Result<(), StoreError> {
+        let key = self.key_of(&obj)?;
+        self.store.update(&key, obj)
+    }
+
+    /// Removes the object with `obj`'s key; returns what was stored.
+    pub fn delete(&self, obj: &K) -> Result<Option<Arc<K>>, StoreError> {
+        let key = self.key_of(obj)?;
+        Ok(self.store.delete(&key))
+    }
+
+    /// Removes the object under `key`; returns it.
+    pub fn delete_by_key(&self, key: &str) -> Option<Arc<K>> {
+        self.store.delete(key)
+    }
+
+    /// The stored object with `obj`'s key.
+    pub fn get(&self, obj: &K) -> Result<Option<Arc<K>>, StoreError> {
+        let key = self.key_of(obj)?;
+        Ok(self.store.get(&key))
+    }
+
+    /// The stored object under `key`.
+    pub fn get_by_key(&self, key: &str) -> Option<Arc<K>> {
+        self.store.get(key)
+    }
+
+    /// Every object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.store.list()
+    }
+
+    /// Every key, in no particular order.
+    pub fn list_keys(&self) -> Vec<String> {
+        self.store.list_keys()
+    }
+
+    /// The number of objects.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// Whether the indexer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+
+    /// Swaps the whole content for `list` at once. The resource version is
+    /// the list's; the store does not keep it (client-go parity).
+    pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), StoreError> {
+        let items = list
+            .into_iter()
+            .map(|obj| Ok((self.key_of(&obj)?, obj)))
+            .collect::<Result<Vec<_>, KeyError>>()?;
+        self.store.replace(items)
+    }
+
+    /// Nothing to do for a store held in memory; kept for client-go parity.
+    pub fn resync(&self) {
+        self.store.resync()
+    }
+
+    /// Adds indexes; refused once the indexer holds items.
+    pub fn add_indexers(&self, indexers: Indexers<K>) -> Result<(), StoreError> {
+        self.store.add_indexers(indexers)
+    }
+
+    /// Objects sharing at least one value of index `index_name` with `obj`.
+    pub fn index(&self, index_name: &str, obj: &K) -> Result<Vec<Arc<K>>, StoreError> {
+        self.store.index(index_name, obj)
+    }
+
+    /// Objects whose index `index_name` includes `value`.
+    pub fn by_index(&self, index_name: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
+        self.store.by_index(index_name, value)
+    }
+
+    /// Keys of the objects whose index `index_name` includes `value`.
+    pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<String>, StoreError> {
+        self.store.index_keys(index_name, value)
+    }
+
+    /// Every value of index `index_name` that some object has.
+    pub fn list_index_func_values(&self, index_name: &str) -> Vec<String> {
+        self.store.list_index_func_values(index_name)
+    }
+
+    /// The names of the indexes.
+    pub fn indexer_names(&self) -> Vec<String> {
+        self.store.indexer_names()
+    }
+}
+
+impl<K: Send + Sync> KnownObjects<K> for Indexer<K> {
+    fn list_keys(&self) -> Vec<String> {
+        self.store.list_keys()
+    }
+    fn get_by_key(&self, key: &str) -> Option<Arc<K>> {
+        self.store.get(key)
+    }
+}

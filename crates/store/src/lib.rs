@@ -1,0 +1,52 @@
+//! The bottom layer of kinformer: how objects are keyed and kept in memory.
+//!
+//! This crate is client-go's `tools/cache` store, `thread_safe_store` and
+//! `index` in Rust. It knows nothing of the Kubernetes wire: it holds anything
+//! that implements [`Object`] (every k8s-openapi resource does), always as
+//! `Arc<K>`, so the objects a cache hands out are shared and immutable by type.
+//!
+//! - [`meta_namespace_key`] turns an object into its `namespace/name` key and
+//!   [`split_meta_namespace_key`] takes such a key apart;
+//!   [`deletion_handling_meta_namespace_key`] also accepts the tombstones
+//!   ([`DeletedFinalStateUnknown`]) that a relist produces.
+//! - [`ThreadSafeStore`] is a keyed map with named secondary indexes that
+//!   stay consistent on every add, update, delete and replace.
+//! - [`Indexer`] is the store most callers want: a [`ThreadSafeStore`] plus a
+//!   key function, the cache behind every informer and Lister.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use k8s_openapi::api::core::v1::Pod;
+//! use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+//! use kinformer_store::{Indexer, NAMESPACE_INDEX, namespace_indexers};
+//!
+//! let indexer = Indexer::<Pod>::with_indexers(namespace_indexers());
+//! let pod = Pod {
+//!     metadata: ObjectMeta {
+//!         namespace: Some("web".into()),
+//!         name: Some("frontend-0".into()),
+//!         ..ObjectMeta::default()
+//!     },
+//!     ..Pod::default()
+//! };
+//! indexer.add(Arc::new(pod)).unwrap();
+//! assert!(indexer.get_by_key("web/frontend-0").is_some());
+//! assert_eq!(indexer.by_index(NAMESPACE_INDEX, "web").unwrap().len(), 1);
+//! ```
+
+mod error;
+mod index;
+mod indexer;
+mod key;
+mod object;
+mod thread_safe_store;
+
+pub use error::{BoxError, KeyError, StoreError};
+pub use index::{IndexFunc, Indexers, NAMESPACE_INDEX, meta_namespace_index_func, namespace_indexers};
+pub use indexer::{Indexer, KeyFunc, KnownObjects};
+pub use key::{
+    deletion_handling_meta_namespace_key, meta_namespace_key, object_description,
+    split_meta_namespace_key,
+};
+pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
+pub use thread_safe_store::ThreadSafeStore;

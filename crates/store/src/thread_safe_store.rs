@@ -1,0 +1,372 @@
+//! A keyed map of `Arc<K>` with secondary indexes, safe to share between threads.
+//!
+//! One `RwLock` guards the items and every index together, so a reader never
+//! sees an object without its index entries or the other way round. Each item
+//! remembers the index values computed when it was stored: an update or
+//! delete removes exactly those entries, so an object moving from one index
+//! value to another leaves nothing stale behind, whatever its index function
+//! would say now, and an update whose values did not change touches no index.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::{IndexFunc, Indexers, StoreError};
+
+type Hasher = foldhash::fast::RandomState;
+type Map<K, V> = HashMap<K, V, Hasher>;
+type KeySet = HashSet<Arc<str>, Hasher>;
+
+/// A thread-safe keyed store with named indexes: client-go's `ThreadSafeStore`.
+///
+/// Keys are given by the caller; [`Indexer`](crate::Indexer) wraps this with a
+/// key function. Every mutating call is atomic: when an index function fails,
+/// the error names the index and key and nothing is changed.
+pub struct ThreadSafeStore<K> {
+    inner: RwLock<Inner<K>>,
+}
+
+struct Entry<K> {
+    obj: Arc<K>,
+    /// The values of each index (in `Inner::indexers` order) for `obj`.
+    index_values: Box<[Box<[Arc<str>]>]>,
+}
+
+struct Inner<K> {
+    items: Map<Arc<str>, Entry<K>>,
+    indexers: Vec<(String, IndexFunc<K>)>,
+    /// Per index (same order as `indexers`): index value -> keys.
+    indices: Vec<Map<Arc<str>, KeySet>>,
+}
+
+impl<K> Default for ThreadSafeStore<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> ThreadSafeStore<K> {
+    /// An empty store without indexes.
+    pub fn new() -> Self {
+        Self {
+            inner: RwLock::new(Inner {
+                items: Map::default(),
+                indexers: Vec::new(),
+                indices: Vec::new(),
+            }),
+        }
+    }
+
+    /// An empty store with the given indexes.
+    pub fn with_indexers(indexers: Indexers<K>) -> Self {
+        let store = Self::new();
+        // Cannot fail: the store is empty and the names of a map are distinct.
+        let _ = store.add_indexers(indexers);
+        store
+    }
+
+    /// Adds indexes. Refused, as in client-go, once the store holds items, and
+    /// when a name is already taken.
+    pub fn add_indexers(&self, new: Indexers<K>) -> Result<(), StoreError> {
+        let mut inner = self.inner.write();
+        if !inner.items.is_empty() {
+            return Err(StoreError::IndexersAfterItems(inner.items.len()));
+        }
+        if let Some(name) = new
+            .keys()
+            .find(|name| inner.indexers.iter().any(|(n, _)| n == *name))
+        {
+            return Err(StoreError::IndexerConflict(name.clone()));
+        }
+        let mut new: Vec<_> = new.into_iter().collect();
+        new.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, func) in new {
+            inner.indexers.push((name, func));
+            inner.indices.push(Map::default());
+        }
+        Ok(())
+    }
+
+    /// The names of the indexes.
+    pub fn indexer_names(&self) -> Vec<String> {
+        self.inner
+            .read()
+            .indexers
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Inserts or replaces the object under `key`, updating every index.
+    pub fn add(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
+        self.update(key, obj)
+    }
+
+    /// Inserts or replaces the object under `key`, updating every index.
+    pub fn update(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
+        let mut inner = self.inner.write();
+        let values = inner.index_values(key, &obj)?;
+        inner.put(key, obj, values);
+        Ok(())
+    }
+
+    /// Removes the object under `key` and its index entries; returns it.
+    pub fn delete(&self, key: &str) -> Option<Arc<K>> {
+        let mut inner = self.inner.write();
+        let (key, entry) = inner.items.remove_entry(key)?;
+        inner.unindex(&key, &entry.index_values);
+        Some(entry.obj)
+    }
+
+    /// The object under `key`.
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.inner
+            .read()
+            .items
+            .get(key)
+            .map(|e| Arc::clone(&e.obj))
+    }
+
+    /// Whether an object is stored under `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.inner.read().items.contains_key(key)
+    }
+
+    /// Every object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.inner
+            .read()
+            .items
+            .values()
+            .map(|e| Arc::clone(&e.obj))
+            .collect()
+    }
+
+    /// Every key, in no particular order.
+    pub fn list_keys(&self) -> Vec<String> {
+        self.inner
+            .read()
+            .items
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// The number of objects.
+    pub fn len(&self) -> usize {
+        self.inner.read().items.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.read().items.is_empty()
+    }
+
+    /// Swaps the whole content for `items` at once and rebuilds the indexes.
+    /// When a key appears twice, the later object wins.
+    pub fn replace<I>(&self, items: I) -> Result<(), StoreError>
+    where
+        I: IntoIterator<Item = (String, Arc<K>)>,
+    {
+        // Index values are computed before the lock is taken for writing, so
+        // readers are blocked only for the swap itself.
+        let indexers = self.inner.read().indexers.clone();
+        let items = items.into_iter();
+        let mut entries: Map<Arc<str>, Entry<K>> =
+            Map::with_capacity_and_hasher(items.size_hint().0, Hasher::default());
+        for (key, obj) in items {
+            let values = compute_index_values(&indexers, &key, &obj)?;
+            entries.insert(
+                Arc::from(key),
+                Entry {
+                    obj,
+                    index_values: values,
+                },
+            );
+        }
+        let mut indices: Vec<Map<Arc<str>, KeySet>> =
+            indexers.iter().map(|_| Map::default()).collect();
+        for (key, entry) in &entries {
+            for (index, values) in indices.iter_mut().zip(entry.index_values.iter()) {
+                for value in values.iter() {
+                    index
+                        .entry(Arc::clone(value))
+                        .or_default()
+                        .insert(Arc::clone(key));
+                }
+            }
+        }
+        let mut inner = self.inner.write();
+        if inner.indexers.len() != indexers.len() {
+            // add_indexers ran meanwhile (only possible on an empty store); redo.
+            drop(inner);
+            let items: Vec<_> = entries
+                .into_iter()
+                .map(|(k, e)| (k.to_string(), e.obj))
+                .collect();
+            return self.replace(items);
+        }
+        inner.items = entries;
+        inner.indices = indices;
+        Ok(())
+    }
+
+    /// Objects that share at least one value of index `index_name` with `obj`.
+    pub fn index(&self, index_name: &str, obj: &K) -> Result<Vec<Arc<K>>, StoreError> {
+        let inner = self.inner.read();
+        let i = inner.index_position(index_name)?;
+        let values = (inner.indexers[i].1)(obj).map_err(|source| StoreError::IndexFunc {
+            index: index_name.to_owned(),
+            key: String::from("<query object>"),
+            source,
+        })?;
+        let index = &inner.indices[i];
+        let objects = if values.len() == 1 {
+            index
+                .get(values[0].as_str())
+                .map(|keys| inner.objects(keys.iter()))
+                .unwrap_or_default()
+        } else {
+            let mut keys: HashSet<&Arc<str>, Hasher> = HashSet::default();
+            for value in &values {
+                if let Some(set) = index.get(value.as_str()) {
+                    keys.extend(set.iter());
+                }
+            }
+            inner.objects(keys.into_iter())
+        };
+        Ok(objects)
+    }
+
+    /// Objects whose index `index_name` includes `value`.
+    pub fn by_index(&self, index_name: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
+        let inner = self.inner.read();
+        let i = inner.index_position(index_name)?;
+        Ok(inner.indices[i]
+            .get(value)
+            .map(|keys| inner.objects(keys.iter()))
+            .unwrap_or_default())
+    }
+
+    /// Keys of the objects whose index `index_name` includes `value`.
+    pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<String>, StoreError> {
+        let inner = self.inner.read();
+        let i = inner.index_position(index_name)?;
+        Ok(inner.indices[i]
+            .get(value)
+            .map(|keys| keys.iter().map(|k| k.to_string()).collect())
+            .unwrap_or_default())
+    }
+
+    /// Every value of index `index_name` that at least one object has; empty
+    /// when the index does not exist, as in client-go.
+    pub fn list_index_func_values(&self, index_name: &str) -> Vec<String> {
+        let inner = self.inner.read();
+        match inner.index_position(index_name) {
+            Ok(i) => inner.indices[i].keys().map(|v| v.to_string()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Nothing to do for a store held in memory; kept for client-go parity.
+    pub fn resync(&self) {}
+}
+
+fn compute_index_values<K>(
+    indexers: &[(String, IndexFunc<K>)],
+    key: &str,
+    obj: &K,
+) -> Result<Box<[Box<[Arc<str>]>]>, StoreError> {
+    indexers
+        .iter()
+        .map(|(name, func)| {
+            let mut values = func(obj).map_err(|source| StoreError::IndexFunc {
+                index: name.clone(),
+                key: key.to_owned(),
+                source,
+            })?;
+            values.sort_unstable();
+            values.dedup();
+            Ok(values.into_iter().map(Arc::from).collect())
+        })
+        .collect()
+}
+
+impl<K> Inner<K> {
+    fn index_position(&self, index_name: &str) -> Result<usize, StoreError> {
+        self.indexers
+            .iter()
+            .position(|(n, _)| n == index_name)
+            .ok_or_else(|| StoreError::IndexNotFound(index_name.to_owned()))
+    }
+
+    fn index_values(&self, key: &str, obj: &K) -> Result<Box<[Box<[Arc<str>]>]>, StoreError> {
+        compute_index_values(&self.indexers, key, obj)
+    }
+
+    fn objects<'a>(&self, keys: impl Iterator<Item = &'a Arc<str>>) -> Vec<Arc<K>> {
+        keys.filter_map(|k| self.items.get(k).map(|e| Arc::clone(&e.obj)))
+            .collect()
+    }
+
+    fn put(&mut self, key: &str, obj: Arc<K>, values: Box<[Box<[Arc<str>]>]>) {
+        let existing = self
+            .items
+            .get_key_value(key)
+            .map(|(k, e)| (Arc::clone(k), e.index_values == values));
+        match existing {
+            // The common update: same index values, no index work.
+            Some((_, true)) => {
+                if let Some(entry) = self.items.get_mut(key) {
+                    entry.obj = obj;
+                }
+            }
+            Some((key, false)) => {
+                let entry = Entry {
+                    obj,
+                    index_values: values.clone(),
+                };
+                if let Some(old) = self.items.insert(Arc::clone(&key), entry) {
+                    self.unindex(&key, &old.index_values);
+                }
+                self.index(&key, &values);
+            }
+            None => {
+                let key: Arc<str> = Arc::from(key);
+                self.index(&key, &values);
+                let entry = Entry {
+                    obj,
+                    index_values: values,
+                };
+                self.items.insert(key, entry);
+            }
+        }
+    }
+
+    fn index(&mut self, key: &Arc<str>, values: &[Box<[Arc<str>]>]) {
+        for (index, values) in self.indices.iter_mut().zip(values) {
+            for value in values.iter() {
+                index
+                    .entry(Arc::clone(value))
+                    .or_default()
+                    .insert(Arc::clone(key));
+            }
+        }
+    }
+
+    fn unindex(&mut self, key: &str, values: &[Box<[Arc<str>]>]) {
+        for (index, values) in self.indices.iter_mut().zip(values) {
+            for value in values.iter() {
+                if let Some(set) = index.get_mut(value) {
+                    set.remove(key);
+                    // Empty sets are dropped so that churn of index values
+                    // cannot grow the index without bound.
+                    if set.is_empty() {
+                        index.remove(value);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Black-box tests of the Indexer, named after the client-go behaviour they pin.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_store::{
+    IndexFunc, Indexer, Indexers, KnownObjects, NAMESPACE_INDEX, StoreError, namespace_indexers,
+};
+
+fn pod(ns: &str, name: &str, labels: &[(&str, &str)]) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            resource_version: Some("1".into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    })
+}
+
+/// Indexes pods by every value of their `tier` and `team` labels.
+fn by_label_values() -> Indexers<Pod> {
+    let f: IndexFunc<Pod> = Arc::new(|p: &Pod| {
+        Ok(p.metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(_, v)| v.clone())
+            .collect())
+    });
+    let mut m = namespace_indexers();
+    m.insert("labels".into(), f);
+    m
+}
+
+fn names(objs: Vec<Arc<Pod>>) -> BTreeSet<String> {
+    objs.into_iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn add_get_update_delete_round_trip() {
+    let idx = Indexer::<Pod>::new();
+    idx.add(pod("a", "p", &[])).unwrap();
+    assert_eq!(idx.len(), 1);
+    assert!(idx.get_by_key("a/p").is_some());
+    let mut newer = (*pod("a", "p", &[])).clone();
+    newer.metadata.resource_version = Some("2".into());
+    idx.update(Arc::new(newer.clone())).unwrap();
+    assert_eq!(
+        idx.get(&newer).unwrap().unwrap().metadata.resource_version.as_deref(),
+        Some("2")
+    );
+    assert!(idx.delete(&newer).unwrap().is_some());
+    assert!(idx.is_empty());
+    // Deleting what is not there is not an error, as in client-go.
+    assert!(idx.delete(&newer).unwrap().is_none());
+}
+
+#[test]
+fn object_without_name_is_refused_and_nothing_is_stored() {
+    let idx = Indexer::<Pod>::new();
+    let nameless = Arc::new(Pod {
+        metadata: ObjectMeta {
+            namespace: Some("web".into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    });
+    let err = idx.add(nameless).unwrap_err();
+    assert!(matches!(err, StoreError::Key(_)), "{err}");
+    assert!(err.to_string().contains("web"));
+    assert!(idx.is_empty());
+}
+
+#[test]
+fn by_index_finds_objects_by_namespace() {
+    let idx = Indexer::with_indexers(namespace_indexers());
+    for (ns, name) in [("a", "1"), ("a", "2"), ("b", "3")] {
+        idx.add(pod(ns, name, &[])).unwrap();
+    }
+    assert_eq!(names(idx.by_index(NAMESPACE_INDEX, "a").unwrap()), ["1", "2"].map(String::from).into());
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "b").unwrap(), vec!["b/3".to_string()]);
+    assert!(idx.by_index(NAMESPACE_INDEX, "c").unwrap().is_empty());
+    let mut values = idx.list_index_func_values(NAMESPACE_INDEX);
+    values.sort();
+    assert_eq!(values, vec!["a", "b"]);
+}
+
+#[test]
+fn index_returns_objects_sharing_any_value_with_the_query_object() {
+    let idx = Indexer::with_indexers(by_label_values());
+    idx.add(pod("n", "front", &[("tier", "web"), ("team", "blue")])).unwrap();
+    idx.add(pod("n", "back", &[("tier", "db"), ("team", "blue")])).unwrap();
+    idx.add(pod("n", "other", &[("tier", "cache")])).unwrap();
+    let query = pod("n", "q", &[("tier", "web"), ("x", "cache")]);
+    assert_eq!(names(idx.index("labels", &query).unwrap()), ["front", "other"].map(String::from).into());
+}
+
+#[test]
+fn update_moving_an_object_between_index_values_leaves_no_stale_entry() {
+    let idx = Indexer::with_indexers(by_label_values());
+    idx.add(pod("n", "p", &[("tier", "web")])).unwrap();
+    idx.update(pod("n", "p", &[("tier", "db")])).unwrap();
+    assert!(idx.by_index("labels", "web").unwrap().is_empty());
+    assert!(idx.index_keys("labels", "web").unwrap().is_empty());
+    assert_eq!(idx.index_keys("labels", "db").unwrap(), vec!["n/p".to_string()]);
+    assert_eq!(idx.list_index_func_values("labels"), vec!["db".to_string()]);
+}
+
+#[test]
+fn delete_removes_every_index_entry_of_the_object() {
+    let idx = Indexer::with_indexers(by_label_values());
+    idx.add(pod("n", "p", &[("tier", "web"), ("team", "blue")])).unwrap();
+    idx.delete(&pod("n", "p", &[])).unwrap();
+    assert!(idx.list_index_func_values("labels").is_empty());
+    assert!(idx.list_index_func_values(NAMESPACE_INDEX).is_empty());
+}
+
+#[test]
+fn replace_swaps_content_and_rebuilds_indexes() {
+    let idx = Indexer::with_indexers(namespace_indexers());
+    idx.add(pod("old", "gone", &[])).unwrap();
+    idx.replace(vec![pod("new", "1", &[]), pod("new", "2", &[])], "10").unwrap();
+    assert_eq!(idx.len(), 2);
+    assert!(idx.get_by_key("old/gone").is_none());
+    assert!(idx.by_index(NAMESPACE_INDEX, "old").unwrap().is_empty());
+    assert_eq!(idx.by_index(NAMESPACE_INDEX, "new").unwrap().len(), 2);
+}
+
+#[test]
+fn replace_with_a_keyless_object_is_refused_and_keeps_the_old_content() {
+    let idx = Indexer::<Pod>::new();
+    idx.add(pod("a", "kept", &[])).unwrap();
+    let err = idx
+        .replace(vec![pod("a", "x", &[]), Arc::new(Pod::default())], "2")
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Key(_)));
+    assert_eq!(idx.list_keys(), vec!["a/kept".to_string()]);
+}
+
+#[test]
+fn add_indexers_is_refused_once_items_exist() {
+    let idx = Indexer::<Pod>::new();
+    idx.add_indexers(namespace_indexers()).unwrap();
+    assert!(matches!(
+        idx.add_indexers(namespace_indexers()),
+        Err(StoreError::IndexerConflict(name)) if name == NAMESPACE_INDEX
+    ));
+    idx.add(pod("a", "b", &[])).unwrap();
+    assert!(matches!(
+        idx.add_indexers(by_label_values()),
+        Err(StoreError::IndexersAfterItems(1))
+    ));
+}
+
+#[test]
+fn querying_an_unknown_index_is_an_error_naming_it() {
+    let idx = Indexer::<Pod>::new();
+    let err = idx.by_index("nope", "x").unwrap_err();
+    assert!(err.to_string().contains("\"nope\""));
+    assert!(idx.list_index_func_values("nope").is_empty());
+}
+
+#[test]
+fn failing_index_function_is_an_error_and_the_object_is_not_stored() {
+    let mut indexers: Indexers<Pod> = HashMap::new();
+    indexers.insert(
+        "strict".into(),
+        Arc::new(|p: &Pod| {
+            if p.metadata.labels.as_ref().is_some_and(|l| l.contains_key("bad")) {
+                Err("label \"bad\" is not allowed".into())
+            } else {
+                Ok(vec!["ok".into()])
+            }
+        }),
+    );
+    let idx = Indexer::with_indexers(indexers);
+    idx.add(pod("n", "p", &[])).unwrap();
+    let err = idx.update(pod("n", "p", &[("bad", "1")])).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("strict") && msg.contains("n/p") && msg.contains("not allowed"), "{msg}");
+    // The earlier state is intact.
+    assert_eq!(idx.index_keys("strict", "ok").unwrap(), vec!["n/p".to_string()]);
+}
+
+#[test]
+fn known_objects_view_lists_keys_and_gets_objects() {
+    let idx = Indexer::<Pod>::new();
+    idx.add(pod("a", "b", &[])).unwrap();
+    let known: &dyn KnownObjects<Pod> = &idx;
+    assert_eq!(known.list_keys(), vec!["a/b".to_string()]);
+    assert!(known.get_by_key("a/b").is_some());
+}
+
+#[test]
+fn concurrent_writers_keep_indexes_consistent_with_items() {
+    let idx = Arc::new(Indexer::with_indexers(by_label_values()));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let idx = Arc::clone(&idx);
+            std::thread::spawn(move || {
+                for i in 0..2_000 {
+                    let name = format!("p{}", i % 50);
+                    let tier = ["web", "db", "cache"][(i + t) % 3];
+                    if i % 7 == 0 {
+                        idx.delete(&pod("n", &name, &[])).unwrap();
+                    } else {
+                        idx.update(pod("n", &name, &[("tier", tier)])).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Every index entry points at a stored object whose labels carry that value,
+    // and every stored object is in the index under each of its values.
+    let mut indexed = 0;
+    for value in idx.list_index_func_values("labels") {
+        for obj in idx.by_index("labels", &value).unwrap() {
+            assert_eq!(obj.metadata.labels.as_ref().unwrap()["tier"], value);
+            indexed += 1;
+        }
+    }
+    assert_eq!(indexed, idx.len());
+}
