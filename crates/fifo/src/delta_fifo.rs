@@ -1,0 +1,433 @@
+//! The DeltaFifo itself.
+//!
+//! One `parking_lot` mutex guards the item map and the key order; waiting in
+//! `pop` uses a tokio `Notify`. A waiter registers with the `Notify` before it
+//! looks at the queue, and every push into an empty queue (and `close`)
+//! notifies all registered waiters, so no wake-up can fall between the check
+//! and the wait.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::pin::pin;
+use std::sync::Arc;
+
+use kinformer_store::{
+    DeletedFinalStateUnknown, KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone,
+    meta_namespace_key,
+};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
+
+type Hasher = foldhash::fast::RandomState;
+
+/// How a [`DeltaFifo`] is built. Defaults: keys by
+/// [`meta_namespace_key`], no known objects, `Replaced` deltas on replace.
+pub struct DeltaFifoOptions<K> {
+    key_func: KeyFunc<K>,
+    known_objects: Option<Arc<dyn KnownObjects<K>>>,
+    emit_delta_type_replaced: bool,
+}
+
+impl<K: Object> Default for DeltaFifoOptions<K> {
+    fn default() -> Self {
+        Self {
+            key_func: Arc::new(|obj: &K| meta_namespace_key(obj)),
+            known_objects: None,
+            emit_delta_type_replaced: true,
+        }
+    }
+}
+
+impl<K: Object> DeltaFifoOptions<K> {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<K> DeltaFifoOptions<K> {
+    /// Keys objects with `key_func` instead of `namespace/name`.
+    pub fn key_func(mut self, key_func: KeyFunc<K>) -> Self {
+        self.key_func = key_func;
+        self
+    }
+
+    /// The store the popped deltas are applied to (normally the informer's
+    /// Indexer). `replace` detects deletions against its keys and `resync`
+    /// replays its objects; without it only the queue's own keys are known.
+    pub fn known_objects(mut self, known: Arc<dyn KnownObjects<K>>) -> Self {
+        self.known_objects = Some(known);
+        self
+    }
+
+    /// The legacy mode: `replace` records `Sync` instead of `Replaced` deltas
+    /// (client-go's default before `EmitDeltaTypeReplaced`).
+    pub fn legacy_sync_on_replace(mut self) -> Self {
+        self.emit_delta_type_replaced = false;
+        self
+    }
+}
+
+/// A queue of per-key ordered deltas: client-go's `DeltaFIFO`.
+///
+/// - Keys come out in the order they were first queued; a key queued again
+///   before it is popped keeps its place and gains a delta.
+/// - Two `Deleted` deltas in a row for a key collapse into one, keeping the
+///   one that is not a tombstone.
+/// - `delete` of an object neither queued nor known is ignored.
+/// - `replace` and `resync` behave as documented on them.
+/// - The `pop` closure runs while the queue is locked, as in client-go: the
+///   consumer's store is then updated before any `replace` or `resync` can
+///   look at it, so neither sees a key that is in neither place. The closure
+///   must not call back into the DeltaFifo.
+/// - Bad input (an object whose key cannot be computed) is an error naming
+///   the object; nothing queued is lost or changed.
+pub struct DeltaFifo<K> {
+    inner: Mutex<Inner<K>>,
+    notify: Notify,
+    key_func: KeyFunc<K>,
+    known_objects: Option<Arc<dyn KnownObjects<K>>>,
+    emit_delta_type_replaced: bool,
+}
+
+struct Inner<K> {
+    items: HashMap<Arc<str>, Deltas<K>, Hasher>,
+    queue: VecDeque<Arc<str>>,
+    /// Whether anything (a replace, an add, an update, a delete) has arrived.
+    populated: bool,
+    /// How many keys of the first replace have yet to be popped.
+    initial_population_count: usize,
+    closed: bool,
+}
+
+impl<K> fmt::Debug for DeltaFifo<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.inner.lock();
+        f.debug_struct("DeltaFifo")
+            .field("queued", &inner.queue.len())
+            .field("populated", &inner.populated)
+            .field("closed", &inner.closed)
+            .finish()
+    }
+}
+
+impl<K: Object> Default for DeltaFifo<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Object> DeltaFifo<K> {
+    /// A DeltaFifo with the default options and no known objects.
+    pub fn new() -> Self {
+        Self::with_options(DeltaFifoOptions::default())
+    }
+}
+
+impl<K> DeltaFifo<K> {
+    /// A DeltaFifo built from `options`.
+    pub fn with_options(options: DeltaFifoOptions<K>) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                items: HashMap::default(),
+                queue: VecDeque::new(),
+                populated: false,
+                initial_population_count: 0,
+                closed: false,
+            }),
+            notify: Notify::new(),
+            key_func: options.key_func,
+            known_objects: options.known_objects,
+            emit_delta_type_replaced: options.emit_delta_type_replaced,
+        }
+    }
+
+    /// The key of an object or tombstone.
+    pub fn key_of(&self, obj: &ObjectOrTombstone<K>) -> Result<String, KeyError> {
+        match obj {
+            ObjectOrTombstone::Object(obj) => (self.key_func)(obj),
+            ObjectOrTombstone::Tombstone(t) => Ok(t.key.clone()),
+        }
+    }
+
+    /// Records that the object was added.
+    pub fn add(&self, obj: Arc<K>) -> Result<(), FifoError> {
+        let key = (self.key_func)(&obj)?;
+        let mut inner = self.inner.lock();
+        inner.populated = true;
+        self.queue_action(&mut inner, &key, Delta::new(DeltaType::Added, obj));
+        Ok(())
+    }
+
+    /// Records that the object was updated.
+    pub fn update(&self, obj: Arc<K>) -> Result<(), FifoError> {
+        let key = (self.key_func)(&obj)?;
+        let mut inner = self.inner.lock();
+        inner.populated = true;
+        self.queue_action(&mut inner, &key, Delta::new(DeltaType::Updated, obj));
+        Ok(())
+    }
+
+    /// Records that the object was deleted. Ignored when the key is neither
+    /// queued nor held by the known objects (nothing to tell anyone).
+    pub fn delete(&self, obj: impl Into<ObjectOrTombstone<K>>) -> Result<(), FifoError> {
+        let obj = obj.into();
+        let key = self.key_of(&obj)?;
+        let mut inner = self.inner.lock();
+        inner.populated = true;
+        let queued = inner.items.contains_key(key.as_str());
+        let known = self
+            .known_objects
+            .as_ref()
+            .is_some_and(|k| k.get_by_key(&key).is_some());
+        if !queued && !known {
+            return Ok(());
+        }
+        self.queue_action(
+            &mut inner,
+            &key,
+            Delta {
+                kind: DeltaType::Deleted,
+                object: obj,
+            },
+        );
+        Ok(())
+    }
+
+    /// Records a full list as of `resource_version`.
+    ///
+    /// Every listed object gets a `Replaced` delta (`Sync` in the legacy
+    /// mode). Every key that is queued, or held by the known objects with
+    /// nothing queued, and is absent from the list gets a `Deleted` delta
+    /// whose object is a [`DeletedFinalStateUnknown`] tombstone carrying the
+    /// last state known. The first replace also fixes the population that
+    /// [`has_synced`](Self::has_synced) waits for: the listed keys plus
+    /// those deletions.
+    ///
+    /// If any object has no key, nothing is queued and the error names it.
+    pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), FifoError> {
+        let keys = list
+            .iter()
+            .enumerate()
+            .map(|(index, obj)| {
+                (self.key_func)(obj).map_err(|source| FifoError::ReplaceKey { index, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let action = if self.emit_delta_type_replaced {
+            DeltaType::Replaced
+        } else {
+            DeltaType::Sync
+        };
+
+        let mut inner = self.inner.lock();
+        let mut listed: HashSet<&str, Hasher> =
+            HashSet::with_capacity_and_hasher(keys.len(), Hasher::default());
+        for (key, obj) in keys.iter().zip(list) {
+            listed.insert(key);
+            self.queue_action(&mut inner, key, Delta::new(action, obj));
+        }
+
+        // Deletions among the queue's own keys.
+        let gone: Vec<(Arc<str>, Arc<K>)> = inner
+            .items
+            .iter()
+            .filter(|(key, _)| !listed.contains(key.as_ref()))
+            .filter_map(|(key, deltas)| {
+                let newest = deltas.newest()?;
+                Some((Arc::clone(key), Arc::clone(newest.object.object())))
+            })
+            .collect();
+        let mut queued_deletions = gone.len();
+        for (key, obj) in gone {
+            self.queue_tombstone(&mut inner, &key, obj);
+        }
+
+        // Deletions among the known objects that have nothing queued.
+        if let Some(known) = &self.known_objects {
+            for key in known.list_keys() {
+                if listed.contains(key.as_str())
+                    || inner.items.get(key.as_str()).is_some_and(|d| !d.is_empty())
+                {
+                    continue;
+                }
+                // A key that vanished between list_keys and get_by_key has
+                // been deleted by the consumer already: nothing to report.
+                let Some(obj) = known.get_by_key(&key) else {
+                    continue;
+                };
+                queued_deletions += 1;
+                self.queue_tombstone(&mut inner, &key, obj);
+            }
+        }
+
+        if !inner.populated {
+            inner.populated = true;
+            inner.initial_population_count = listed.len() + queued_deletions;
+        }
+        Ok(())
+    }
+
+    /// Queues a `Sync` delta for every known object that has no delta queued
+    /// (client-go's periodic resync). Does nothing without known objects.
+    pub fn resync(&self) -> Result<(), FifoError> {
+        let Some(known) = &self.known_objects else {
+            return Ok(());
+        };
+        let mut inner = self.inner.lock();
+        for key in known.list_keys() {
+            let Some(obj) = known.get_by_key(&key) else {
+                continue;
+            };
+            let id = (self.key_func)(&obj)?;
+            if inner.items.get(id.as_str()).is_some_and(|d| !d.is_empty()) {
+                continue;
+            }
+            self.queue_action(&mut inner, &id, Delta::new(DeltaType::Sync, obj));
+        }
+        Ok(())
+    }
+
+    /// Waits for a queued key and hands its deltas to `process` together with
+    /// `is_in_initial_list` (whether the key belongs to the first replace,
+    /// i.e. the queue had not synced yet when it was popped).
+    ///
+    /// `process` runs under the queue's lock (see the type's docs). When it
+    /// returns `Err(Requeue(e))` the deltas are put back at the end of the
+    /// queue unless the key was queued again meanwhile, and `pop` returns
+    /// [`PopError::Requeued`]. After [`close`](Self::close), `pop` returns
+    /// [`PopError::Closed`] once the queue is empty.
+    pub async fn pop<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
+    where
+        F: FnOnce(&Deltas<K>, bool) -> Result<T, Requeue<E>>,
+    {
+        let mut process = Some(process);
+        loop {
+            let mut notified = pin!(self.notify.notified());
+            notified.as_mut().enable();
+            {
+                let mut inner = self.inner.lock();
+                while let Some(key) = inner.queue.pop_front() {
+                    let is_in_initial_list = !inner.has_synced();
+                    if inner.initial_population_count > 0 {
+                        inner.initial_population_count -= 1;
+                    }
+                    let Some(deltas) = inner.items.remove(&key) else {
+                        continue;
+                    };
+                    let Some(process) = process.take() else {
+                        unreachable!("process is consumed at most once")
+                    };
+                    return match process(&deltas, is_in_initial_list) {
+                        Ok(value) => Ok(value),
+                        Err(Requeue(err)) => {
+                            self.add_if_not_present(&mut inner, key, deltas);
+                            Err(PopError::Requeued(err))
+                        }
+                    };
+                }
+                if inner.closed {
+                    return Err(PopError::Closed);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Puts `deltas` back under `key` unless the key is queued already:
+    /// client-go's `AddIfNotPresent`, for a consumer that took deltas out by
+    /// other means.
+    pub fn requeue(&self, key: &str, deltas: Deltas<K>) {
+        let mut inner = self.inner.lock();
+        self.add_if_not_present(&mut inner, Arc::from(key), deltas);
+    }
+
+    /// Closes the queue: waiting and future `pop`s return
+    /// [`PopError::Closed`] once the queue is empty.
+    pub fn close(&self) {
+        self.inner.lock().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.lock().closed
+    }
+
+    /// True once the first `replace` (or an add, update or delete before it)
+    /// has arrived and every key it queued has been popped.
+    pub fn has_synced(&self) -> bool {
+        self.inner.lock().has_synced()
+    }
+
+    /// The number of keys queued.
+    pub fn len(&self) -> usize {
+        self.inner.lock().queue.len()
+    }
+
+    /// Whether no key is queued.
+    pub fn is_empty(&self) -> bool {
+        self.inner.lock().queue.is_empty()
+    }
+
+    /// The queued keys, in the order they will be popped.
+    pub fn list_keys(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .queue
+            .iter()
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// A copy of the deltas queued under `key`.
+    pub fn get_by_key(&self, key: &str) -> Option<Deltas<K>> {
+        self.inner.lock().items.get(key).cloned()
+    }
+
+    fn queue_tombstone(&self, inner: &mut Inner<K>, key: &str, obj: Arc<K>) {
+        let tombstone = DeletedFinalStateUnknown {
+            key: key.to_owned(),
+            obj,
+        };
+        let delta = Delta {
+            kind: DeltaType::Deleted,
+            object: ObjectOrTombstone::Tombstone(tombstone),
+        };
+        self.queue_action(inner, key, delta);
+    }
+
+    fn queue_action(&self, inner: &mut Inner<K>, key: &str, delta: Delta<K>) {
+        if let Some(deltas) = inner.items.get_mut(key) {
+            deltas.push(delta);
+            return;
+        }
+        let key: Arc<str> = Arc::from(key);
+        let was_empty = inner.queue.is_empty();
+        inner.queue.push_back(Arc::clone(&key));
+        inner.items.insert(key, Deltas(vec![delta]));
+        if was_empty {
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn add_if_not_present(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
+        inner.populated = true;
+        if inner.items.contains_key(&key) {
+            return;
+        }
+        let was_empty = inner.queue.is_empty();
+        inner.queue.push_back(Arc::clone(&key));
+        inner.items.insert(key, deltas);
+        if was_empty {
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+impl<K> Inner<K> {
+    fn has_synced(&self) -> bool {
+        self.populated && self.initial_population_count == 0
+    }
+}

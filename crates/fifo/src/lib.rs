@@ -1,0 +1,57 @@
+//! DeltaFifo: the queue between a Reflector and an informer's cache.
+//!
+//! client-go's `tools/cache/delta_fifo.go` in Rust. Every change the
+//! Reflector sees for an object is recorded as a [`Delta`] under the object's
+//! key; keys are handed out in FIFO order, each with the whole ordered list of
+//! its deltas ([`Deltas`]), so a consumer sees every change and can tell an
+//! add from an update from a delete:
+//!
+//! - [`DeltaFifo::add`], [`update`](DeltaFifo::update) and
+//!   [`delete`](DeltaFifo::delete) record a watch event; a key queued already
+//!   keeps its place, and two deletes in a row collapse into one.
+//! - [`DeltaFifo::replace`] records a full list: `Replaced` for every listed
+//!   object and `Deleted` with a [`DeletedFinalStateUnknown`] tombstone for
+//!   every known key the list no longer has (a delete missed while the watch
+//!   was down).
+//! - [`DeltaFifo::resync`] queues a `Sync` for every known object with no
+//!   delta pending.
+//! - [`DeltaFifo::pop`] waits for a key and hands its deltas to a closure,
+//!   which may ask for them to be requeued.
+//! - [`DeltaFifo::has_synced`] turns true once everything from the first
+//!   `replace` has been popped.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use k8s_openapi::api::core::v1::Pod;
+//! use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+//! use kinformer_fifo::{DeltaFifo, DeltaType};
+//!
+//! let pod = |rv: &str| Arc::new(Pod {
+//!     metadata: ObjectMeta {
+//!         namespace: Some("web".into()),
+//!         name: Some("frontend".into()),
+//!         resource_version: Some(rv.into()),
+//!         ..ObjectMeta::default()
+//!     },
+//!     ..Pod::default()
+//! });
+//! let fifo = DeltaFifo::<Pod>::new();
+//! fifo.add(pod("1")).unwrap();
+//! fifo.update(pod("2")).unwrap();
+//! let kinds = fifo
+//!     .pop(|deltas, _| Ok::<_, kinformer_fifo::Requeue<()>>(deltas.iter().map(|d| d.kind).collect::<Vec<_>>()))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(kinds, [DeltaType::Added, DeltaType::Updated]);
+//! # });
+//! ```
+
+mod delta;
+mod delta_fifo;
+mod error;
+
+pub use delta::{Delta, DeltaType, Deltas};
+pub use delta_fifo::{DeltaFifo, DeltaFifoOptions};
+pub use error::{FifoError, PopError, Requeue};
+pub use kinformer_store::{DeletedFinalStateUnknown, ObjectOrTombstone};
