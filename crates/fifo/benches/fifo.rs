@@ -23,7 +23,9 @@ fn pod(i: usize, rv: usize) -> Arc<Pod> {
 
 fn add_pop(c: &mut Criterion) {
     const N: usize = 100_000;
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let mut g = c.benchmark_group("fifo");
     g.throughput(Throughput::Elements(N as u64));
     g.sample_size(20);
@@ -37,7 +39,9 @@ fn add_pop(c: &mut Criterion) {
                 }
                 rt.block_on(async {
                     for _ in 0..N {
-                        fifo.pop(|d, _| Ok::<_, Requeue<()>>(d.len())).await.unwrap();
+                        fifo.pop(|d, _| Ok::<_, Requeue<()>>(d.len()))
+                            .await
+                            .unwrap();
                     }
                 });
             },
@@ -60,9 +64,8 @@ fn replace(c: &mut Criterion) {
         b.iter_batched(
             || (N / 2..N + N / 2).map(|i| pod(i, 2)).collect::<Vec<_>>(),
             |list| {
-                let fifo = DeltaFifo::with_options(
-                    DeltaFifoOptions::new().known_objects(known.clone()),
-                );
+                let fifo =
+                    DeltaFifo::with_options(DeltaFifoOptions::new().known_objects(known.clone()));
                 fifo.replace(list, "2").unwrap();
                 fifo
             },

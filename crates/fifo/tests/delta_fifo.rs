@@ -6,8 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_fifo::{
-    DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, FifoError, ObjectOrTombstone, PopError,
-    Requeue,
+    DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, FifoError, ObjectOrTombstone, PopError, Requeue,
 };
 use kinformer_store::Indexer;
 
@@ -50,7 +49,15 @@ async fn pop(fifo: &DeltaFifo<Pod>) -> (String, Summary) {
         fifo.pop(|deltas, _| {
             let key = format!(
                 "ns/{}",
-                deltas.newest().unwrap().object.object().metadata.name.as_deref().unwrap()
+                deltas
+                    .newest()
+                    .unwrap()
+                    .object
+                    .object()
+                    .metadata
+                    .name
+                    .as_deref()
+                    .unwrap()
             );
             Ok::<_, Requeue<()>>((key, summary(deltas)))
         }),
@@ -116,7 +123,10 @@ async fn two_consecutive_deletes_collapse_keeping_the_known_final_state() {
     fifo.delete(pod("a", 2)).unwrap();
     fifo.delete(pod("a", 3)).unwrap();
     let (_, s) = pop(&fifo).await;
-    assert_eq!(s, vec![(DeltaType::Added, 1, false), (DeltaType::Deleted, 2, false)]);
+    assert_eq!(
+        s,
+        vec![(DeltaType::Added, 1, false), (DeltaType::Deleted, 2, false)]
+    );
 
     // A tombstone followed by a real delete: the real one wins.
     let known = Arc::new(Indexer::new());
@@ -152,7 +162,8 @@ async fn replace_makes_deletions_for_known_keys_missing_from_the_list() {
     let fifo = with_known(&known);
     // A key only in the queue, absent from the list, is deleted too.
     fifo.add(pod("queued", 3)).unwrap();
-    fifo.replace(vec![pod("keep", 2), pod("new", 2)], "10").unwrap();
+    fifo.replace(vec![pod("keep", 2), pod("new", 2)], "10")
+        .unwrap();
     let mut popped = pop_all(&fifo).await;
     popped.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
@@ -195,8 +206,17 @@ async fn replace_without_known_objects_deletes_queued_keys_missing_from_the_list
     fifo.add(pod("b", 1)).unwrap();
     fifo.replace(vec![pod("a", 2)], "5").unwrap();
     let popped = pop_all(&fifo).await;
-    assert_eq!(popped[0].1, vec![(DeltaType::Added, 1, false), (DeltaType::Replaced, 2, false)]);
-    assert_eq!(popped[1].1, vec![(DeltaType::Added, 1, false), (DeltaType::Deleted, 1, true)]);
+    assert_eq!(
+        popped[0].1,
+        vec![
+            (DeltaType::Added, 1, false),
+            (DeltaType::Replaced, 2, false)
+        ]
+    );
+    assert_eq!(
+        popped[1].1,
+        vec![(DeltaType::Added, 1, false), (DeltaType::Deleted, 1, true)]
+    );
 }
 
 #[tokio::test]
@@ -263,13 +283,21 @@ async fn has_synced_once_the_first_replace_is_popped() {
     fifo.add(pod("c", 4)).unwrap();
     let mut initial = Vec::new();
     for _ in 0..3 {
-        let was_initial = fifo.pop(|_, initial| Ok::<_, Requeue<()>>(initial)).await.unwrap();
+        let was_initial = fifo
+            .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
+            .await
+            .unwrap();
         initial.push(was_initial);
     }
     // Three keys of the first replace: a, b and the synthetic delete of stale.
     assert_eq!(initial, [true, true, true]);
     assert!(fifo.has_synced());
-    assert!(!fifo.pop(|_, initial| Ok::<_, Requeue<()>>(initial)).await.unwrap());
+    assert!(
+        !fifo
+            .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]
@@ -310,7 +338,10 @@ async fn close_wakes_a_waiting_pop_with_a_closed_error() {
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     fifo.close();
-    let res = tokio::time::timeout(Duration::from_secs(5), consumer).await.unwrap().unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), consumer)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(res, Err(PopError::Closed));
     assert_eq!(PopError::<()>::Closed.to_string(), "DeltaFifo is closed");
 }
@@ -343,7 +374,10 @@ async fn object_without_name_is_an_error_naming_it_and_nothing_is_lost() {
     let err = fifo.add(nameless.clone()).unwrap_err();
     assert!(err.to_string().contains("\"web\""), "{err}");
     let err = fifo.replace(vec![pod("b", 1), nameless], "4").unwrap_err();
-    assert!(matches!(err, FifoError::ReplaceKey { index: 1, .. }), "{err}");
+    assert!(
+        matches!(err, FifoError::ReplaceKey { index: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("item 1"), "{err}");
     // The replace was refused whole: only the earlier add is queued.
     assert_eq!(fifo.list_keys(), ["ns/a"]);
@@ -372,10 +406,7 @@ async fn concurrent_producers_lose_no_delta() {
         let fifo = Arc::clone(&fifo);
         tokio::spawn(async move {
             let mut seen = 0u32;
-            while let Ok(n) = fifo
-                .pop(|d, _| Ok::<_, Requeue<()>>(d.len() as u32))
-                .await
-            {
+            while let Ok(n) = fifo.pop(|d, _| Ok::<_, Requeue<()>>(d.len() as u32)).await {
                 seen += n;
             }
             seen

@@ -3,9 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{
-    Indexers, KeyError, Object, StoreError, ThreadSafeStore, meta_namespace_key,
-};
+use crate::{Indexers, KeyError, Object, StoreError, ThreadSafeStore, meta_namespace_key};
 
 /// Computes an object's key; [`meta_namespace_key`] by default.
 pub type KeyFunc<K> = Arc<dyn Fn(&K) -> Result<String, KeyError> + Send + Sync>;

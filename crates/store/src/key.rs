@@ -121,7 +121,10 @@ mod tests {
 
     #[test]
     fn namespaced_object_key_is_namespace_slash_name() {
-        assert_eq!(meta_namespace_key(&pod(Some("a"), Some("b"))).unwrap(), "a/b");
+        assert_eq!(
+            meta_namespace_key(&pod(Some("a"), Some("b"))).unwrap(),
+            "a/b"
+        );
     }
 
     #[test]

@@ -42,7 +42,9 @@ mod object;
 mod thread_safe_store;
 
 pub use error::{BoxError, KeyError, StoreError};
-pub use index::{IndexFunc, Indexers, NAMESPACE_INDEX, meta_namespace_index_func, namespace_indexers};
+pub use index::{
+    IndexFunc, Indexers, NAMESPACE_INDEX, meta_namespace_index_func, namespace_indexers,
+};
 pub use indexer::{Indexer, KeyFunc, KnownObjects};
 pub use key::{
     deletion_handling_meta_namespace_key, meta_namespace_key, object_description,

@@ -17,6 +17,8 @@ use crate::{IndexFunc, Indexers, StoreError};
 type Hasher = foldhash::fast::RandomState;
 type Map<K, V> = HashMap<K, V, Hasher>;
 type KeySet = HashSet<Arc<str>, Hasher>;
+/// The values of each index for one object, in `Inner::indexers` order.
+type IndexValues = Box<[Box<[Arc<str>]>]>;
 
 /// A thread-safe keyed store with named indexes: client-go's `ThreadSafeStore`.
 ///
@@ -29,8 +31,7 @@ pub struct ThreadSafeStore<K> {
 
 struct Entry<K> {
     obj: Arc<K>,
-    /// The values of each index (in `Inner::indexers` order) for `obj`.
-    index_values: Box<[Box<[Arc<str>]>]>,
+    index_values: IndexValues,
 }
 
 struct Inner<K> {
@@ -121,11 +122,7 @@ impl<K> ThreadSafeStore<K> {
 
     /// The object under `key`.
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.inner
-            .read()
-            .items
-            .get(key)
-            .map(|e| Arc::clone(&e.obj))
+        self.inner.read().items.get(key).map(|e| Arc::clone(&e.obj))
     }
 
     /// Whether an object is stored under `key`.
@@ -277,7 +274,7 @@ fn compute_index_values<K>(
     indexers: &[(String, IndexFunc<K>)],
     key: &str,
     obj: &K,
-) -> Result<Box<[Box<[Arc<str>]>]>, StoreError> {
+) -> Result<IndexValues, StoreError> {
     indexers
         .iter()
         .map(|(name, func)| {
@@ -301,7 +298,7 @@ impl<K> Inner<K> {
             .ok_or_else(|| StoreError::IndexNotFound(index_name.to_owned()))
     }
 
-    fn index_values(&self, key: &str, obj: &K) -> Result<Box<[Box<[Arc<str>]>]>, StoreError> {
+    fn index_values(&self, key: &str, obj: &K) -> Result<IndexValues, StoreError> {
         compute_index_values(&self.indexers, key, obj)
     }
 
@@ -310,7 +307,7 @@ impl<K> Inner<K> {
             .collect()
     }
 
-    fn put(&mut self, key: &str, obj: Arc<K>, values: Box<[Box<[Arc<str>]>]>) {
+    fn put(&mut self, key: &str, obj: Arc<K>, values: IndexValues) {
         let existing = self
             .items
             .get_key_value(key)

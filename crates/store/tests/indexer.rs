@@ -58,7 +58,12 @@ fn add_get_update_delete_round_trip() {
     newer.metadata.resource_version = Some("2".into());
     idx.update(Arc::new(newer.clone())).unwrap();
     assert_eq!(
-        idx.get(&newer).unwrap().unwrap().metadata.resource_version.as_deref(),
+        idx.get(&newer)
+            .unwrap()
+            .unwrap()
+            .metadata
+            .resource_version
+            .as_deref(),
         Some("2")
     );
     assert!(idx.delete(&newer).unwrap().is_some());
@@ -89,8 +94,14 @@ fn by_index_finds_objects_by_namespace() {
     for (ns, name) in [("a", "1"), ("a", "2"), ("b", "3")] {
         idx.add(pod(ns, name, &[])).unwrap();
     }
-    assert_eq!(names(idx.by_index(NAMESPACE_INDEX, "a").unwrap()), ["1", "2"].map(String::from).into());
-    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "b").unwrap(), vec!["b/3".to_string()]);
+    assert_eq!(
+        names(idx.by_index(NAMESPACE_INDEX, "a").unwrap()),
+        ["1", "2"].map(String::from).into()
+    );
+    assert_eq!(
+        idx.index_keys(NAMESPACE_INDEX, "b").unwrap(),
+        vec!["b/3".to_string()]
+    );
     assert!(idx.by_index(NAMESPACE_INDEX, "c").unwrap().is_empty());
     let mut values = idx.list_index_func_values(NAMESPACE_INDEX);
     values.sort();
@@ -100,11 +111,16 @@ fn by_index_finds_objects_by_namespace() {
 #[test]
 fn index_returns_objects_sharing_any_value_with_the_query_object() {
     let idx = Indexer::with_indexers(by_label_values());
-    idx.add(pod("n", "front", &[("tier", "web"), ("team", "blue")])).unwrap();
-    idx.add(pod("n", "back", &[("tier", "db"), ("team", "blue")])).unwrap();
+    idx.add(pod("n", "front", &[("tier", "web"), ("team", "blue")]))
+        .unwrap();
+    idx.add(pod("n", "back", &[("tier", "db"), ("team", "blue")]))
+        .unwrap();
     idx.add(pod("n", "other", &[("tier", "cache")])).unwrap();
     let query = pod("n", "q", &[("tier", "web"), ("x", "cache")]);
-    assert_eq!(names(idx.index("labels", &query).unwrap()), ["front", "other"].map(String::from).into());
+    assert_eq!(
+        names(idx.index("labels", &query).unwrap()),
+        ["front", "other"].map(String::from).into()
+    );
 }
 
 #[test]
@@ -114,14 +130,18 @@ fn update_moving_an_object_between_index_values_leaves_no_stale_entry() {
     idx.update(pod("n", "p", &[("tier", "db")])).unwrap();
     assert!(idx.by_index("labels", "web").unwrap().is_empty());
     assert!(idx.index_keys("labels", "web").unwrap().is_empty());
-    assert_eq!(idx.index_keys("labels", "db").unwrap(), vec!["n/p".to_string()]);
+    assert_eq!(
+        idx.index_keys("labels", "db").unwrap(),
+        vec!["n/p".to_string()]
+    );
     assert_eq!(idx.list_index_func_values("labels"), vec!["db".to_string()]);
 }
 
 #[test]
 fn delete_removes_every_index_entry_of_the_object() {
     let idx = Indexer::with_indexers(by_label_values());
-    idx.add(pod("n", "p", &[("tier", "web"), ("team", "blue")])).unwrap();
+    idx.add(pod("n", "p", &[("tier", "web"), ("team", "blue")]))
+        .unwrap();
     idx.delete(&pod("n", "p", &[])).unwrap();
     assert!(idx.list_index_func_values("labels").is_empty());
     assert!(idx.list_index_func_values(NAMESPACE_INDEX).is_empty());
@@ -131,7 +151,8 @@ fn delete_removes_every_index_entry_of_the_object() {
 fn replace_swaps_content_and_rebuilds_indexes() {
     let idx = Indexer::with_indexers(namespace_indexers());
     idx.add(pod("old", "gone", &[])).unwrap();
-    idx.replace(vec![pod("new", "1", &[]), pod("new", "2", &[])], "10").unwrap();
+    idx.replace(vec![pod("new", "1", &[]), pod("new", "2", &[])], "10")
+        .unwrap();
     assert_eq!(idx.len(), 2);
     assert!(idx.get_by_key("old/gone").is_none());
     assert!(idx.by_index(NAMESPACE_INDEX, "old").unwrap().is_empty());
@@ -178,7 +199,11 @@ fn failing_index_function_is_an_error_and_the_object_is_not_stored() {
     indexers.insert(
         "strict".into(),
         Arc::new(|p: &Pod| {
-            if p.metadata.labels.as_ref().is_some_and(|l| l.contains_key("bad")) {
+            if p.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("bad"))
+            {
                 Err("label \"bad\" is not allowed".into())
             } else {
                 Ok(vec!["ok".into()])
@@ -189,9 +214,15 @@ fn failing_index_function_is_an_error_and_the_object_is_not_stored() {
     idx.add(pod("n", "p", &[])).unwrap();
     let err = idx.update(pod("n", "p", &[("bad", "1")])).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("strict") && msg.contains("n/p") && msg.contains("not allowed"), "{msg}");
+    assert!(
+        msg.contains("strict") && msg.contains("n/p") && msg.contains("not allowed"),
+        "{msg}"
+    );
     // The earlier state is intact.
-    assert_eq!(idx.index_keys("strict", "ok").unwrap(), vec!["n/p".to_string()]);
+    assert_eq!(
+        idx.index_keys("strict", "ok").unwrap(),
+        vec!["n/p".to_string()]
+    );
 }
 
 #[test]

@@ -1,0 +1,131 @@
+//! DelayingQueue: `add_after` on one heap, served by one timer task.
+
+use std::ops::Deref;
+use std::pin::pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::queue::{Queue, QueueConfig, QueueItem, Shared};
+
+/// A [`Queue`] that can also add an item after a delay: client-go's
+/// `DelayingInterface`.
+///
+/// - For an item added after a delay twice, the earliest ready time wins.
+/// - A plain [`add`](Queue::add) of a delayed item queues it at once and
+///   cancels the pending delay.
+/// - Pending items live in one heap; one task sleeps until the earliest is
+///   ready. Shutdown drops the pending items and stops that task, and so
+///   does dropping the last handle.
+///
+/// Must be created inside a Tokio runtime (the timer task is spawned on it).
+pub struct DelayingQueue<T> {
+    queue: Queue<T>,
+}
+
+impl<T> Clone for DelayingQueue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for DelayingQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.queue.fmt(f)
+    }
+}
+
+impl<T> Deref for DelayingQueue<T> {
+    type Target = Queue<T>;
+    fn deref(&self) -> &Queue<T> {
+        &self.queue
+    }
+}
+
+impl<T: QueueItem> Default for DelayingQueue<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: QueueItem> DelayingQueue<T> {
+    /// An unnamed delaying queue without metrics.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn new() -> Self {
+        Self::with_config(QueueConfig::default())
+    }
+
+    /// A delaying queue built from `config`.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn with_config(config: QueueConfig) -> Self {
+        let queue = Queue::with_config(config);
+        let wake = Arc::clone(&queue.shared.delay_changed);
+        tokio::spawn(waiting_loop(Arc::downgrade(&queue.shared), wake));
+        Self { queue }
+    }
+
+    /// Adds `item` once `delay` has passed (at once for a zero delay). If the
+    /// item is already waiting with an earlier ready time, that one stays.
+    /// Ignored after shutdown.
+    pub fn add_after(&self, item: T, delay: Duration) {
+        self.queue.add_after_locked(item, delay);
+    }
+
+    /// The number of items waiting for their delay to pass.
+    pub fn waiting_len(&self) -> usize {
+        self.queue.shared.state.lock().waiting.len()
+    }
+
+    /// The plain queue underneath (shared, not a copy).
+    pub fn queue(&self) -> &Queue<T> {
+        &self.queue
+    }
+}
+
+/// Moves ready items into the queue and sleeps until the next one is due.
+/// Holds the queue only weakly, so dropping every handle ends it.
+async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) {
+    loop {
+        let mut notified = pin!(wake.notified());
+        notified.as_mut().enable();
+        let next = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut state = shared.state.lock();
+            if state.is_shutting_down() {
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            let mut next = None;
+            while let Some(top) = state.heap.peek() {
+                if state.waiting.get(&top.item) != Some(&top.ready) {
+                    state.heap.pop();
+                    continue;
+                }
+                if top.ready > now {
+                    next = Some(top.ready);
+                    break;
+                }
+                if let Some(w) = state.heap.pop() {
+                    state.waiting.remove(&w.item);
+                    shared.add_locked(&mut state, w.item);
+                }
+            }
+            next
+        };
+        match next {
+            Some(deadline) => {
+                let _ = tokio::time::timeout_at(deadline, notified).await;
+            }
+            None => notified.await,
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Work queues for controllers: client-go's `util/workqueue` in Rust.
+//!
+//! A controller's event handlers add keys; its workers `get` a key, reconcile
+//! it and call `done`. The queue guarantees what makes that loop correct:
+//!
+//! - a key is never handed to two workers at once;
+//! - a key added while it is being processed is handed out again after
+//!   `done`, so the latest state is always reconciled;
+//! - a key added many times before a worker takes it is handed out once.
+//!
+//! [`Queue`] is that core. [`DelayingQueue`] adds [`add_after`](DelayingQueue::add_after)
+//! (one heap and one timer task for all pending items), and
+//! [`RateLimitingQueue`] adds [`add_rate_limited`](RateLimitingQueue::add_rate_limited),
+//! [`forget`](RateLimitingQueue::forget) and [`num_requeues`](RateLimitingQueue::num_requeues)
+//! on top of a [`RateLimiter`]: per-item exponential backoff, a token bucket
+//! on `governor`, fast/slow, and the max of several
+//! ([`default_controller_rate_limiter`] is client-go's default).
+//!
+//! Each layer derefs to the one below, so a `RateLimitingQueue` is used like
+//! a `Queue`. Metrics go to an optional [`MetricsProvider`]; without one the
+//! queue does not even read the clock.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use kinformer_workqueue::{RateLimitingQueue, default_controller_rate_limiter};
+//!
+//! let queue = RateLimitingQueue::new(default_controller_rate_limiter());
+//! queue.add("default/web".to_string());
+//! queue.add("default/web".to_string()); // deduplicated
+//! let key = queue.get().await.unwrap();
+//! assert_eq!(queue.len(), 0);
+//! // The reconcile failed: retry later, with backoff.
+//! queue.add_rate_limited(key.clone());
+//! queue.done(&key);
+//! assert_eq!(queue.num_requeues(&key), 1);
+//! let again = queue.get().await.unwrap();
+//! queue.forget(&again);
+//! queue.done(&again);
+//! queue.shut_down();
+//! assert!(queue.get().await.is_none());
+//! # });
+//! ```
+
+mod delaying;
+mod metrics;
+mod queue;
+mod rate_limiter;
+mod rate_limiting;
+
+pub use delaying::DelayingQueue;
+pub use metrics::{
+    CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
+};
+pub use queue::{Queue, QueueConfig, QueueItem};
+pub use rate_limiter::{
+    BucketRateLimiter, ItemExponentialFailureRateLimiter, ItemFastSlowRateLimiter,
+    MaxOfRateLimiter, RateLimiter, RateLimiterError, default_controller_rate_limiter,
+};
+pub use rate_limiting::RateLimitingQueue;

@@ -1,0 +1,477 @@
+//! The core work queue: dirty and processing sets, FIFO order, async `get`.
+//!
+//! One `parking_lot` mutex guards all state, including the delayed items of a
+//! [`DelayingQueue`](crate::DelayingQueue), so that a direct `add` can cancel
+//! a pending `add_after` in the same step. Each item has one map entry with
+//! two flags: *dirty* (needs processing) and *processing* (a worker holds it).
+//! An item sits in the FIFO only while it is dirty and not processing, which
+//! is what keeps one item from ever reaching two workers.
+//!
+//! Waiting uses tokio `Notify`: a getter registers (`enable`) before looking
+//! at the queue, and every push notifies one getter, so no wake-up is lost
+//! between the check and the wait. A notified getter whose future is dropped
+//! passes the wake-up on (tokio's `notify_one` guarantee).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::pin::pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::MetricsProvider;
+use crate::metrics::QueueMetrics;
+
+pub(crate) type Hasher = foldhash::fast::RandomState;
+
+/// What a queue can hold: a cheap-to-compare key, typically `String` or a
+/// `namespace/name` pair.
+pub trait QueueItem: Clone + Eq + Hash + Send + Sync + 'static {}
+impl<T: Clone + Eq + Hash + Send + Sync + 'static> QueueItem for T {}
+
+/// How a queue is built: a name (for metrics) and an optional metrics provider.
+#[derive(Clone, Default)]
+pub struct QueueConfig {
+    name: String,
+    metrics_provider: Option<Arc<dyn MetricsProvider>>,
+}
+
+impl fmt::Debug for QueueConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueConfig")
+            .field("name", &self.name)
+            .field("metrics", &self.metrics_provider.is_some())
+            .finish()
+    }
+}
+
+impl QueueConfig {
+    /// No name, no metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The queue's name, the `name` label of its metrics.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Reports the queue's metrics to `provider`. Unfinished-work gauges are
+    /// refreshed every 500 ms by a task on the current Tokio runtime.
+    pub fn metrics_provider(mut self, provider: Arc<dyn MetricsProvider>) -> Self {
+        self.metrics_provider = Some(provider);
+        self
+    }
+}
+
+/// A work queue with client-go's guarantees.
+///
+/// - An item added while it is queued is not queued twice.
+/// - An item is handed to at most one worker at a time: while a worker holds
+///   it (between [`get`](Self::get) and [`done`](Self::done)), adds only mark
+///   it dirty, and `done` queues it again.
+/// - After [`shut_down`](Self::shut_down), adds are ignored and `get` hands
+///   out what is still queued, then returns `None`.
+/// - [`shut_down_with_drain`](Self::shut_down_with_drain) also waits until
+///   every queued item has been taken and every taken item is done.
+///
+/// `Queue` is a cheap handle: clones share the same queue.
+pub struct Queue<T> {
+    pub(crate) shared: Arc<Shared<T>>,
+}
+
+impl<T> Clone for Queue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.state.lock();
+        f.debug_struct("Queue")
+            .field("name", &self.shared.name)
+            .field("len", &state.queue.len())
+            .field("processing", &state.processing)
+            .field("waiting", &state.waiting.len())
+            .field("shutting_down", &state.shutting_down)
+            .finish()
+    }
+}
+
+pub(crate) struct Shared<T> {
+    pub(crate) state: Mutex<State<T>>,
+    name: String,
+    item_ready: Notify,
+    drained: Notify,
+    /// Wakes the delaying loop: a new earliest deadline, a shutdown, or a drop.
+    pub(crate) delay_changed: Arc<Notify>,
+    pub(crate) metrics: Option<QueueMetrics>,
+}
+
+impl<T> Drop for Shared<T> {
+    fn drop(&mut self) {
+        // The delaying loop holds only a Weak; wake it so it can exit.
+        self.delay_changed.notify_waiters();
+    }
+}
+
+#[derive(Default)]
+struct ItemState {
+    dirty: bool,
+    processing: bool,
+    /// When the item was queued (metrics only).
+    added: Option<Instant>,
+    /// When a worker took the item (metrics only).
+    started: Option<Instant>,
+}
+
+pub(crate) struct State<T> {
+    queue: VecDeque<T>,
+    items: HashMap<T, ItemState, Hasher>,
+    processing: usize,
+    shutting_down: bool,
+    drain: bool,
+    /// Ready time of each delayed item; the heap may hold stale entries,
+    /// recognised by a ready time that differs from this map's.
+    pub(crate) waiting: HashMap<T, Instant, Hasher>,
+    pub(crate) heap: BinaryHeap<Waiting<T>>,
+    seq: u64,
+}
+
+pub(crate) struct Waiting<T> {
+    pub(crate) ready: Instant,
+    seq: u64,
+    pub(crate) item: T,
+}
+
+impl<T> PartialEq for Waiting<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.ready == other.ready && self.seq == other.seq
+    }
+}
+impl<T> Eq for Waiting<T> {}
+impl<T> PartialOrd for Waiting<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Waiting<T> {
+    /// Reversed, so that `BinaryHeap` (a max-heap) yields the earliest first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .ready
+            .cmp(&self.ready)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+impl<T: QueueItem> Default for Queue<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: QueueItem> Queue<T> {
+    /// An unnamed queue without metrics.
+    pub fn new() -> Self {
+        Self::with_config(QueueConfig::default())
+    }
+
+    /// A queue built from `config`.
+    pub fn with_config(config: QueueConfig) -> Self {
+        let metrics = config
+            .metrics_provider
+            .as_deref()
+            .map(|p| QueueMetrics::new(p, &config.name));
+        let has_metrics = metrics.is_some();
+        let queue = Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    queue: VecDeque::new(),
+                    items: HashMap::default(),
+                    processing: 0,
+                    shutting_down: false,
+                    drain: false,
+                    waiting: HashMap::default(),
+                    heap: BinaryHeap::new(),
+                    seq: 0,
+                }),
+                name: config.name,
+                item_ready: Notify::new(),
+                drained: Notify::new(),
+                delay_changed: Arc::new(Notify::new()),
+                metrics,
+            }),
+        };
+        if has_metrics && let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(unfinished_work_loop(Arc::downgrade(&queue.shared)));
+        }
+        queue
+    }
+
+    /// Marks `item` as needing processing. Ignored after shutdown. Cancels a
+    /// pending `add_after` of the same item: it is queued now.
+    pub fn add(&self, item: T) {
+        let mut state = self.shared.state.lock();
+        if state.shutting_down {
+            return;
+        }
+        if !state.waiting.is_empty() {
+            state.waiting.remove(&item);
+        }
+        self.shared.add_locked(&mut state, item);
+    }
+
+    /// Waits for an item and takes it for processing; `None` once the queue
+    /// is shut down and empty. Call [`done`](Self::done) when finished.
+    pub async fn get(&self) -> Option<T> {
+        loop {
+            let mut notified = pin!(self.shared.item_ready.notified());
+            notified.as_mut().enable();
+            {
+                let mut state = self.shared.state.lock();
+                if let Some(item) = state.queue.pop_front() {
+                    if let Some(entry) = state.items.get_mut(&item) {
+                        entry.dirty = false;
+                        entry.processing = true;
+                        if let Some(m) = &self.shared.metrics {
+                            let now = Instant::now();
+                            m.depth.dec();
+                            if let Some(added) = entry.added.take() {
+                                m.latency.observe((now - added).as_secs_f64());
+                            }
+                            entry.started = Some(now);
+                        }
+                    }
+                    state.processing += 1;
+                    return Some(item);
+                }
+                if state.shutting_down {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `item` as done. If it was added again while being processed,
+    /// it is queued again now.
+    pub fn done(&self, item: &T) {
+        let mut state = self.shared.state.lock();
+        let Some(entry) = state.items.get_mut(item) else {
+            return;
+        };
+        if !entry.processing {
+            return;
+        }
+        entry.processing = false;
+        if let Some(m) = &self.shared.metrics
+            && let Some(started) = entry.started.take()
+        {
+            m.work_duration.observe(started.elapsed().as_secs_f64());
+        }
+        let requeue = entry.dirty;
+        state.processing -= 1;
+        if requeue {
+            if let Some(m) = &self.shared.metrics {
+                m.depth.inc();
+                if let Some(e) = state.items.get_mut(item) {
+                    e.added = Some(Instant::now());
+                }
+            }
+            state.queue.push_back(item.clone());
+            self.shared.item_ready.notify_one();
+        } else {
+            state.items.remove(item);
+        }
+        if state.drain && state.processing == 0 && state.queue.is_empty() {
+            self.shared.drained.notify_waiters();
+        }
+    }
+
+    /// The number of items queued and not yet taken.
+    pub fn len(&self) -> usize {
+        self.shared.state.lock().queue.len()
+    }
+
+    /// Whether no item is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops the queue: later adds are ignored, delayed items are dropped,
+    /// and getters receive what is queued, then `None`.
+    pub fn shut_down(&self) {
+        let mut state = self.shared.state.lock();
+        state.shutting_down = true;
+        state.drain = false;
+        self.shared.stop_delaying(&mut state);
+        drop(state);
+        self.shared.item_ready.notify_waiters();
+        self.shared.drained.notify_waiters();
+    }
+
+    /// Stops the queue like [`shut_down`](Self::shut_down), then waits until
+    /// every queued item has been taken and every taken item is
+    /// [`done`](Self::done). A concurrent `shut_down` ends the wait.
+    ///
+    /// Workers must keep calling `get` for the queue to drain; bound the wait
+    /// with `tokio::time::timeout` if they might not.
+    pub async fn shut_down_with_drain(&self) {
+        {
+            let mut state = self.shared.state.lock();
+            state.shutting_down = true;
+            state.drain = true;
+            self.shared.stop_delaying(&mut state);
+        }
+        self.shared.item_ready.notify_waiters();
+        loop {
+            let mut notified = pin!(self.shared.drained.notified());
+            notified.as_mut().enable();
+            {
+                let state = self.shared.state.lock();
+                if !state.drain || (state.processing == 0 && state.queue.is_empty()) {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether the queue is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.state.lock().shutting_down
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Recomputes the unfinished-work and longest-running-processor gauges;
+    /// done every 500 ms automatically when a metrics provider is set.
+    pub fn update_unfinished_work(&self) {
+        self.shared.update_unfinished_work();
+    }
+
+    /// Queues `item` once `delay` has passed; see `DelayingQueue::add_after`.
+    pub(crate) fn add_after_locked(&self, item: T, delay: Duration) {
+        let mut state = self.shared.state.lock();
+        if state.shutting_down {
+            return;
+        }
+        if let Some(m) = &self.shared.metrics {
+            m.retries.inc();
+        }
+        if delay.is_zero() {
+            state.waiting.remove(&item);
+            self.shared.add_locked(&mut state, item);
+            return;
+        }
+        let ready = Instant::now() + delay;
+        if let Some(&existing) = state.waiting.get(&item)
+            && existing <= ready
+        {
+            return;
+        }
+        state.waiting.insert(item.clone(), ready);
+        state.seq += 1;
+        let seq = state.seq;
+        state.heap.push(Waiting { ready, seq, item });
+        compact_heap(&mut state);
+        if state.heap.peek().is_some_and(|top| top.seq == seq) {
+            self.shared.delay_changed.notify_one();
+        }
+    }
+}
+
+/// Rebuilds the heap from the live entries when stale ones outnumber them,
+/// so cancelled or superseded delays cannot pile up.
+fn compact_heap<T: QueueItem>(state: &mut State<T>) {
+    if state.heap.len() <= 64 || state.heap.len() <= 2 * state.waiting.len() {
+        return;
+    }
+    let heap = std::mem::take(&mut state.heap);
+    let waiting = &state.waiting;
+    state.heap = heap
+        .into_iter()
+        .filter(|w| waiting.get(&w.item) == Some(&w.ready))
+        .collect();
+}
+
+impl<T> State<T> {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+}
+
+impl<T: QueueItem> Shared<T> {
+    pub(crate) fn add_locked(&self, state: &mut State<T>, item: T) {
+        let entry = match state.items.get_mut(&item) {
+            Some(entry) => entry,
+            None => state.items.entry(item.clone()).or_default(),
+        };
+        if entry.dirty {
+            return;
+        }
+        entry.dirty = true;
+        if let Some(m) = &self.metrics {
+            m.adds.inc();
+        }
+        if entry.processing {
+            return;
+        }
+        if let Some(m) = &self.metrics {
+            m.depth.inc();
+            entry.added = Some(Instant::now());
+        }
+        state.queue.push_back(item);
+        self.item_ready.notify_one();
+    }
+
+    fn stop_delaying(&self, state: &mut State<T>) {
+        state.waiting.clear();
+        state.heap.clear();
+        self.delay_changed.notify_waiters();
+    }
+
+    fn update_unfinished_work(&self) {
+        let Some(m) = &self.metrics else { return };
+        let now = Instant::now();
+        let (total, longest) = {
+            let state = self.state.lock();
+            state
+                .items
+                .values()
+                .filter_map(|e| e.started)
+                .map(|s| (now - s).as_secs_f64())
+                .fold((0.0, 0.0_f64), |(t, l), s| (t + s, l.max(s)))
+        };
+        m.unfinished_work.set(total);
+        m.longest_running.set(longest);
+    }
+}
+
+async fn unfinished_work_loop<T: QueueItem>(shared: Weak<Shared<T>>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.update_unfinished_work();
+        if shared.state.lock().shutting_down {
+            return;
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! RateLimitingQueue: a DelayingQueue whose re-adds wait as a RateLimiter says.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::{DelayingQueue, QueueConfig, QueueItem, RateLimiter};
+
+/// A [`DelayingQueue`] with per-item retry delays: client-go's
+/// `RateLimitingInterface`.
+///
+/// A worker that fails on an item calls [`add_rate_limited`](Self::add_rate_limited)
+/// (the item comes back after the limiter's delay); one that succeeds calls
+/// [`forget`](Self::forget) so the next failure starts from the shortest delay.
+///
+/// Must be created inside a Tokio runtime.
+pub struct RateLimitingQueue<T> {
+    queue: DelayingQueue<T>,
+    limiter: Arc<dyn RateLimiter<T>>,
+}
+
+impl<T> Clone for RateLimitingQueue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            limiter: Arc::clone(&self.limiter),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for RateLimitingQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.queue.fmt(f)
+    }
+}
+
+impl<T> Deref for RateLimitingQueue<T> {
+    type Target = DelayingQueue<T>;
+    fn deref(&self) -> &DelayingQueue<T> {
+        &self.queue
+    }
+}
+
+impl<T: QueueItem> RateLimitingQueue<T> {
+    /// An unnamed queue without metrics, retrying as `limiter` says.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn new(limiter: impl RateLimiter<T> + 'static) -> Self {
+        Self::with_config(limiter, QueueConfig::default())
+    }
+
+    /// A queue built from `config`, retrying as `limiter` says.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn with_config(limiter: impl RateLimiter<T> + 'static, config: QueueConfig) -> Self {
+        Self {
+            queue: DelayingQueue::with_config(config),
+            limiter: Arc::new(limiter),
+        }
+    }
+
+    /// Adds `item` back after the delay the rate limiter gives for it now.
+    pub fn add_rate_limited(&self, item: T) {
+        let delay = self.limiter.when(&item);
+        self.queue.add_after(item, delay);
+    }
+
+    /// Clears the limiter's record of `item` (call it when processing succeeded).
+    pub fn forget(&self, item: &T) {
+        self.limiter.forget(item);
+    }
+
+    /// How many times `item` has been rate-limited since it was last forgotten.
+    pub fn num_requeues(&self, item: &T) -> u32 {
+        self.limiter.num_requeues(item)
+    }
+
+    /// The rate limiter.
+    pub fn rate_limiter(&self) -> &Arc<dyn RateLimiter<T>> {
+        &self.limiter
+    }
+}
