@@ -1,6 +1,6 @@
 // Pins kube-apiserver and kubectl v1.37.2 for kinformer's test control plane.
 // The replace block mirrors k8s.io/kubernetes' own ./staging replaces (regenerate
-// with xtask/envtest/regen-gomod.sh when bumping the version).
+// with `cargo xtask envtest gomod` when bumping the version).
 module kinformer.dev/envtest/kube
 
 go 1.26.0

@@ -1,0 +1,514 @@
+//! `TestEnv`: one etcd and one kube-apiserver on loopback.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::Namespace;
+use kube_client::api::{Api, ObjectMeta, PostParams};
+use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use kube_client::{Client, Config};
+use tokio::sync::OnceCell;
+
+use crate::certs::Pki;
+use crate::process::Process;
+use crate::{Binaries, EnvtestError, etcd};
+
+/// How a [`TestEnv`] is started. Defaults: build the binaries if missing,
+/// 90 s to become ready, no extra kube-apiserver flags.
+#[derive(Debug, Clone)]
+pub struct TestEnvOptions {
+    build_if_missing: bool,
+    ready_timeout: Duration,
+    apiserver_args: Vec<String>,
+}
+
+impl Default for TestEnvOptions {
+    fn default() -> Self {
+        Self {
+            build_if_missing: true,
+            ready_timeout: Duration::from_secs(90),
+            apiserver_args: Vec::new(),
+        }
+    }
+}
+
+impl TestEnvOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fails with [`EnvtestError::NotBuilt`] instead of building missing binaries.
+    pub fn no_build(mut self) -> Self {
+        self.build_if_missing = false;
+        self
+    }
+
+    /// How long etcd and then kube-apiserver may take to become ready.
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// Serves every list and watch from etcd (`--watch-cache=false`), so an
+    /// etcd compaction turns old resource versions and continue tokens into
+    /// 410 Gone at once, as a server whose watch cache has moved on would.
+    pub fn without_watch_cache(self) -> Self {
+        self.apiserver_arg("--watch-cache=false")
+    }
+
+    /// An extra kube-apiserver flag (`--name=value`); later flags win.
+    pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
+        self.apiserver_args.push(arg.into());
+        self
+    }
+}
+
+/// A running control plane: etcd and kube-apiserver on free loopback ports,
+/// with an admin kubeconfig.
+///
+/// Dropping it (or [`stop`](Self::stop)) sends SIGTERM, then SIGKILL, to both
+/// and removes their directory. Child processes also die with the process
+/// that started them, however it ends.
+pub struct TestEnv {
+    // Field order is drop order: the server before its store, files last.
+    apiserver: Option<Process>,
+    etcd: Option<Process>,
+    apiserver_cmd: Vec<String>,
+    bins: Binaries,
+    config: Config,
+    kubeconfig: PathBuf,
+    api_port: u16,
+    etcd_port: u16,
+    ready_timeout: Duration,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv")
+            .field("server", &self.server_url())
+            .field("etcd_port", &self.etcd_port)
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+static SHARED: OnceCell<TestEnv> = OnceCell::const_new();
+/// Process groups and directories of the shared env, for the exit hook.
+static SHARED_CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn cleanup_shared_at_exit() {
+    let Ok(entries) = SHARED_CLEANUP.lock() else {
+        return;
+    };
+    for (pgid, dir) in entries.iter() {
+        // SAFETY: plain syscall on a process group this process created.
+        unsafe {
+            libc::kill(-(*pgid as libc::pid_t), libc::SIGKILL);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+impl TestEnv {
+    /// Starts a control plane with the default options.
+    pub async fn start() -> Result<Self, EnvtestError> {
+        Self::start_with(TestEnvOptions::default()).await
+    }
+
+    /// Starts a control plane. Ports are chosen free; if one is taken by the
+    /// time a process binds it, the start is retried on new ports (twice).
+    pub async fn start_with(options: TestEnvOptions) -> Result<Self, EnvtestError> {
+        let bins = if options.build_if_missing {
+            tokio::task::spawn_blocking(Binaries::ensure)
+                .await
+                .map_err(|e| EnvtestError::Client(format!("build task failed: {e}")))??
+        } else {
+            Binaries::locate()?
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(&bins, &options).await {
+                Err(EnvtestError::PortInUse { .. }) if attempt < 3 => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// One control plane for the whole test process, started on first use.
+    /// Tests sharing it should work in namespaces of their own
+    /// ([`create_namespace`](Self::create_namespace)). It is torn down when
+    /// the process exits.
+    pub async fn shared() -> Result<&'static TestEnv, EnvtestError> {
+        SHARED
+            .get_or_try_init(|| async {
+                let env = Self::start().await?;
+                let mut cleanup = SHARED_CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
+                for p in [&env.apiserver, &env.etcd].into_iter().flatten() {
+                    cleanup.push((p.pid(), env.dir.path().to_owned()));
+                }
+                // SAFETY: registering a plain extern "C" function.
+                unsafe {
+                    libc::atexit(cleanup_shared_at_exit);
+                }
+                Ok(env)
+            })
+            .await
+    }
+
+    async fn start_once(bins: &Binaries, options: &TestEnvOptions) -> Result<Self, EnvtestError> {
+        let dir = tempfile::Builder::new()
+            .prefix("kinformer-envtest-")
+            .tempdir()
+            .map_err(|e| EnvtestError::io("creating a temp dir in", std::env::temp_dir(), e))?;
+        let [etcd_port, peer_port, api_port] = free_ports()?;
+        let path = |name: &str| dir.path().join(name);
+        let write = |name: &str, contents: &str| {
+            std::fs::write(path(name), contents)
+                .map_err(|e| EnvtestError::io("writing", path(name), e))
+        };
+
+        let pki = Pki::generate()?;
+        write("ca.crt", &pki.ca_cert)?;
+        write("serving.crt", &pki.serving_cert)?;
+        write("serving.key", &pki.serving_key)?;
+        write("admin.crt", &pki.admin_cert)?;
+        write("admin.key", &pki.admin_key)?;
+        write("sa.pub", &pki.sa_public_key)?;
+        write("sa.key", &pki.sa_private_key)?;
+
+        let etcd_args = vec![
+            "--name=envtest".to_owned(),
+            format!("--data-dir={}", path("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-cluster=envtest=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let mut etcd = Process::spawn("etcd", &bins.etcd(), &etcd_args, path("etcd.log"))?;
+        let deadline = Instant::now() + options.ready_timeout;
+        wait_ready(
+            &mut etcd,
+            etcd_port,
+            deadline,
+            options.ready_timeout,
+            || etcd::healthy(etcd_port),
+        )
+        .await?;
+
+        let mut apiserver_cmd = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", path("apiserver-certs").display()),
+            format!("--tls-cert-file={}", path("serving.crt").display()),
+            format!("--tls-private-key-file={}", path("serving.key").display()),
+            format!("--client-ca-file={}", path("ca.crt").display()),
+            format!("--service-account-issuer=https://127.0.0.1:{api_port}"),
+            format!("--service-account-key-file={}", path("sa.pub").display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                path("sa.key").display()
+            ),
+            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
+        apiserver_cmd.extend(options.apiserver_args.iter().cloned());
+
+        let kubeconfig = path("kubeconfig");
+        write("kubeconfig", &kubeconfig_yaml(api_port, &pki))?;
+        let config = config_from_kubeconfig(&kubeconfig).await?;
+
+        let mut env = Self {
+            apiserver: None,
+            etcd: Some(etcd),
+            apiserver_cmd,
+            bins: bins.clone(),
+            config,
+            kubeconfig,
+            api_port,
+            etcd_port,
+            ready_timeout: options.ready_timeout,
+            dir,
+        };
+        env.start_apiserver().await?;
+        Ok(env)
+    }
+
+    /// Starts kube-apiserver (again) and waits until it is ready and the
+    /// `default` namespace exists.
+    pub async fn start_apiserver(&mut self) -> Result<(), EnvtestError> {
+        if self.apiserver.is_some() {
+            return Ok(());
+        }
+        let log = self.dir.path().join("kube-apiserver.log");
+        // Keep the log of an earlier run.
+        if log.exists() {
+            let _ = std::fs::rename(&log, self.dir.path().join("kube-apiserver.previous.log"));
+        }
+        let mut apiserver = Process::spawn(
+            "kube-apiserver",
+            &self.bins.kube_apiserver(),
+            &self.apiserver_cmd,
+            log,
+        )?;
+        let client = self.client()?;
+        let deadline = Instant::now() + self.ready_timeout;
+        let probe = || {
+            let client = client.clone();
+            async move {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                let body = client.request_text(req).await.map_err(|e| e.to_string())?;
+                if body.trim() != "ok" {
+                    return Err(format!("/readyz answered {body:?}"));
+                }
+                let namespaces: Api<Namespace> = Api::all(client);
+                namespaces
+                    .get("default")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("namespace default: {e}"))
+            }
+        };
+        wait_ready(
+            &mut apiserver,
+            self.api_port,
+            deadline,
+            self.ready_timeout,
+            probe,
+        )
+        .await?;
+        self.apiserver = Some(apiserver);
+        Ok(())
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s); etcd keeps running.
+    pub fn stop_apiserver(&mut self) {
+        if let Some(mut p) = self.apiserver.take() {
+            p.stop(Duration::from_secs(10));
+        }
+    }
+
+    /// Kills kube-apiserver at once (SIGKILL), as a crash would.
+    pub fn kill_apiserver(&mut self) {
+        if let Some(mut p) = self.apiserver.take() {
+            p.stop(Duration::ZERO);
+        }
+    }
+
+    /// Stops and starts kube-apiserver on the same port with the same state.
+    pub async fn restart_apiserver(&mut self) -> Result<(), EnvtestError> {
+        self.stop_apiserver();
+        self.start_apiserver().await
+    }
+
+    /// A new client with admin rights. Each test should take its own: a
+    /// client's connections belong to the Tokio runtime it was first used on.
+    pub fn client(&self) -> Result<Client, EnvtestError> {
+        Client::try_from(self.config.clone()).map_err(|e| EnvtestError::Client(e.to_string()))
+    }
+
+    /// The client configuration (admin, server URL, CA).
+    pub fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// The admin kubeconfig file (context `envtest`, namespace `default`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// The kube-apiserver port.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+
+    /// The etcd client port.
+    pub fn etcd_port(&self) -> u16 {
+        self.etcd_port
+    }
+
+    /// The binaries in use (for kubectl).
+    pub fn binaries(&self) -> &Binaries {
+        &self.bins
+    }
+
+    /// The directory holding the certificates, data and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The current etcd revision.
+    pub async fn etcd_revision(&self) -> Result<i64, EnvtestError> {
+        etcd::revision(self.etcd_port).await
+    }
+
+    /// Compacts etcd up to its current revision and returns it: any watch or
+    /// continue token older than that now gets 410 Gone from kube-apiserver
+    /// (once its watch cache has also moved past it).
+    pub async fn compact_etcd(&self) -> Result<i64, EnvtestError> {
+        let revision = etcd::revision(self.etcd_port).await?;
+        etcd::compact(self.etcd_port, revision).await?;
+        Ok(revision)
+    }
+
+    /// Peak resident memory in bytes of (etcd, kube-apiserver) so far.
+    pub fn peak_memory_bytes(&self) -> (Option<u64>, Option<u64>) {
+        (
+            self.etcd.as_ref().and_then(|p| p.peak_rss_bytes()),
+            self.apiserver.as_ref().and_then(|p| p.peak_rss_bytes()),
+        )
+    }
+
+    /// Process ids of (etcd, kube-apiserver).
+    pub fn pids(&self) -> (Option<u32>, Option<u32>) {
+        (
+            self.etcd.as_ref().map(|p| p.pid()),
+            self.apiserver.as_ref().map(|p| p.pid()),
+        )
+    }
+
+    /// Creates a namespace named `<prefix>-<unique suffix>` and returns its name.
+    /// (This control plane has no namespace controller: a deleted namespace
+    /// stays Terminating, so each test takes a fresh one.)
+    pub async fn create_namespace(&self, prefix: &str) -> Result<String, EnvtestError> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!("{prefix}-{}-{n}-{:x}", std::process::id(), nanos % 0xffff);
+        let namespaces: Api<Namespace> = Api::all(self.client()?);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .map_err(|e| EnvtestError::Client(format!("creating namespace {name}: {e}")))?;
+        Ok(name)
+    }
+
+    /// Stops both processes and removes the directory.
+    pub fn stop(mut self) {
+        self.stop_apiserver();
+        if let Some(mut p) = self.etcd.take() {
+            p.stop(Duration::from_secs(5));
+        }
+    }
+}
+
+fn free_ports() -> Result<[u16; 3], EnvtestError> {
+    let bind = || {
+        TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| EnvtestError::io("binding a free port on", "127.0.0.1", e))
+    };
+    // All three are held open at once so that they are distinct.
+    let listeners = [bind()?, bind()?, bind()?];
+    let mut ports = [0u16; 3];
+    for (port, l) in ports.iter_mut().zip(&listeners) {
+        *port = l
+            .local_addr()
+            .map_err(|e| EnvtestError::io("reading the address of", "127.0.0.1", e))?
+            .port();
+    }
+    Ok(ports)
+}
+
+/// Polls `probe` until it succeeds, the process exits, or the deadline passes.
+async fn wait_ready<F, Fut>(
+    process: &mut Process,
+    port: u16,
+    deadline: Instant,
+    timeout: Duration,
+    probe: F,
+) -> Result<(), EnvtestError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut last_error;
+    loop {
+        if let Some(status) = process.exited() {
+            let tail = process.log_tail(30);
+            if tail.contains("address already in use") {
+                return Err(EnvtestError::PortInUse {
+                    component: process.component,
+                    port,
+                });
+            }
+            return Err(EnvtestError::ExitedEarly {
+                component: process.component,
+                status: status.to_string(),
+                log: process.log.clone(),
+                tail,
+            });
+        }
+        match probe().await {
+            Ok(()) => return Ok(()),
+            Err(e) => last_error = e,
+        }
+        if Instant::now() >= deadline {
+            return Err(EnvtestError::NotReady {
+                component: process.component,
+                seconds: timeout.as_secs(),
+                last_error,
+                log: process.log.clone(),
+                tail: process.log_tail(30),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn kubeconfig_yaml(api_port: u16, pki: &Pki) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: envtest\n  cluster:\n    server: https://127.0.0.1:{api_port}\n    certificate-authority-data: {ca}\n\
+         users:\n\
+         - name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n\
+         contexts:\n\
+         - name: envtest\n  context:\n    cluster: envtest\n    user: admin\n    namespace: default\n\
+         current-context: envtest\n",
+        ca = b64(&pki.ca_cert),
+        cert = b64(&pki.admin_cert),
+        key = b64(&pki.admin_key),
+    )
+}
+
+async fn config_from_kubeconfig(path: &Path) -> Result<Config, EnvtestError> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .map_err(|e| EnvtestError::Client(format!("reading {}: {e}", path.display())))?;
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| EnvtestError::Client(format!("loading {}: {e}", path.display())))
+}
