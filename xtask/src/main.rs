@@ -1,1 +1,229 @@
-fn main() {}
+//! Project tasks: `cargo xtask test`, `cargo xtask envtest ...`, `cargo xtask demo`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use kinformer_envtest::{Binaries, KUBERNETES_VERSION, TestEnv};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "kinformer's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Builds the test control plane if needed, then runs every test of the workspace.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The real control plane (kube-apiserver + etcd) used by tests and the demo.
+    Envtest {
+        #[command(subcommand)]
+        command: EnvtestCommand,
+    },
+    /// Runs the controllers against a real control plane and shows what they do.
+    Demo,
+}
+
+#[derive(Subcommand)]
+enum EnvtestCommand {
+    /// Builds kube-apiserver, kubectl and etcd from the pinned Go modules (cached).
+    Build {
+        /// Rebuild even if the binaries are cached.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Starts a control plane and keeps it running until Ctrl-C or SIGTERM.
+    Up {
+        /// Where to write the admin kubeconfig (default: a file in the control plane's temp dir).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
+    /// Prints the directory holding the binaries.
+    Path,
+    /// Regenerates crates/envtest/go/kube/go.mod's replace block from k8s.io/kubernetes' own go.mod.
+    Gomod,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.task {
+        Task::Test { args } => test(&args),
+        Task::Envtest { command } => match command {
+            EnvtestCommand::Build { force } => {
+                if force {
+                    Binaries {
+                        dir: Binaries::default_dir(),
+                    }
+                    .build()?;
+                }
+                let bins = Binaries::ensure()?;
+                println!("{}", bins.dir.display());
+                Ok(ExitCode::SUCCESS)
+            }
+            EnvtestCommand::Up { kubeconfig } => runtime()?.block_on(envtest_up(kubeconfig)),
+            EnvtestCommand::Path => {
+                println!("{}", Binaries::default_dir().display());
+                Ok(ExitCode::SUCCESS)
+            }
+            EnvtestCommand::Gomod => gomod(),
+        },
+        Task::Demo => {
+            eprintln!(
+                "cargo xtask demo: the controllers and the demo are not built yet (issue 5); \
+                 `cargo xtask envtest up` starts the control plane they will run against"
+            );
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the Tokio runtime")
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn test(args: &[String]) -> Result<ExitCode> {
+    let bins = Binaries::ensure().context("building the test control plane")?;
+    eprintln!("xtask: control plane binaries in {}", bins.dir.display());
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args(["test", "--workspace"])
+        .args(args)
+        .status()
+        .context("running cargo test")?;
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn envtest_up(kubeconfig: Option<PathBuf>) -> Result<ExitCode> {
+    eprintln!("envtest: starting etcd and kube-apiserver {KUBERNETES_VERSION} on loopback...");
+    let started = std::time::Instant::now();
+    let env = TestEnv::start().await?;
+    let path = match kubeconfig {
+        Some(path) => {
+            std::fs::copy(env.kubeconfig_path(), &path)
+                .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
+            path
+        }
+        None => env.kubeconfig_path().to_owned(),
+    };
+    let (etcd_pid, api_pid) = env.pids();
+    println!("export KUBECONFIG={}", path.display());
+    println!(
+        "envtest ready in {:.1} s: kube-apiserver {} at {} (pid {}), etcd at http://127.0.0.1:{} (pid {}); Ctrl-C to stop",
+        started.elapsed().as_secs_f64(),
+        KUBERNETES_VERSION,
+        env.server_url(),
+        api_pid.unwrap_or_default(),
+        env.etcd_port(),
+        etcd_pid.unwrap_or_default(),
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    let (etcd_peak, api_peak) = env.peak_memory_bytes();
+    eprintln!(
+        "envtest: stopping (peak memory: etcd {} MiB, kube-apiserver {} MiB)",
+        etcd_peak.unwrap_or_default() >> 20,
+        api_peak.unwrap_or_default() >> 20
+    );
+    env.stop();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Rewrites the replace block of the kube wrapper module from the
+/// `./staging` replaces in k8s.io/kubernetes' own go.mod.
+fn gomod() -> Result<ExitCode> {
+    let module_dir = workspace_root().join("crates/envtest/go/kube");
+    let version = KUBERNETES_VERSION;
+    let staging = format!("v0.{}", version.trim_start_matches("v1."));
+    let out = Command::new("go")
+        .current_dir(&module_dir)
+        .env("GOTOOLCHAIN", "local")
+        .args([
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{version}"),
+        ])
+        .output()
+        .context("running `go mod download` (is Go installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "go mod download k8s.io/kubernetes@{version} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let json = String::from_utf8_lossy(&out.stdout);
+    let gomod_path = json
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"GoMod\": \""))
+        .and_then(|l| l.strip_suffix("\","))
+        .context("no GoMod in `go mod download -json` output")?;
+    let upstream =
+        std::fs::read_to_string(gomod_path).with_context(|| format!("reading {gomod_path}"))?;
+    let replaces: Vec<String> = upstream
+        .lines()
+        .filter(|l| l.contains("=> ./staging/"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|m| format!("\t{m} => {m} {staging}"))
+        .collect();
+    if replaces.is_empty() {
+        bail!("no ./staging replaces found in {gomod_path}");
+    }
+    let path = module_dir.join("go.mod");
+    let current =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let start = current
+        .find("replace (")
+        .context("go.mod has no replace block")?;
+    let end = current[start..]
+        .find("\n)")
+        .map(|i| start + i + 2)
+        .context("unterminated replace block")?;
+    let updated = format!(
+        "{}replace (\n{}\n){}",
+        &current[..start],
+        replaces.join("\n"),
+        &current[end..]
+    );
+    std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "{}: {} replace lines for {version}",
+        path.display(),
+        replaces.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -196,7 +196,7 @@ fn go_build(
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if !line.starts_with("go: ") && !line.contains(' ') {
                 packages_built += 1;
-                if packages_built % 250 == 0 {
+                if packages_built.is_multiple_of(250) {
                     eprintln!(
                         "envtest: {what}: {packages_built} packages compiled ({:.0} s)",
                         started.elapsed().as_secs_f64()
