@@ -1,0 +1,177 @@
+//! SharedInformerFactory: one informer per type, namespace and selectors,
+//! however many callers ask for it.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinformer_store::{Object, namespace_indexers};
+use kube_client::{Client, Resource};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    ApiListerWatcher, HasSynced, InformerOptions, SharedIndexInformer, wait_for_cache_sync,
+};
+
+/// Which objects an informer of the factory watches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct InformerScope {
+    /// One namespace, or all when `None`.
+    pub namespace: Option<String>,
+    /// A label selector.
+    pub label_selector: Option<String>,
+    /// A field selector.
+    pub field_selector: Option<String>,
+}
+
+trait Startable: Send + Sync {
+    fn start(&self, shutdown: CancellationToken);
+    fn synced(&self) -> bool;
+    fn describe(&self) -> String;
+}
+
+impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
+    fn start(&self, shutdown: CancellationToken) {
+        if self.is_started() {
+            return;
+        }
+        let informer = self.clone();
+        tokio::spawn(async move { informer.run(shutdown).await });
+    }
+    fn synced(&self) -> bool {
+        self.has_synced()
+    }
+    fn describe(&self) -> String {
+        SharedIndexInformer::describe(self).to_owned()
+    }
+}
+
+struct Entry {
+    any: Box<dyn Any + Send + Sync>,
+    startable: Arc<dyn Startable>,
+}
+
+/// Hands out shared informers: client-go's `SharedInformerFactory`.
+///
+/// Asking twice for the same type with the same scope returns the same
+/// informer; [`start`](Self::start) runs every informer made so far that is
+/// not running yet, and [`wait_for_cache_sync`](Self::wait_for_cache_sync)
+/// waits for all of them. Informers carry the namespace index.
+pub struct SharedInformerFactory {
+    client: Client,
+    default_namespace: Option<String>,
+    default_resync: Option<Duration>,
+    informers: Mutex<HashMap<(TypeId, InformerScope), Entry>>,
+}
+
+impl Debug for SharedInformerFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedInformerFactory")
+            .field("namespace", &self.default_namespace)
+            .field("informers", &self.informers.lock().len())
+            .finish()
+    }
+}
+
+impl SharedInformerFactory {
+    /// A factory whose informers watch all namespaces.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            default_namespace: None,
+            default_resync: None,
+            informers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Informers of this factory watch only `namespace` (unless a scope says otherwise).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.default_namespace = Some(namespace.into());
+        self
+    }
+
+    /// Default resync period of the informers' handlers.
+    pub fn default_resync(mut self, period: Duration) -> Self {
+        self.default_resync = Some(period);
+        self
+    }
+
+    /// The shared informer for `K` in the factory's namespace.
+    pub fn informer<K>(&self) -> SharedIndexInformer<K>
+    where
+        K: Resource<DynamicType = ()> + Object + Clone + DeserializeOwned + Debug,
+    {
+        self.informer_for(InformerScope {
+            namespace: self.default_namespace.clone(),
+            ..InformerScope::default()
+        })
+    }
+
+    /// The shared informer for `K` in `scope`.
+    pub fn informer_for<K>(&self, scope: InformerScope) -> SharedIndexInformer<K>
+    where
+        K: Resource<DynamicType = ()> + Object + Clone + DeserializeOwned + Debug,
+    {
+        let key = (TypeId::of::<K>(), scope.clone());
+        let mut informers = self.informers.lock();
+        if let Some(entry) = informers.get(&key)
+            && let Some(informer) = entry.any.downcast_ref::<SharedIndexInformer<K>>()
+        {
+            return informer.clone();
+        }
+        let mut lw = ApiListerWatcher::<K>::new(self.client.clone(), scope.namespace.as_deref());
+        if let Some(l) = &scope.label_selector {
+            lw = lw.labels(l);
+        }
+        if let Some(f) = &scope.field_selector {
+            lw = lw.fields(f);
+        }
+        let mut options = InformerOptions::new().indexers(namespace_indexers());
+        if let Some(p) = self.default_resync {
+            options = options.default_resync(p);
+        }
+        let informer = SharedIndexInformer::new(lw, options);
+        informers.insert(
+            key,
+            Entry {
+                any: Box::new(informer.clone()),
+                startable: Arc::new(informer.clone()),
+            },
+        );
+        informer
+    }
+
+    /// Starts every informer made so far that is not running (on the current
+    /// Tokio runtime); they stop when `shutdown` fires.
+    pub fn start(&self, shutdown: &CancellationToken) {
+        for entry in self.informers.lock().values() {
+            entry.startable.start(shutdown.clone());
+        }
+    }
+
+    /// Waits until every informer made so far has synced; returns each one's
+    /// description and whether it synced before `shutdown` fired.
+    pub async fn wait_for_cache_sync(&self, shutdown: &CancellationToken) -> Vec<(String, bool)> {
+        let all: Vec<Arc<dyn Startable>> = self
+            .informers
+            .lock()
+            .values()
+            .map(|e| Arc::clone(&e.startable))
+            .collect();
+        let mut out = Vec::new();
+        for informer in all {
+            let synced = {
+                let i = Arc::clone(&informer);
+                let check = move || i.synced();
+                let checks: [&dyn HasSynced; 1] = [&check];
+                wait_for_cache_sync(shutdown, &checks).await
+            };
+            out.push((informer.describe(), synced));
+        }
+        out
+    }
+}

@@ -1,0 +1,101 @@
+//! Event handlers: what an informer calls for each add, update and delete.
+
+use std::sync::Arc;
+
+use kinformer_store::ObjectOrTombstone;
+
+/// Receives an informer's notifications: client-go's `ResourceEventHandler`.
+///
+/// Each handler runs on a thread of its own with an unbounded buffer, so a
+/// slow handler delays only itself; it may block. A handler that panics is
+/// logged and goes on with the next notification.
+pub trait ResourceEventHandler<K>: Send + Sync + 'static {
+    /// An object appeared. `is_in_initial_list` is true for the objects of
+    /// the first list (and for the current cache replayed to a handler added
+    /// after the informer started).
+    fn on_add(&self, obj: &Arc<K>, is_in_initial_list: bool) {
+        let _ = (obj, is_in_initial_list);
+    }
+    /// An object changed, or a resync replayed it (then `old` and `new` are
+    /// the same object).
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+        let _ = (old, new);
+    }
+    /// An object was deleted; a tombstone when the deletion was found on relist.
+    fn on_delete(&self, obj: &ObjectOrTombstone<K>) {
+        let _ = obj;
+    }
+}
+
+type AddFn<K> = Box<dyn Fn(&Arc<K>, bool) + Send + Sync>;
+type UpdateFn<K> = Box<dyn Fn(&Arc<K>, &Arc<K>) + Send + Sync>;
+type DeleteFn<K> = Box<dyn Fn(&ObjectOrTombstone<K>) + Send + Sync>;
+
+/// A handler made of closures, any of which may be left out:
+/// client-go's `ResourceEventHandlerDetailedFuncs`.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::Pod;
+/// use kinformer_informer::ResourceEventHandlerFuncs;
+/// let handler = ResourceEventHandlerFuncs::<Pod>::new()
+///     .on_add(|pod, _initial| println!("add {:?}", pod.metadata.name))
+///     .on_delete(|pod| println!("delete {:?}", pod.object().metadata.name));
+/// ```
+pub struct ResourceEventHandlerFuncs<K> {
+    add: Option<AddFn<K>>,
+    update: Option<UpdateFn<K>>,
+    delete: Option<DeleteFn<K>>,
+}
+
+impl<K> Default for ResourceEventHandlerFuncs<K> {
+    fn default() -> Self {
+        Self {
+            add: None,
+            update: None,
+            delete: None,
+        }
+    }
+}
+
+impl<K> ResourceEventHandlerFuncs<K> {
+    /// A handler that does nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Called on add.
+    pub fn on_add(mut self, f: impl Fn(&Arc<K>, bool) + Send + Sync + 'static) -> Self {
+        self.add = Some(Box::new(f));
+        self
+    }
+
+    /// Called on update.
+    pub fn on_update(mut self, f: impl Fn(&Arc<K>, &Arc<K>) + Send + Sync + 'static) -> Self {
+        self.update = Some(Box::new(f));
+        self
+    }
+
+    /// Called on delete.
+    pub fn on_delete(mut self, f: impl Fn(&ObjectOrTombstone<K>) + Send + Sync + 'static) -> Self {
+        self.delete = Some(Box::new(f));
+        self
+    }
+}
+
+impl<K: Send + Sync + 'static> ResourceEventHandler<K> for ResourceEventHandlerFuncs<K> {
+    fn on_add(&self, obj: &Arc<K>, is_in_initial_list: bool) {
+        if let Some(f) = &self.add {
+            f(obj, is_in_initial_list)
+        }
+    }
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+        if let Some(f) = &self.update {
+            f(old, new)
+        }
+    }
+    fn on_delete(&self, obj: &ObjectOrTombstone<K>) {
+        if let Some(f) = &self.delete {
+            f(obj)
+        }
+    }
+}

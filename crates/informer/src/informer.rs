@@ -1,0 +1,514 @@
+//! SharedIndexInformer: one list+watch, one cache, any number of handlers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
+use kinformer_store::{Indexer, Indexers, KnownObjects, Object, ObjectOrTombstone};
+use parking_lot::{Mutex, RwLock};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info_span, warn};
+
+use crate::processor::{Listener, ListenerState, Notification, Processor};
+use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
+use crate::{InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler};
+
+/// Rewrites each object once, before it is cached: client-go's `TransformFunc`.
+pub type Transform<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
+
+/// Called with every list and watch error: client-go's `WatchErrorHandler`.
+pub type WatchErrorHandler = Arc<dyn Fn(&ListWatchError) + Send + Sync>;
+
+/// The shortest resync period a handler can ask for, as in client-go.
+pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// A transform that drops `metadata.managedFields`, which most controllers
+/// never read and which often is the largest part of an object.
+pub fn strip_managed_fields<K>(mut obj: K) -> K
+where
+    K: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+{
+    obj.metadata_mut().managed_fields = None;
+    obj
+}
+
+/// Handle of a registered event handler.
+#[derive(Clone)]
+pub struct ResourceEventHandlerRegistration {
+    id: u64,
+    state: Arc<ListenerState>,
+    informer_synced: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl fmt::Debug for ResourceEventHandlerRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceEventHandlerRegistration")
+            .field("id", &self.id)
+            .field("has_synced", &self.has_synced())
+            .finish()
+    }
+}
+
+impl ResourceEventHandlerRegistration {
+    /// True once the informer has synced and this handler has handled every
+    /// add of the initial list (or of the replay it got when added late).
+    pub fn has_synced(&self) -> bool {
+        (self.informer_synced)() && self.state.pending_initial.load(Ordering::SeqCst) == 0
+    }
+
+    /// Notifications buffered for this handler and not yet handled.
+    pub fn pending(&self) -> usize {
+        self.state.depth.load(Ordering::Relaxed)
+    }
+
+    /// Notifications this handler has handled.
+    pub fn handled(&self) -> u64 {
+        self.state.handled.load(Ordering::Relaxed)
+    }
+
+    /// Panics of this handler that were caught.
+    pub fn panics(&self) -> u64 {
+        self.state.panics.load(Ordering::Relaxed)
+    }
+}
+
+/// How a [`SharedIndexInformer`] is built.
+pub struct InformerOptions<K> {
+    /// Indexes of the cache.
+    pub indexers: Indexers<K>,
+    /// Resync period of handlers added without one; `None`: no resync.
+    pub default_resync: Option<Duration>,
+    /// How the Reflector lists and watches.
+    pub reflector: ReflectorOptions,
+}
+
+impl<K> Default for InformerOptions<K> {
+    fn default() -> Self {
+        Self {
+            indexers: Indexers::new(),
+            default_resync: None,
+            reflector: ReflectorOptions::default(),
+        }
+    }
+}
+
+impl<K> InformerOptions<K> {
+    /// No indexes, no resync, default Reflector.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Indexes of the cache.
+    pub fn indexers(mut self, indexers: Indexers<K>) -> Self {
+        self.indexers = indexers;
+        self
+    }
+
+    /// Resync period of handlers added without one.
+    pub fn default_resync(mut self, period: Duration) -> Self {
+        self.default_resync = Some(period);
+        self
+    }
+
+    /// How the Reflector lists and watches.
+    pub fn reflector(mut self, options: ReflectorOptions) -> Self {
+        self.reflector = options;
+        self
+    }
+}
+
+/// An informer shared by many handlers: client-go's `SharedIndexInformer`.
+///
+/// [`run`](Self::run) lists and watches through its [`ListerWatcher`] into a
+/// DeltaFifo, applies the deltas to its [`Indexer`], and sends every change to
+/// every handler:
+/// - handlers may be added before or after the informer starts; one added
+///   after first receives the whole current cache as adds
+///   (`is_in_initial_list` true), then every later change;
+/// - each handler has its own unbounded buffer and thread: a slow handler
+///   never blocks another or the watch;
+/// - each handler may have its own resync period (1 s at least); a resync
+///   replays the cache to the handlers that are due, as updates whose old and
+///   new objects are the same;
+/// - a deletion found on relist reaches `on_delete` as a tombstone;
+/// - [`set_transform`](Self::set_transform) rewrites each object exactly once
+///   before it is cached ([`strip_managed_fields`] is ready-made).
+///
+/// The informer is a cheap handle; clones share it.
+pub struct SharedIndexInformer<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for SharedIndexInformer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K> fmt::Debug for SharedIndexInformer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedIndexInformer")
+            .field("what", &self.inner.description)
+            .field("cached", &self.inner.indexer.len())
+            .field("started", &self.inner.started.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+struct Inner<K> {
+    indexer: Arc<Indexer<K>>,
+    fifo: Arc<DeltaFifo<K>>,
+    lw: Arc<dyn ListerWatcher<K>>,
+    processor: Processor<K>,
+    description: String,
+    settings: Mutex<Settings<K>>,
+    started: AtomicBool,
+    stopped: AtomicBool,
+    last_sync_rv: Arc<RwLock<String>>,
+    stats: Mutex<Option<Arc<ReflectorStats>>>,
+}
+
+struct Settings<K> {
+    transform: Option<Transform<K>>,
+    error_handler: WatchErrorHandler,
+    reflector: ReflectorOptions,
+    default_resync: Option<Duration>,
+    /// How often the Reflector asks whether a handler is due a resync.
+    resync_check_period: Option<Duration>,
+}
+
+impl<K: Object + Clone> SharedIndexInformer<K> {
+    /// An informer over `lw` with `options`.
+    pub fn new(lw: impl ListerWatcher<K>, options: InformerOptions<K>) -> Self {
+        Self::from_arc(Arc::new(lw), options)
+    }
+
+    /// An informer over a shared `lw`.
+    pub fn from_arc(lw: Arc<dyn ListerWatcher<K>>, options: InformerOptions<K>) -> Self {
+        let indexer = Arc::new(Indexer::with_indexers(options.indexers));
+        let known: Arc<dyn KnownObjects<K>> = indexer.clone();
+        let fifo = Arc::new(DeltaFifo::with_options(
+            DeltaFifoOptions::new().known_objects(known),
+        ));
+        let default_resync = options.default_resync.map(|p| p.max(MIN_RESYNC_PERIOD));
+        Self {
+            inner: Arc::new(Inner {
+                description: lw.describe(),
+                indexer,
+                fifo,
+                lw,
+                processor: Processor::new(),
+                settings: Mutex::new(Settings {
+                    transform: None,
+                    error_handler: Arc::new(default_watch_error_handler),
+                    reflector: options.reflector,
+                    default_resync,
+                    resync_check_period: default_resync,
+                }),
+                started: AtomicBool::new(false),
+                stopped: AtomicBool::new(false),
+                last_sync_rv: Arc::new(RwLock::new(String::new())),
+                stats: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Adds a handler with the informer's default resync period.
+    pub fn add_event_handler(
+        &self,
+        handler: impl ResourceEventHandler<K>,
+    ) -> Result<ResourceEventHandlerRegistration, InformerError> {
+        let period = self.inner.settings.lock().default_resync;
+        self.add_handler(Arc::new(handler), period)
+    }
+
+    /// Adds a handler resynced every `period` (at least 1 s; after the
+    /// informer started, at least its resync check period, as in client-go).
+    pub fn add_event_handler_with_resync(
+        &self,
+        handler: impl ResourceEventHandler<K>,
+        period: Duration,
+    ) -> Result<ResourceEventHandlerRegistration, InformerError> {
+        self.add_handler(Arc::new(handler), Some(period))
+    }
+
+    fn add_handler(
+        &self,
+        handler: Arc<dyn ResourceEventHandler<K>>,
+        period: Option<Duration>,
+    ) -> Result<ResourceEventHandlerRegistration, InformerError> {
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(InformerError::Stopped);
+        }
+        let period = period.map(|p| p.max(MIN_RESYNC_PERIOD));
+        let period = {
+            let mut settings = self.inner.settings.lock();
+            match (period, self.inner.started.load(Ordering::SeqCst)) {
+                (Some(p), false) => {
+                    settings.resync_check_period =
+                        Some(settings.resync_check_period.map_or(p, |c| c.min(p)));
+                    Some(p)
+                }
+                (Some(p), true) => match settings.resync_check_period {
+                    Some(check) if p < check => {
+                        warn!(requested = ?p, used = ?check, "resync period below the informer's resync check period; using the latter");
+                        Some(check)
+                    }
+                    // Started without any resync: handlers cannot get one now.
+                    None => None,
+                    Some(_) => Some(p),
+                },
+                (None, _) => None,
+            }
+        };
+        let id = self.inner.processor.next_id();
+        let listener = Listener::spawn(id, handler, period);
+        let state = Arc::clone(&listener.state);
+        {
+            // The write lock blocks delta processing: the replay below is
+            // exactly the cache at this point, and every later change follows.
+            let mut listeners = self.inner.processor.listeners.write();
+            if self.inner.started.load(Ordering::SeqCst) {
+                for obj in self.inner.indexer.list() {
+                    listener.send(Notification::Add { obj, initial: true });
+                }
+            }
+            listeners.push(listener);
+        }
+        let fifo = Arc::clone(&self.inner.fifo);
+        Ok(ResourceEventHandlerRegistration {
+            id,
+            state,
+            informer_synced: Arc::new(move || fifo.has_synced()),
+        })
+    }
+
+    /// Removes a handler; it gets no further notification.
+    pub fn remove_event_handler(
+        &self,
+        registration: &ResourceEventHandlerRegistration,
+    ) -> Result<(), InformerError> {
+        let mut listeners = self.inner.processor.listeners.write();
+        let pos = listeners
+            .iter()
+            .position(|l| l.id == registration.id)
+            .ok_or(InformerError::UnknownHandler(registration.id))?;
+        let listener = listeners.remove(pos);
+        listener.state.stopped.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Rewrites each object once before it is cached. Only before the start.
+    pub fn set_transform(
+        &self,
+        transform: impl Fn(K) -> K + Send + Sync + 'static,
+    ) -> Result<(), InformerError> {
+        self.before_start("the transform")?;
+        self.inner.settings.lock().transform = Some(Arc::new(transform));
+        Ok(())
+    }
+
+    /// Called with every list and watch error instead of the default logging.
+    /// Only before the start.
+    pub fn set_watch_error_handler(
+        &self,
+        handler: impl Fn(&ListWatchError) + Send + Sync + 'static,
+    ) -> Result<(), InformerError> {
+        self.before_start("the watch error handler")?;
+        self.inner.settings.lock().error_handler = Arc::new(handler);
+        Ok(())
+    }
+
+    fn before_start(&self, what: &'static str) -> Result<(), InformerError> {
+        if self.inner.started.load(Ordering::SeqCst) {
+            return Err(InformerError::AlreadyStarted(what));
+        }
+        Ok(())
+    }
+
+    /// True once the first list has been fully delivered to the cache.
+    pub fn has_synced(&self) -> bool {
+        self.inner.fifo.has_synced()
+    }
+
+    /// The resource version last seen from the server ("" before the first list).
+    pub fn last_sync_resource_version(&self) -> String {
+        self.inner.last_sync_rv.read().clone()
+    }
+
+    /// The cache.
+    pub fn indexer(&self) -> &Arc<Indexer<K>> {
+        &self.inner.indexer
+    }
+
+    /// What this informer lists and watches.
+    pub fn describe(&self) -> &str {
+        &self.inner.description
+    }
+
+    /// Whether `run` has been called.
+    pub fn is_started(&self) -> bool {
+        self.inner.started.load(Ordering::SeqCst)
+    }
+
+    /// Counters of the Reflector (once started).
+    pub fn reflector_stats(&self) -> Option<Arc<ReflectorStats>> {
+        self.inner.stats.lock().clone()
+    }
+
+    /// Notifications buffered for all handlers together.
+    pub fn pending_notifications(&self) -> usize {
+        self.inner
+            .processor
+            .listeners
+            .read()
+            .iter()
+            .map(|l| l.state.depth.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Lists, watches and dispatches until `shutdown` fires; then stops the
+    /// handlers. A second call returns at once.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        if self.inner.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let reflector = {
+            let settings = self.inner.settings.lock();
+            let mut reflector = Reflector::new(
+                Arc::clone(&self.inner.lw),
+                Arc::clone(&self.inner.fifo),
+                settings.reflector.clone(),
+            )
+            .with_transform(settings.transform.clone())
+            .with_error_handler(Arc::clone(&settings.error_handler));
+            if let Some(period) = settings.resync_check_period {
+                let inner = Arc::downgrade(&self.inner);
+                reflector = reflector.with_resync(
+                    period,
+                    Arc::new(move || inner.upgrade().is_some_and(|i| i.processor.should_resync())),
+                );
+            }
+            reflector
+        };
+        // The informer reports the Reflector's last version as its own.
+        let rv = reflector.last_sync_resource_version();
+        *self.inner.stats.lock() = Some(reflector.stats());
+        let reflector_task = tokio::spawn(reflector.run(shutdown.clone()));
+        let span = info_span!("informer", what = %self.inner.description);
+        async {
+            loop {
+                let inner = &self.inner;
+                let popped = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    popped = inner.fifo.pop(|deltas, initial| {
+                        inner.handle_deltas(deltas, initial);
+                        *inner.last_sync_rv.write() = rv.read().clone();
+                        Ok::<_, Requeue<()>>(())
+                    }) => popped,
+                };
+                if let Err(PopError::Closed) = popped {
+                    break;
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        self.inner.fifo.close();
+        let _ = reflector_task.await;
+        *self.inner.last_sync_rv.write() = rv.read().clone();
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        self.inner.processor.stop_all();
+    }
+}
+
+impl<K> SharedIndexInformer<K>
+where
+    K: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+        + Object
+        + Clone,
+{
+    /// A Lister over the cache.
+    pub fn lister(&self) -> Lister<K> {
+        Lister::new(Arc::clone(&self.inner.indexer))
+    }
+}
+
+impl<K: Object> Inner<K> {
+    /// Applies one key's deltas to the cache and tells the handlers, as
+    /// client-go's `processDeltas`.
+    fn handle_deltas(&self, deltas: &Deltas<K>, is_in_initial_list: bool) {
+        let listeners = self.processor.listeners.read();
+        for delta in deltas {
+            match delta.kind {
+                DeltaType::Sync | DeltaType::Replaced | DeltaType::Added | DeltaType::Updated => {
+                    let obj = Arc::clone(delta.object.object());
+                    let old = match self.indexer.get(&obj) {
+                        Ok(old) => old,
+                        Err(e) => {
+                            warn!(error = %e, "dropping an object that has no key");
+                            continue;
+                        }
+                    };
+                    match old {
+                        Some(old) => {
+                            if let Err(e) = self.indexer.update(Arc::clone(&obj)) {
+                                warn!(error = %e, "cannot update the cache");
+                                continue;
+                            }
+                            let is_sync = match delta.kind {
+                                DeltaType::Sync => true,
+                                // A relist that brought back the same version is a resync.
+                                DeltaType::Replaced => {
+                                    old.resource_version() == obj.resource_version()
+                                }
+                                _ => false,
+                            };
+                            Processor::distribute(
+                                &listeners,
+                                Notification::Update { old, new: obj },
+                                is_sync,
+                            );
+                        }
+                        None => {
+                            if let Err(e) = self.indexer.add(Arc::clone(&obj)) {
+                                warn!(error = %e, "cannot add to the cache");
+                                continue;
+                            }
+                            Processor::distribute(
+                                &listeners,
+                                Notification::Add {
+                                    obj,
+                                    initial: is_in_initial_list,
+                                },
+                                false,
+                            );
+                        }
+                    }
+                }
+                DeltaType::Deleted => {
+                    match &delta.object {
+                        ObjectOrTombstone::Tombstone(t) => {
+                            self.indexer.delete_by_key(&t.key);
+                        }
+                        ObjectOrTombstone::Object(obj) => {
+                            if let Err(e) = self.indexer.delete(obj) {
+                                warn!(error = %e, "cannot delete from the cache");
+                                continue;
+                            }
+                        }
+                    }
+                    Processor::distribute(
+                        &listeners,
+                        Notification::Delete(delta.object.clone()),
+                        false,
+                    );
+                }
+            }
+        }
+    }
+}

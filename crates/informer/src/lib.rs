@@ -1,0 +1,65 @@
+//! Informers: a local, indexed cache of Kubernetes objects kept in step with
+//! the API server, and a stream of add/update/delete callbacks.
+//!
+//! client-go's `tools/cache` (reflector.go, shared_informer.go,
+//! controller.go, listers) on kube-client and k8s-openapi:
+//!
+//! - [`ListerWatcher`] is the seam to the server; [`ApiListerWatcher`] lists
+//!   and watches any k8s-openapi resource through kube-client.
+//! - [`Reflector`] lists (paged), then watches with bookmarks, re-watches,
+//!   relists on 410 Gone, and backs off on errors, feeding a DeltaFifo.
+//! - [`SharedIndexInformer`] applies the deltas to an Indexer and fans them
+//!   out to any number of [`ResourceEventHandler`]s, each with its own buffer.
+//! - [`SharedInformerFactory`] shares informers by type and scope;
+//!   [`Lister`] reads the cache; [`wait_for_cache_sync`] waits for it.
+//!
+//! ```no_run
+//! # async fn demo(client: kube_client::Client) {
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kinformer_informer::{ResourceEventHandlerFuncs, SharedInformerFactory, strip_managed_fields};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let factory = SharedInformerFactory::new(client).namespace("default");
+//! let pods = factory.informer::<Pod>();
+//! pods.set_transform(strip_managed_fields).unwrap();
+//! pods.add_event_handler(
+//!     ResourceEventHandlerFuncs::new().on_add(|pod: &std::sync::Arc<Pod>, _| {
+//!         println!("added {:?}", pod.metadata.name)
+//!     }),
+//! )
+//! .unwrap();
+//! let shutdown = CancellationToken::new();
+//! factory.start(&shutdown);
+//! factory.wait_for_cache_sync(&shutdown).await;
+//! let cached = pods.lister().namespaced("default").list(&Default::default());
+//! # }
+//! ```
+
+mod backoff;
+mod error;
+mod factory;
+mod handler;
+mod informer;
+mod lister;
+mod lister_watcher;
+mod processor;
+mod reflector;
+mod sync;
+
+pub use backoff::BackoffConfig;
+pub use error::{InformerError, ListWatchError};
+pub use factory::{InformerScope, SharedInformerFactory};
+pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
+pub use informer::{
+    InformerOptions, MIN_RESYNC_PERIOD, ResourceEventHandlerRegistration, SharedIndexInformer,
+    Transform, WatchErrorHandler, strip_managed_fields,
+};
+pub use lister::{Lister, NamespaceLister};
+pub use lister_watcher::{
+    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream,
+};
+pub use reflector::{
+    DEFAULT_PAGE_SIZE, Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler,
+};
+pub use sync::{HasSynced, wait_for_cache_sync};
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,198 @@
+//! Fan-out of notifications to handlers, as client-go's `sharedProcessor`.
+//!
+//! Each listener owns an unbounded channel and a thread that drains it into
+//! its handler: distributing a notification never waits for a handler, so a
+//! slow handler cannot hold up the others or the watch. Its buffer depth is
+//! counted so that it can be exported.
+//!
+//! The listener list sits behind a `RwLock`: delta processing takes it for
+//! reading while it updates the Indexer and distributes, and adding a handler
+//! takes it for writing while it replays the Indexer to the new handler. So a
+//! new handler sees exactly the cache as of its registration, then every
+//! change after it, with nothing missed or doubled.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use kinformer_store::ObjectOrTombstone;
+use parking_lot::{Mutex, RwLock};
+use tokio::time::Instant;
+use tracing::error;
+
+use crate::ResourceEventHandler;
+
+pub(crate) enum Notification<K> {
+    Add { obj: Arc<K>, initial: bool },
+    Update { old: Arc<K>, new: Arc<K> },
+    Delete(ObjectOrTombstone<K>),
+}
+
+impl<K> Clone for Notification<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Add { obj, initial } => Self::Add {
+                obj: Arc::clone(obj),
+                initial: *initial,
+            },
+            Self::Update { old, new } => Self::Update {
+                old: Arc::clone(old),
+                new: Arc::clone(new),
+            },
+            Self::Delete(o) => Self::Delete(o.clone()),
+        }
+    }
+}
+
+/// Per-listener counters shared with its registration handle.
+#[derive(Debug, Default)]
+pub(crate) struct ListenerState {
+    /// Notifications buffered and not yet handled.
+    pub depth: AtomicUsize,
+    /// Initial-list adds not yet handled.
+    pub pending_initial: AtomicUsize,
+    /// Notifications handled.
+    pub handled: AtomicU64,
+    /// Handler panics caught.
+    pub panics: AtomicU64,
+    pub stopped: AtomicBool,
+}
+
+pub(crate) struct Listener<K> {
+    pub id: u64,
+    tx: mpsc::Sender<Notification<K>>,
+    pub state: Arc<ListenerState>,
+    resync_period: Option<Duration>,
+    next_resync: Mutex<Instant>,
+    resync_due: AtomicBool,
+}
+
+impl<K: Send + Sync + 'static> Listener<K> {
+    pub(crate) fn spawn(
+        id: u64,
+        handler: Arc<dyn ResourceEventHandler<K>>,
+        resync_period: Option<Duration>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel::<Notification<K>>();
+        let state = Arc::new(ListenerState::default());
+        let thread_state = Arc::clone(&state);
+        let spawned = std::thread::Builder::new()
+            .name(format!("kinformer-handler-{id}"))
+            .spawn(move || run_listener(rx, handler, thread_state));
+        if let Err(e) = spawned {
+            error!(handler = id, error = %e, "cannot start the handler thread");
+            state.stopped.store(true, Ordering::SeqCst);
+        }
+        Self {
+            id,
+            tx,
+            state,
+            resync_period,
+            next_resync: Mutex::new(Instant::now() + resync_period.unwrap_or_default()),
+            resync_due: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn send(&self, n: Notification<K>) {
+        if let Notification::Add { initial: true, .. } = n {
+            self.state.pending_initial.fetch_add(1, Ordering::SeqCst);
+        }
+        self.state.depth.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(n).is_err() {
+            self.state.depth.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn run_listener<K: 'static>(
+    rx: mpsc::Receiver<Notification<K>>,
+    handler: Arc<dyn ResourceEventHandler<K>>,
+    state: Arc<ListenerState>,
+) {
+    for n in rx {
+        if state.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let initial = matches!(n, Notification::Add { initial: true, .. });
+        let result = catch_unwind(AssertUnwindSafe(|| match &n {
+            Notification::Add { obj, initial } => handler.on_add(obj, *initial),
+            Notification::Update { old, new } => handler.on_update(old, new),
+            Notification::Delete(obj) => handler.on_delete(obj),
+        }));
+        if let Err(panic) = result {
+            state.panics.fetch_add(1, Ordering::Relaxed);
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".into());
+            error!(panic = %message, "event handler panicked; continuing with the next notification");
+        }
+        state.handled.fetch_add(1, Ordering::Relaxed);
+        if initial {
+            state.pending_initial.fetch_sub(1, Ordering::SeqCst);
+        }
+        state.depth.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Processor<K> {
+    pub listeners: RwLock<Vec<Listener<K>>>,
+    next_id: AtomicU64,
+}
+
+impl<K: Send + Sync + 'static> Processor<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            listeners: RwLock::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `n` to every listener, or for a resync only to those due one.
+    pub(crate) fn distribute(listeners: &[Listener<K>], n: Notification<K>, sync: bool) {
+        let mut targets = listeners
+            .iter()
+            .filter(|l| !sync || l.resync_due.load(Ordering::Relaxed))
+            .peekable();
+        while let Some(l) = targets.next() {
+            if targets.peek().is_none() {
+                l.send(n);
+                return;
+            }
+            l.send(n.clone());
+        }
+    }
+
+    /// Marks the listeners whose resync period has passed; true if any is due.
+    pub(crate) fn should_resync(&self) -> bool {
+        let now = Instant::now();
+        let mut any = false;
+        for l in self.listeners.read().iter() {
+            let Some(period) = l.resync_period else {
+                l.resync_due.store(false, Ordering::Relaxed);
+                continue;
+            };
+            let mut next = l.next_resync.lock();
+            let due = now >= *next;
+            if due {
+                *next = now + period;
+                any = true;
+            }
+            l.resync_due.store(due, Ordering::Relaxed);
+        }
+        any
+    }
+
+    pub(crate) fn stop_all(&self) {
+        for l in self.listeners.write().drain(..) {
+            l.state.stopped.store(true, Ordering::SeqCst);
+        }
+    }
+}

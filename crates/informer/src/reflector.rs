@@ -1,0 +1,504 @@
+//! The Reflector: keeps a DeltaFifo in step with the server by list + watch.
+//!
+//! As client-go's `reflector.go`:
+//! - The first list asks for resource version `"0"` (served from the watch
+//!   cache), a relist for the last version seen (not older than it), and only
+//!   after a 410 on list for `""` (a quorum read from etcd).
+//! - Lists are paged (`limit`/`continue`); a continue token that expires
+//!   mid-list falls back to one full list at the same version.
+//! - The watch starts from the list's version with bookmarks; every event and
+//!   bookmark advances the last seen version. A watch the server closes (its
+//!   5-10 minute timeout) is reopened from there without relisting, and so is
+//!   one that fails to open with 429, 5xx or a refused connection (after a
+//!   backoff). A 410 Gone, or any other failure, relists.
+//! - Every relist and retry waits an exponential backoff with jitter
+//!   (800 ms doubling to 30 s, reset after 2 minutes of health).
+//! - A watch that sees nothing, not even a bookmark, for the idle timeout is
+//!   taken for a dead (half-open) connection and reopened.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kinformer_fifo::DeltaFifo;
+use kinformer_store::Object;
+use kube_client::core::WatchEvent;
+use parking_lot::RwLock;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::lister_watcher::{ListRequest, ListerWatcher, WatchRequest, WatchStream};
+use crate::{ListWatchError, Transform, WatchErrorHandler};
+
+/// The page size used when the Reflector pages a list, as client-go's pager.
+pub const DEFAULT_PAGE_SIZE: u32 = 500;
+
+/// How a Reflector lists and watches. See the field docs for the defaults.
+#[derive(Debug, Clone)]
+pub struct ReflectorOptions {
+    /// Page size of lists. `None` (the default) does what client-go does:
+    /// pages of 500, except for a list at a specific resource version, which
+    /// is sent without a limit so that the watch cache can serve it.
+    pub page_size: Option<u32>,
+    /// The server ends each watch after a random time in
+    /// `[min_watch_timeout, 2 * min_watch_timeout)`; default 5 minutes.
+    pub min_watch_timeout: Duration,
+    /// A watch with no event or bookmark for this long is reopened; default
+    /// 150 s (the server sends a bookmark about every minute).
+    pub idle_timeout: Duration,
+    /// Backoff between retries.
+    pub backoff: BackoffConfig,
+}
+
+impl Default for ReflectorOptions {
+    fn default() -> Self {
+        Self {
+            page_size: None,
+            min_watch_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(150),
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+/// Counters of what a Reflector did, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct ReflectorStats {
+    /// List calls (pages count one each).
+    pub list_calls: AtomicU64,
+    /// Full lists completed and handed to the DeltaFifo (the first one included).
+    pub lists_completed: AtomicU64,
+    /// Watches opened.
+    pub watches: AtomicU64,
+    /// Events received (bookmarks excluded).
+    pub events: AtomicU64,
+    /// Errors reported to the watch error handler.
+    pub errors: AtomicU64,
+}
+
+impl ReflectorStats {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Decides, at each resync tick, whether anyone wants a resync now.
+pub(crate) type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Lists and watches through a [`ListerWatcher`] into a [`DeltaFifo`].
+pub struct Reflector<K> {
+    lw: Arc<dyn ListerWatcher<K>>,
+    fifo: Arc<DeltaFifo<K>>,
+    options: ReflectorOptions,
+    transform: Option<Transform<K>>,
+    error_handler: WatchErrorHandler,
+    resync: Option<(Duration, ShouldResync)>,
+    last_sync_rv: Arc<RwLock<String>>,
+    stats: Arc<ReflectorStats>,
+    description: String,
+}
+
+enum WatchEnd {
+    /// The shutdown token fired.
+    Stopped,
+    /// The server closed the watch.
+    Closed { events: u64, lasted: Duration },
+    /// Nothing arrived for the idle timeout.
+    Idle,
+    /// The watch failed.
+    Failed(ListWatchError),
+}
+
+struct ListState {
+    last_sync_rv_unavailable: bool,
+    paginated_result: bool,
+}
+
+impl<K: Object + Clone> Reflector<K> {
+    /// A Reflector feeding `fifo` from `lw`.
+    pub fn new(
+        lw: Arc<dyn ListerWatcher<K>>,
+        fifo: Arc<DeltaFifo<K>>,
+        options: ReflectorOptions,
+    ) -> Self {
+        let description = lw.describe();
+        Self {
+            lw,
+            fifo,
+            options,
+            transform: None,
+            error_handler: Arc::new(default_watch_error_handler),
+            resync: None,
+            last_sync_rv: Arc::new(RwLock::new(String::new())),
+            stats: Arc::new(ReflectorStats::default()),
+            description,
+        }
+    }
+
+    /// Applies `transform` to every object before it enters the DeltaFifo.
+    pub fn with_transform(mut self, transform: Option<Transform<K>>) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    /// Called with every list and watch error (the default logs it).
+    pub fn with_error_handler(mut self, handler: WatchErrorHandler) -> Self {
+        self.error_handler = handler;
+        self
+    }
+
+    /// Every `period`, if `should_resync` says so, queues a resync in the DeltaFifo.
+    pub(crate) fn with_resync(mut self, period: Duration, should_resync: ShouldResync) -> Self {
+        self.resync = Some((period, should_resync));
+        self
+    }
+
+    /// The last resource version seen (list, event or bookmark), shared.
+    pub fn last_sync_resource_version(&self) -> Arc<RwLock<String>> {
+        Arc::clone(&self.last_sync_rv)
+    }
+
+    /// The counters, shared.
+    pub fn stats(&self) -> Arc<ReflectorStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Runs until `shutdown` fires: list, watch, and on failure back off and
+    /// relist.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = info_span!("reflector", what = %self.description);
+        async move {
+            let resync_task = self.resync.clone().map(|(period, should)| {
+                let fifo = Arc::clone(&self.fifo);
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+                    loop {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tick.tick() => {}
+                        }
+                        if should() {
+                            debug!("resync");
+                            if let Err(e) = fifo.resync() {
+                                warn!(error = %e, "resync failed");
+                            }
+                        }
+                    }
+                })
+            });
+            let mut backoff = Backoff::new(self.options.backoff);
+            let mut state = ListState {
+                last_sync_rv_unavailable: false,
+                paginated_result: false,
+            };
+            let mut reason = String::from("initial list");
+            while !shutdown.is_cancelled() {
+                match self
+                    .list_and_watch(&mut state, &mut backoff, &shutdown, &reason)
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) => {
+                        reason = if e.is_gone() {
+                            format!("watch expired: {e}")
+                        } else {
+                            format!("after error: {e}")
+                        };
+                        self.report(&e);
+                    }
+                }
+                let delay = backoff.next_delay();
+                info!(
+                    delay_ms = delay.as_millis() as u64,
+                    "backing off before relisting"
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            if let Some(task) = resync_task {
+                task.abort();
+            }
+            debug!("reflector stopped");
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn report(&self, e: &ListWatchError) {
+        ReflectorStats::bump(&self.stats.errors);
+        (self.error_handler)(e);
+    }
+
+    /// Lists, then watches until the watch must be given up. `Ok` only on
+    /// shutdown; `Err` asks for a relist after a backoff.
+    async fn list_and_watch(
+        &self,
+        state: &mut ListState,
+        backoff: &mut Backoff,
+        shutdown: &CancellationToken,
+        reason: &str,
+    ) -> Result<(), ListWatchError> {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            listed = self.list(state, reason) => listed?,
+        }
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let resource_version = self.last_sync_rv.read().clone();
+            let timeout = self
+                .options
+                .min_watch_timeout
+                .mul_f64(1.0 + fastrand::f64());
+            let request = WatchRequest {
+                resource_version: resource_version.clone(),
+                timeout,
+                allow_bookmarks: true,
+                send_initial_events: false,
+            };
+            ReflectorStats::bump(&self.stats.watches);
+            let opened = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                opened = self.lw.watch(request) => opened,
+            };
+            let stream = match opened {
+                Ok(stream) => stream,
+                Err(e) if e.is_retryable_in_place() => {
+                    self.report(&e);
+                    let delay = backoff.next_delay();
+                    info!(error = %e, delay_ms = delay.as_millis() as u64, "watch refused; backing off, then watching again");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => continue,
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            debug!(resource_version = %resource_version, timeout_s = timeout.as_secs(), "watch started");
+            match self.watch_handler(stream, shutdown).await {
+                WatchEnd::Stopped => return Ok(()),
+                WatchEnd::Closed { events, lasted } => {
+                    debug!(
+                        events,
+                        lasted_ms = lasted.as_millis() as u64,
+                        "watch closed by the server"
+                    );
+                    if events == 0 && lasted < Duration::from_secs(1) {
+                        return Err(ListWatchError::Connect(format!(
+                            "very short watch: closed after {lasted:?} with no event"
+                        )));
+                    }
+                }
+                WatchEnd::Idle => {
+                    let e = ListWatchError::Idle(self.options.idle_timeout);
+                    warn!(error = %e, "reopening the watch");
+                    self.report(&e);
+                }
+                WatchEnd::Failed(e) if e.is_retryable_in_place() => {
+                    self.report(&e);
+                    let delay = backoff.next_delay();
+                    info!(error = %e, delay_ms = delay.as_millis() as u64, "watch failed; backing off, then watching again");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                WatchEnd::Failed(e) => {
+                    // A 410 does not make the last version unavailable: a
+                    // list not older than it is still what the cache can serve.
+                    info!(error = %e, "watch ended; relisting");
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The resource version to list at, as client-go's `relistResourceVersion`.
+    fn relist_resource_version(&self, state: &ListState) -> String {
+        if state.last_sync_rv_unavailable {
+            return String::new();
+        }
+        let last = self.last_sync_rv.read();
+        if last.is_empty() {
+            "0".to_owned()
+        } else {
+            last.clone()
+        }
+    }
+
+    async fn list(&self, state: &mut ListState, reason: &str) -> Result<(), ListWatchError> {
+        let started = Instant::now();
+        let resource_version = self.relist_resource_version(state);
+        info!(reason, resource_version = %resource_version, "listing");
+        let (items, list_rv, pages) = match self.list_pages(state, &resource_version).await {
+            Err(e) if e.is_gone() && !resource_version.is_empty() => {
+                // The version is too old even for the watch cache: read the latest.
+                info!(error = %e, "resource version unavailable; listing the latest from etcd");
+                state.last_sync_rv_unavailable = true;
+                self.list_pages(state, "").await?
+            }
+            other => other?,
+        };
+        state.last_sync_rv_unavailable = false;
+        let count = items.len();
+        let items: Vec<Arc<K>> = items
+            .into_iter()
+            .map(|obj| Arc::new(self.transform(obj)))
+            .collect();
+        self.fifo.replace(items, &list_rv).map_err(|e| {
+            ListWatchError::Decode(format!("the list holds an object without a key: {e}"))
+        })?;
+        *self.last_sync_rv.write() = list_rv.clone();
+        ReflectorStats::bump(&self.stats.lists_completed);
+        info!(
+            items = count,
+            pages,
+            resource_version = %list_rv,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "listed"
+        );
+        Ok(())
+    }
+
+    async fn list_pages(
+        &self,
+        state: &mut ListState,
+        resource_version: &str,
+    ) -> Result<(Vec<K>, String, u32), ListWatchError> {
+        let limit = match self.options.page_size {
+            Some(n) => Some(n),
+            None if state.paginated_result => Some(DEFAULT_PAGE_SIZE),
+            None if resource_version.is_empty() || resource_version == "0" => {
+                Some(DEFAULT_PAGE_SIZE)
+            }
+            None => None,
+        };
+        let rv = (!resource_version.is_empty()).then(|| resource_version.to_owned());
+        let mut items = Vec::new();
+        let mut token: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let request = ListRequest {
+                limit,
+                continue_token: token.clone(),
+                resource_version: if token.is_none() { rv.clone() } else { None },
+            };
+            ReflectorStats::bump(&self.stats.list_calls);
+            match self.lw.list(request).await {
+                Ok(page) => {
+                    pages += 1;
+                    items.extend(page.items);
+                    match page.continue_token {
+                        Some(next) => {
+                            state.paginated_result = true;
+                            token = Some(next);
+                        }
+                        None => return Ok((items, page.resource_version, pages)),
+                    }
+                }
+                Err(e) if e.is_gone() && token.is_some() => {
+                    // client-go's pager: an expired continue token falls back
+                    // to one full list at the original version.
+                    info!(error = %e, pages, "continue token expired; listing everything at once");
+                    ReflectorStats::bump(&self.stats.list_calls);
+                    let page = self
+                        .lw
+                        .list(ListRequest {
+                            limit: None,
+                            continue_token: None,
+                            resource_version: rv.clone(),
+                        })
+                        .await?;
+                    return Ok((page.items, page.resource_version, pages + 1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn transform(&self, obj: K) -> K {
+        match &self.transform {
+            Some(t) => t(obj),
+            None => obj,
+        }
+    }
+
+    async fn watch_handler(
+        &self,
+        mut stream: WatchStream<K>,
+        shutdown: &CancellationToken,
+    ) -> WatchEnd {
+        let started = Instant::now();
+        let mut events = 0u64;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return WatchEnd::Stopped,
+                next = tokio::time::timeout(self.options.idle_timeout, stream.next()) => next,
+            };
+            let event = match next {
+                Err(_) => return WatchEnd::Idle,
+                Ok(None) => {
+                    return WatchEnd::Closed {
+                        events,
+                        lasted: started.elapsed(),
+                    };
+                }
+                Ok(Some(Ok(event))) => event,
+                Ok(Some(Err(ListWatchError::Decode(e)))) => {
+                    // One undecodable event is skipped; the watch goes on.
+                    self.report(&ListWatchError::Decode(format!(
+                        "skipped one watch event: {e}"
+                    )));
+                    continue;
+                }
+                Ok(Some(Err(e))) => return WatchEnd::Failed(e),
+            };
+            let (rv, result) = match event {
+                WatchEvent::Added(obj) => {
+                    let rv = obj.resource_version().map(str::to_owned);
+                    (rv, self.fifo.add(Arc::new(self.transform(obj))))
+                }
+                WatchEvent::Modified(obj) => {
+                    let rv = obj.resource_version().map(str::to_owned);
+                    (rv, self.fifo.update(Arc::new(self.transform(obj))))
+                }
+                WatchEvent::Deleted(obj) => {
+                    let rv = obj.resource_version().map(str::to_owned);
+                    (rv, self.fifo.delete(Arc::new(self.transform(obj))))
+                }
+                WatchEvent::Bookmark(bookmark) => {
+                    *self.last_sync_rv.write() = bookmark.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(status) => {
+                    return WatchEnd::Failed(ListWatchError::from_status(&status));
+                }
+            };
+            events += 1;
+            ReflectorStats::bump(&self.stats.events);
+            if let Err(e) = result {
+                self.report(&ListWatchError::Decode(format!(
+                    "skipped a watch event: {e}"
+                )));
+            }
+            if let Some(rv) = rv {
+                *self.last_sync_rv.write() = rv;
+            }
+        }
+    }
+}
+
+/// Logs list and watch errors, as client-go's `DefaultWatchErrorHandler`.
+pub fn default_watch_error_handler(e: &ListWatchError) {
+    match e {
+        ListWatchError::Gone(_) => info!(error = %e, "watch closed: resource version expired"),
+        _ => warn!(error = %e, "list/watch failed"),
+    }
+}

@@ -1,0 +1,481 @@
+//! Informer logic against an in-memory ListerWatcher: the delta-to-handler
+//! rules of client-go's shared_informer.go, without the wire.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_informer::{
+    CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError, ListerWatcher,
+    ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest, WatchStream,
+};
+use kube_client::core::WatchEvent;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+fn cm(name: &str, rv: u64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            resource_version: Some(rv.to_string()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+/// Lists come from a script of pages; each watch hands the test a sender.
+#[derive(Default)]
+struct Script {
+    lists: VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>,
+    watch_errors: VecDeque<ListWatchError>,
+    list_requests: Vec<ListRequest>,
+    watch_requests: Vec<WatchRequest>,
+}
+
+#[derive(Clone)]
+struct Fake {
+    script: Arc<Mutex<Script>>,
+    watches:
+        mpsc::UnboundedSender<mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>>,
+}
+
+impl ListerWatcher<ConfigMap> for Fake {
+    fn list(
+        &self,
+        request: ListRequest,
+    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
+        let mut s = self.script.lock();
+        s.list_requests.push(request);
+        let next = s
+            .lists
+            .pop_front()
+            .unwrap_or_else(|| Err(ListWatchError::Connect("script has no more lists".into())));
+        Box::pin(async move { next })
+    }
+
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
+        let mut s = self.script.lock();
+        s.watch_requests.push(request);
+        if let Some(e) = s.watch_errors.pop_front() {
+            return Box::pin(async move { Err(e) });
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = self.watches.send(tx);
+        Box::pin(async move { Ok(tokio_stream_from(rx)) })
+    }
+
+    fn describe(&self) -> String {
+        "configmaps (fake)".into()
+    }
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::UnboundedReceiver<Result<WatchEvent<ConfigMap>, ListWatchError>>,
+) -> WatchStream<ConfigMap> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatchError> {
+    Ok(ListPage {
+        items,
+        resource_version: rv.to_string(),
+        continue_token: None,
+    })
+}
+
+type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
+
+struct Harness {
+    informer: SharedIndexInformer<ConfigMap>,
+    script: Arc<Mutex<Script>>,
+    watches: mpsc::UnboundedReceiver<WatchTx>,
+    shutdown: CancellationToken,
+}
+
+fn fast_reflector() -> ReflectorOptions {
+    let mut o = ReflectorOptions::default();
+    o.backoff.initial = Duration::from_millis(10);
+    o.backoff.max = Duration::from_millis(50);
+    o
+}
+
+fn harness(
+    lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>,
+    options: InformerOptions<ConfigMap>,
+) -> Harness {
+    let script = Arc::new(Mutex::new(Script {
+        lists: lists.into(),
+        ..Script::default()
+    }));
+    let (tx, watches) = mpsc::unbounded_channel();
+    let fake = Fake {
+        script: Arc::clone(&script),
+        watches: tx,
+    };
+    Harness {
+        informer: SharedIndexInformer::new(fake, options.reflector(fast_reflector())),
+        script,
+        watches,
+        shutdown: CancellationToken::new(),
+    }
+}
+
+impl Harness {
+    fn start(&self) {
+        let informer = self.informer.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move { informer.run(shutdown).await });
+    }
+
+    async fn next_watch(&mut self) -> WatchTx {
+        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
+            .await
+            .expect("no watch opened")
+            .unwrap()
+    }
+}
+
+/// What a handler saw, as lines like "add a 1 initial".
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn handler(&self) -> ResourceEventHandlerFuncs<ConfigMap> {
+        let (a, u, d) = (self.clone(), self.clone(), self.clone());
+        let rv = |c: &ConfigMap| c.metadata.resource_version.clone().unwrap();
+        let name = |c: &ConfigMap| c.metadata.name.clone().unwrap();
+        ResourceEventHandlerFuncs::new()
+            .on_add(move |o, initial| {
+                a.0.lock().push(format!(
+                    "add {} {}{}",
+                    name(o),
+                    rv(o),
+                    if initial { " initial" } else { "" }
+                ))
+            })
+            .on_update(move |old, new| {
+                let same = if Arc::ptr_eq(old, new) || old == new {
+                    " same"
+                } else {
+                    ""
+                };
+                u.0.lock().push(format!(
+                    "update {} {}->{}{}",
+                    name(new),
+                    rv(old),
+                    rv(new),
+                    same
+                ))
+            })
+            .on_delete(move |o| {
+                let kind = if o.is_tombstone() { " tombstone" } else { "" };
+                d.0.lock().push(format!(
+                    "delete {} {}{}",
+                    name(o.object()),
+                    rv(o.object()),
+                    kind
+                ))
+            })
+    }
+
+    async fn wait_for(&self, n: usize) -> Vec<String> {
+        for _ in 0..500 {
+            if self.0.lock().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.0.lock().clone()
+    }
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
+        InformerOptions::new(),
+    );
+    let log = Log::default();
+    let reg = h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    assert_eq!(h.script.lock().watch_requests[0].resource_version, "2");
+    assert!(h.script.lock().watch_requests[0].allow_bookmarks);
+    assert_eq!(
+        h.script.lock().list_requests[0].resource_version.as_deref(),
+        Some("0")
+    );
+    w.send(Ok(WatchEvent::Modified(cm("a", 3)))).unwrap();
+    w.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    w.send(Ok(WatchEvent::Deleted(cm("b", 5)))).unwrap();
+    let seen = log.wait_for(5).await;
+    assert_eq!(
+        sorted(seen[..2].to_vec()),
+        ["add a 1 initial", "add b 2 initial"]
+    );
+    assert_eq!(seen[2..], ["update a 1->3", "add c 4", "delete b 5"]);
+    assert!(h.informer.has_synced());
+    assert!(reg.has_synced());
+    assert_eq!(h.informer.last_sync_resource_version(), "5");
+    let mut keys = h.informer.indexer().list_keys();
+    keys.sort();
+    assert_eq!(keys, ["ns/a", "ns/c"]);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_handler_added_after_start_first_gets_the_whole_cache() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
+        InformerOptions::new(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Added(cm("c", 3)))).unwrap();
+    for _ in 0..200 {
+        if h.informer.indexer().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let log = Log::default();
+    let reg = h.informer.add_event_handler(log.handler()).unwrap();
+    let seen = log.wait_for(3).await;
+    assert_eq!(
+        sorted(seen),
+        ["add a 1 initial", "add b 2 initial", "add c 3 initial"]
+    );
+    assert!(reg.has_synced());
+    w.send(Ok(WatchEvent::Modified(cm("c", 4)))).unwrap();
+    assert_eq!(log.wait_for(4).await[3], "update c 3->4");
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 2),
+            // After the watch expired: b is gone, a changed.
+            page(vec![cm("a", 7)], 9),
+        ],
+        InformerOptions::new(),
+    );
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Bookmark(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "6"}
+        }))
+        .unwrap(),
+    )))
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    w.send(Err(ListWatchError::Gone(
+        "too old resource version: 6 (8)".into(),
+    )))
+    .unwrap();
+    let _second_watch = h.next_watch().await;
+    let seen = log.wait_for(4).await;
+    assert_eq!(seen[2..], ["update a 1->7", "delete b 2 tombstone"]);
+    // The relist asked for the last version seen (the bookmark's), not "".
+    assert_eq!(
+        h.script.lock().list_requests[1].resource_version.as_deref(),
+        Some("6")
+    );
+    assert_eq!(h.informer.indexer().list_keys(), ["ns/a"]);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
+    let mut h = harness(
+        vec![
+            Err(ListWatchError::Gone("too large resource version".into())),
+            page(vec![cm("a", 1)], 3),
+        ],
+        InformerOptions::new(),
+    );
+    h.start();
+    let _w = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests[0].resource_version.as_deref(), Some("0"));
+    assert_eq!(s.list_requests[1].resource_version, None);
+    assert_eq!(s.watch_requests[0].resource_version, "3");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_watch_closed_by_the_server_is_reopened_from_the_last_version_without_a_relist() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(w);
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 1, "a normal close must not relist");
+    assert_eq!(s.watch_requests[1].resource_version, "5");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_watch_refused_with_429_backs_off_and_watches_again_without_a_relist() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    {
+        let mut s = h.script.lock();
+        s.watch_errors
+            .push_back(ListWatchError::TooManyRequests("slow down".into()));
+        s.watch_errors
+            .push_back(ListWatchError::Connect("connection refused".into()));
+    }
+    h.start();
+    let _w = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.watch_requests.len(), 3);
+    assert_eq!(s.list_requests.len(), 1);
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let log = Log::default();
+    h.informer
+        .add_event_handler_with_resync(log.handler(), Duration::from_secs(1))
+        .unwrap();
+    let quiet = Log::default();
+    h.informer.add_event_handler(quiet.handler()).unwrap();
+    h.start();
+    let _w = h.next_watch().await;
+    let seen = log.wait_for(2).await;
+    assert_eq!(seen, ["add a 1 initial", "update a 1->1 same"]);
+    // The handler without a resync period gets no resync.
+    assert_eq!(quiet.wait_for(1).await, ["add a 1 initial"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(quiet.0.lock().len(), 1);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_removed_handler_gets_nothing_more() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let log = Log::default();
+    let reg = h.informer.add_event_handler(log.handler()).unwrap();
+    let other = Log::default();
+    h.informer.add_event_handler(other.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    log.wait_for(1).await;
+    h.informer.remove_event_handler(&reg).unwrap();
+    assert!(h.informer.remove_event_handler(&reg).is_err());
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(other.wait_for(2).await.len(), 2);
+    assert_eq!(log.0.lock().as_slice(), ["add a 1 initial"]);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_slow_handler_does_not_hold_up_a_fast_one() {
+    let mut h = harness(vec![page(vec![], 1)], InformerOptions::new());
+    let slow_gate = Arc::new(std::sync::Barrier::new(2));
+    let gate = Arc::clone(&slow_gate);
+    let slow = h
+        .informer
+        .add_event_handler(ResourceEventHandlerFuncs::new().on_add(move |_, _| {
+            gate.wait();
+        }))
+        .unwrap();
+    let fast = Log::default();
+    h.informer.add_event_handler(fast.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    for i in 0..100 {
+        w.send(Ok(WatchEvent::Added(cm(&format!("o{i}"), 2 + i))))
+            .unwrap();
+    }
+    // The slow handler is stuck on its first add; the fast one sees all.
+    assert_eq!(fast.wait_for(100).await.len(), 100);
+    assert_eq!(slow.pending(), 100);
+    slow_gate.wait();
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn the_transform_runs_once_per_object_before_caching() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    h.informer
+        .set_transform(move |mut obj: ConfigMap| {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            obj.metadata.labels = Some(BTreeMap::from([("seen".into(), "yes".into())]));
+            obj
+        })
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    for _ in 0..200 {
+        if h.informer.last_sync_resource_version() == "2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cached = h.informer.indexer().get_by_key("ns/a").unwrap();
+    assert_eq!(cached.metadata.labels.as_ref().unwrap()["seen"], "yes");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert!(
+        h.informer.set_transform(|o| o).is_err(),
+        "transform is refused after start"
+    );
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
+    let mut h = harness(vec![page(vec![], 1)], InformerOptions::new());
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let e = Arc::clone(&errors);
+    h.informer
+        .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Added(cm("a", 2)))).unwrap();
+    w.send(Err(ListWatchError::Decode(
+        "invalid type: integer, expected a string".into(),
+    )))
+    .unwrap();
+    w.send(Ok(WatchEvent::Added(cm("b", 3)))).unwrap();
+    for _ in 0..200 {
+        if h.informer.indexer().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.informer.indexer().len(), 2);
+    assert_eq!(h.script.lock().list_requests.len(), 1);
+    assert!(errors.lock()[0].contains("expected a string"));
+    h.shutdown.cancel();
+}
