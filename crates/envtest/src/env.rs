@@ -324,6 +324,16 @@ impl TestEnv {
         Client::try_from(self.config.clone()).map_err(|e| EnvtestError::Client(e.to_string()))
     }
 
+    /// A new admin client that connects through `port` on loopback (a
+    /// [`Proxy`](crate::Proxy) in front of this server) instead of directly.
+    pub fn client_via(&self, port: u16) -> Result<Client, EnvtestError> {
+        let mut config = self.config.clone();
+        config.cluster_url = format!("https://127.0.0.1:{port}")
+            .parse()
+            .map_err(|e| EnvtestError::Client(format!("proxy URL: {e}")))?;
+        Client::try_from(config).map_err(|e| EnvtestError::Client(e.to_string()))
+    }
+
     /// The client configuration (admin, server URL, CA).
     pub fn config(&self) -> Config {
         self.config.clone()

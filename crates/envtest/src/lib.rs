@@ -31,7 +31,9 @@ mod env;
 mod error;
 mod etcd;
 mod process;
+mod proxy;
 
 pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};
 pub use env::{TestEnv, TestEnvOptions};
 pub use error::EnvtestError;
+pub use proxy::Proxy;
