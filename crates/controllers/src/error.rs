@@ -1,0 +1,22 @@
+//! Errors of the controller layer.
+
+use thiserror::Error;
+
+/// A controller stopped with an error.
+#[derive(Debug, Error)]
+pub enum ControllerError {
+    /// The informer refused the controller's event handler.
+    #[error("cannot register with the informer: {0}")]
+    Informer(#[from] kinformer_informer::InformerError),
+    /// A reconcile panicked and the panic policy is `Crash`.
+    #[error("reconcile of {key:?} panicked: {message}")]
+    ReconcilePanicked {
+        /// The key being reconciled.
+        key: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The leader lease was lost; only a leader may reconcile.
+    #[error("lost the leader lease")]
+    LostLeadership,
+}

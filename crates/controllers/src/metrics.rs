@@ -1,0 +1,313 @@
+//! Prometheus metrics with controller-runtime's names, and the HTTP endpoint
+//! serving them with `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use kinformer_workqueue::{CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabel {
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    controller: String,
+    result: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // controller-runtime's workqueue buckets: 1e-8 s to 10^1 s by powers of 10.
+    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
+}
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+/// The metrics of the controllers and their workqueues, in one registry.
+pub struct Metrics {
+    registry: Registry,
+    depth: Family<NameLabel, Gauge>,
+    adds: Family<NameLabel, Counter>,
+    queue_duration: HistogramFamily<NameLabel>,
+    work_duration: HistogramFamily<NameLabel>,
+    unfinished: Family<NameLabel, FloatGauge>,
+    longest: Family<NameLabel, FloatGauge>,
+    retries: Family<NameLabel, Counter>,
+    reconcile_total: Family<ResultLabel, Counter>,
+    reconcile_errors: Family<ControllerLabel, Counter>,
+    reconcile_panics: Family<ControllerLabel, Counter>,
+    reconcile_time: HistogramFamily<ControllerLabel>,
+    ready: AtomicBool,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry holding every metric, none observed yet.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::default();
+        let m = Self {
+            depth: Family::default(),
+            adds: Family::default(),
+            queue_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            work_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            unfinished: Family::default(),
+            longest: Family::default(),
+            retries: Family::default(),
+            reconcile_total: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_panics: Family::default(),
+            reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
+            ready: AtomicBool::new(false),
+            registry: Registry::default(),
+        };
+        // Counters get their `_total` suffix from the encoder.
+        registry.register("workqueue_depth", "Current depth of workqueue", m.depth.clone());
+        registry.register("workqueue_adds", "Total number of adds handled by workqueue", m.adds.clone());
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            m.queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            m.work_duration.clone(),
+        );
+        registry.register(
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            m.unfinished.clone(),
+        );
+        registry.register(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            m.longest.clone(),
+        );
+        registry.register("workqueue_retries", "Total number of retries handled by workqueue", m.retries.clone());
+        registry.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            m.reconcile_total.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_panics",
+            "Total number of reconciliation panics per controller",
+            m.reconcile_panics.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            m.reconcile_time.clone(),
+        );
+        Arc::new(Self { registry, ..m })
+    }
+
+    /// The workqueue metrics provider for queues of this registry.
+    pub fn workqueue_provider(self: &Arc<Self>) -> Arc<dyn MetricsProvider> {
+        Arc::new(WorkqueueMetrics(Arc::clone(self)))
+    }
+
+    pub(crate) fn reconciled(&self, controller: &str, result: &str, seconds: f64) {
+        self.reconcile_total
+            .get_or_create(&ResultLabel {
+                controller: controller.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        self.reconcile_time
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub(crate) fn reconcile_error(&self, controller: &str) {
+        self.reconcile_errors
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn reconcile_panic(&self, controller: &str) {
+        self.reconcile_panics
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Marks the process ready (`/readyz` answers 200): caches have synced.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Whether the process is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`
+    /// fires. Returns the bound address (useful with port 0).
+    pub async fn serve(self: &Arc<Self>, addr: SocketAddr, shutdown: CancellationToken) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+        let metrics = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            warn!(error = %e, "metrics endpoint: accept failed");
+                            continue;
+                        }
+                    },
+                };
+                let metrics = Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let metrics = Arc::clone(&metrics);
+                        async move { Ok::<_, std::convert::Infallible>(metrics.respond(req.uri().path())) }
+                    });
+                    if let Err(e) = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await
+                    {
+                        debug!(error = %e, "metrics connection ended");
+                    }
+                });
+            }
+        });
+        Ok(bound)
+    }
+
+    fn respond(&self, path: &str) -> Response<Full<Bytes>> {
+        let (status, content_type, body) = match path {
+            "/metrics" => (
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                self.encode(),
+            ),
+            "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok".to_owned()),
+            "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ok".to_owned()),
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "caches not synced yet".to_owned(),
+            ),
+            _ => (StatusCode::NOT_FOUND, "text/plain", format!("no such endpoint: {path}")),
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        *resp.status_mut() = status;
+        if let Ok(v) = http::HeaderValue::from_str(content_type) {
+            resp.headers_mut().insert(http::header::CONTENT_TYPE, v);
+        }
+        resp
+    }
+}
+
+struct WorkqueueMetrics(Arc<Metrics>);
+struct PromGauge(Gauge);
+struct PromCounter(Counter);
+struct PromHistogram(Histogram);
+struct PromFloatGauge(FloatGauge);
+
+impl GaugeMetric for PromGauge {
+    fn inc(&self) {
+        self.0.inc();
+    }
+    fn dec(&self) {
+        self.0.dec();
+    }
+}
+impl CounterMetric for PromCounter {
+    fn inc(&self) {
+        self.0.inc();
+    }
+}
+impl HistogramMetric for PromHistogram {
+    fn observe(&self, seconds: f64) {
+        self.0.observe(seconds);
+    }
+}
+impl SettableGaugeMetric for PromFloatGauge {
+    fn set(&self, value: f64) {
+        self.0.set(value);
+    }
+}
+
+fn label(name: &str) -> NameLabel {
+    NameLabel { name: name.to_owned() }
+}
+
+impl MetricsProvider for WorkqueueMetrics {
+    fn new_depth_metric(&self, name: &str) -> Box<dyn GaugeMetric> {
+        Box::new(PromGauge(self.0.depth.get_or_create(&label(name)).clone()))
+    }
+    fn new_adds_metric(&self, name: &str) -> Box<dyn CounterMetric> {
+        Box::new(PromCounter(self.0.adds.get_or_create(&label(name)).clone()))
+    }
+    fn new_latency_metric(&self, name: &str) -> Box<dyn HistogramMetric> {
+        Box::new(PromHistogram(self.0.queue_duration.get_or_create(&label(name)).clone()))
+    }
+    fn new_work_duration_metric(&self, name: &str) -> Box<dyn HistogramMetric> {
+        Box::new(PromHistogram(self.0.work_duration.get_or_create(&label(name)).clone()))
+    }
+    fn new_unfinished_work_seconds_metric(&self, name: &str) -> Box<dyn SettableGaugeMetric> {
+        Box::new(PromFloatGauge(self.0.unfinished.get_or_create(&label(name)).clone()))
+    }
+    fn new_longest_running_processor_seconds_metric(&self, name: &str) -> Box<dyn SettableGaugeMetric> {
+        Box::new(PromFloatGauge(self.0.longest.get_or_create(&label(name)).clone()))
+    }
+    fn new_retries_metric(&self, name: &str) -> Box<dyn CounterMetric> {
+        Box::new(PromCounter(self.0.retries.get_or_create(&label(name)).clone()))
+    }
+}

@@ -1,0 +1,53 @@
+//! pod-stdout: prints every Pod add, update and delete, as client-go's
+//! workqueue example controller does.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_informer::Lister;
+use kinformer_store::split_meta_namespace_key;
+
+use crate::{Action, ReconcileError, Reconciler};
+
+/// Where pod-stdout writes its lines (stdout by default).
+pub type Output = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Reconciles a Pod key by printing what the cache holds for it:
+/// `Sync/Add/Update for Pod <name>` while it exists,
+/// `Pod <namespace>/<name> does not exist anymore` once it is gone.
+pub struct PodStdout {
+    lister: Lister<Pod>,
+    output: Output,
+}
+
+impl PodStdout {
+    /// Prints to stdout.
+    pub fn new(lister: Lister<Pod>) -> Self {
+        Self::with_output(lister, Arc::new(|line: &str| println!("{line}")))
+    }
+
+    /// Sends each line to `output`.
+    pub fn with_output(lister: Lister<Pod>, output: Output) -> Self {
+        Self { lister, output }
+    }
+}
+
+impl Reconciler for PodStdout {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        Box::pin(async move {
+            let (namespace, name) = split_meta_namespace_key(key)?;
+            match self.lister.get(key) {
+                Some(pod) => {
+                    let name = pod.metadata.name.as_deref().unwrap_or(name);
+                    (self.output)(&format!("Sync/Add/Update for Pod {name}"));
+                }
+                None => {
+                    let ns = namespace.unwrap_or_default();
+                    (self.output)(&format!("Pod {ns}/{name} does not exist anymore"));
+                }
+            }
+            Ok(Action::Done)
+        })
+    }
+}
