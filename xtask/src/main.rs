@@ -7,6 +7,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use kinformer_envtest::{Binaries, KUBERNETES_VERSION, TestEnv};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "kinformer's project tasks")]
 struct Cli {
@@ -28,7 +30,11 @@ enum Task {
         command: EnvtestCommand,
     },
     /// Runs the controllers against a real control plane and shows what they do.
-    Demo,
+    Demo {
+        /// Use this cluster instead of a local control plane (in a namespace of its own, deleted afterwards).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -83,12 +89,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             EnvtestCommand::Gomod => gomod(),
         },
-        Task::Demo => {
-            eprintln!(
-                "cargo xtask demo: the controllers and the demo are not built yet (issue 5); \
-                 `cargo xtask envtest up` starts the control plane they will run against"
-            );
-            Ok(ExitCode::from(2))
+        Task::Demo { kubeconfig } => {
+            runtime()?.block_on(demo::run(kubeconfig, &workspace_root()))?;
+            println!("\ndemo finished");
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

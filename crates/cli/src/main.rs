@@ -11,19 +11,23 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kinformer_controllers::{
-    Controller, ControllerOptions, LeaderElectionConfig, LeaderElector, Metrics, PanicPolicy, pod_stdout,
-    service_strategy,
+    Controller, ControllerOptions, LeaderElectionConfig, LeaderElector, Metrics, PanicPolicy,
+    pod_stdout, service_strategy,
 };
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, SharedIndexInformer, strip_managed_fields,
 };
-use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kinformer_store::namespace_indexers;
+use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_client::{Client, Config};
 use tracing::{error, info};
 
 #[derive(Parser)]
-#[command(name = "kinformer", version, about = "Kubernetes controllers built on kinformer")]
+#[command(
+    name = "kinformer",
+    version,
+    about = "Kubernetes controllers built on kinformer"
+)]
 struct Cli {
     /// Path of the kubeconfig (default: $KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long, global = true)]
@@ -46,7 +50,7 @@ struct Cli {
     /// Reconcile only while holding a coordination.k8s.io Lease.
     #[arg(long, global = true)]
     leader_elect: bool,
-    /// Name of the Lease (default: kinformer-<controller>).
+    /// Name of the Lease (default: `kinformer-<controller>`).
     #[arg(long, global = true)]
     lease_name: Option<String>,
     /// Namespace of the Lease (default: --namespace, or "default" with --all-namespaces).
@@ -91,7 +95,10 @@ impl Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the Tokio runtime: {e}");
@@ -140,14 +147,21 @@ async fn client(cli: &Cli) -> Result<Client> {
         }
     };
     let url = config.cluster_url.clone();
-    let client = Client::try_from(config).with_context(|| format!("cannot build a client for {url}"))?;
+    let client =
+        Client::try_from(config).with_context(|| format!("cannot build a client for {url}"))?;
     match tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await {
         Err(_) => bail!("the API server at {url} did not answer within 10 s"),
         Ok(Err(kube_client::Error::Api(s))) if s.code == 401 => {
-            bail!("the API server at {url} rejected the credentials (401 Unauthorized): {}", s.message)
+            bail!(
+                "the API server at {url} rejected the credentials (401 Unauthorized): {}",
+                s.message
+            )
         }
         Ok(Err(kube_client::Error::Api(s))) if s.code == 403 => {
-            bail!("the API server at {url} forbids this user (403 Forbidden): {}", s.message)
+            bail!(
+                "the API server at {url} forbids this user (403 Forbidden): {}",
+                s.message
+            )
         }
         Ok(Err(e)) => bail!("cannot reach the API server at {url}: {e}"),
         Ok(Ok(v)) => info!(server = %url, version = %v.git_version, "connected"),
@@ -168,7 +182,12 @@ fn identity() -> String {
 fn fastrand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     h.finish() as u32
 }
 
@@ -203,34 +222,64 @@ async fn run(cli: Cli) -> Result<()> {
             .lease_namespace
             .clone()
             .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
-        let lease = cli.lease_name.clone().unwrap_or_else(|| format!("kinformer-{name}"));
-        Arc::new(LeaderElector::new(client.clone(), LeaderElectionConfig::new(&lease_ns, &lease, &identity())))
+        let lease = cli
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| format!("kinformer-{name}"));
+        Arc::new(LeaderElector::new(
+            client.clone(),
+            LeaderElectionConfig::new(&lease_ns, &lease, &identity()),
+        ))
     });
 
-    info!(controller = name, namespace = namespace.unwrap_or("<all>"), workers = cli.workers, "starting");
+    info!(
+        controller = name,
+        namespace = namespace.unwrap_or("<all>"),
+        workers = cli.workers,
+        "starting"
+    );
     match cli.command {
         Command::PodStdout => {
             let informer = informer::<Pod>(&client, namespace)?;
             let reconciler = pod_stdout::PodStdout::new(informer.lister());
-            Controller::new(name, informer, reconciler, options(&cli, &metrics, &elector))?.run(shutdown).await?;
+            Controller::new(
+                name,
+                informer,
+                reconciler,
+                options(&cli, &metrics, &elector),
+            )?
+            .run(shutdown)
+            .await?;
         }
         Command::ServiceStrategy => {
             let informer = informer::<Service>(&client, namespace)?;
-            let reconciler = service_strategy::ServiceStrategy::new(informer.lister(), client.clone());
-            let options = options(&cli, &metrics, &elector).event_filter(service_strategy::event_filter);
-            Controller::new(name, informer, reconciler, options)?.run(shutdown).await?;
+            let reconciler =
+                service_strategy::ServiceStrategy::new(informer.lister(), client.clone());
+            let options =
+                options(&cli, &metrics, &elector).event_filter(service_strategy::event_filter);
+            Controller::new(name, informer, reconciler, options)?
+                .run(shutdown)
+                .await?;
         }
     }
     info!("stopped cleanly");
     Ok(())
 }
 
-fn options<K>(cli: &Cli, metrics: &Arc<Metrics>, elector: &Option<Arc<LeaderElector>>) -> ControllerOptions<K> {
+fn options<K>(
+    cli: &Cli,
+    metrics: &Arc<Metrics>,
+    elector: &Option<Arc<LeaderElector>>,
+) -> ControllerOptions<K> {
     let mut o = ControllerOptions::new()
         .workers(cli.workers)
         .max_retries(cli.max_retries)
         .metrics(Arc::clone(metrics))
-        .panic_policy(if cli.fatal_panics { PanicPolicy::Crash } else { PanicPolicy::Recover });
+        .panic_policy(if cli.fatal_panics {
+            PanicPolicy::Crash
+        } else {
+            PanicPolicy::Recover
+        });
     if let Some(e) = elector {
         o = o.leader_election(Arc::clone(e));
     }

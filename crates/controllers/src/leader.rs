@@ -15,8 +15,8 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube_client::api::{Api, PostParams};
 use kube_client::Client;
+use kube_client::api::{Api, PostParams};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -114,7 +114,9 @@ impl LeaderElector {
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(true) => break,
-                Ok(false) => debug!(lease = %self.config.lease_name, "lease held by another candidate"),
+                Ok(false) => {
+                    debug!(lease = %self.config.lease_name, "lease held by another candidate")
+                }
                 Err(e) => warn!(error = %e, "cannot read or write the lease"),
             }
             tokio::select! {
@@ -135,7 +137,9 @@ impl LeaderElector {
                 }
                 _ = tokio::time::sleep(retry) => {}
             }
-            match tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await {
+            match tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew())
+                .await
+            {
                 Ok(Ok(true)) => last_renew = Instant::now(),
                 Ok(Ok(false)) => {
                     warn!("the lease was taken by another candidate");
@@ -212,7 +216,11 @@ impl LeaderElector {
         new_spec.lease_duration_seconds = Some(duration_secs);
         new_spec.renew_time = Some(MicroTime(now));
         lease.spec = Some(new_spec);
-        match self.api.replace(&self.config.lease_name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
@@ -225,7 +233,9 @@ impl LeaderElector {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.lease_name).await else {
             return;
         };
-        let Some(spec) = lease.spec.as_mut() else { return };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
         if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
             return;
         }
@@ -234,7 +244,11 @@ impl LeaderElector {
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(now.clone());
         spec.acquire_time = Some(now);
-        match self.api.replace(&self.config.lease_name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => info!(lease = %self.config.lease_name, "released the lease"),
             Err(e) => warn!(error = %e, "could not release the lease"),
         }

@@ -19,4 +19,6 @@ pub mod service_strategy;
 pub use error::ControllerError;
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use metrics::Metrics;
-pub use runtime::{Action, Controller, ControllerOptions, Event, PanicPolicy, ReconcileError, Reconciler};
+pub use runtime::{
+    Action, Controller, ControllerOptions, Event, PanicPolicy, ReconcileError, Reconciler,
+};

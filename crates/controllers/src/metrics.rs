@@ -10,7 +10,9 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kinformer_workqueue::{CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric};
+use kinformer_workqueue::{
+    CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
+};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -92,8 +94,16 @@ impl Metrics {
             registry: Registry::default(),
         };
         // Counters get their `_total` suffix from the encoder.
-        registry.register("workqueue_depth", "Current depth of workqueue", m.depth.clone());
-        registry.register("workqueue_adds", "Total number of adds handled by workqueue", m.adds.clone());
+        registry.register(
+            "workqueue_depth",
+            "Current depth of workqueue",
+            m.depth.clone(),
+        );
+        registry.register(
+            "workqueue_adds",
+            "Total number of adds handled by workqueue",
+            m.adds.clone(),
+        );
         registry.register(
             "workqueue_queue_duration_seconds",
             "How long in seconds an item stays in workqueue before being requested",
@@ -114,7 +124,11 @@ impl Metrics {
             "How many seconds has the longest running processor for workqueue been running",
             m.longest.clone(),
         );
-        registry.register("workqueue_retries", "Total number of retries handled by workqueue", m.retries.clone());
+        registry.register(
+            "workqueue_retries",
+            "Total number of retries handled by workqueue",
+            m.retries.clone(),
+        );
         registry.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
@@ -194,7 +208,11 @@ impl Metrics {
 
     /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`
     /// fires. Returns the bound address (useful with port 0).
-    pub async fn serve(self: &Arc<Self>, addr: SocketAddr, shutdown: CancellationToken) -> std::io::Result<SocketAddr> {
+    pub async fn serve(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
         info!(addr = %bound, "serving /metrics, /healthz and /readyz");
@@ -215,7 +233,9 @@ impl Metrics {
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let metrics = Arc::clone(&metrics);
-                        async move { Ok::<_, std::convert::Infallible>(metrics.respond(req.uri().path())) }
+                        async move {
+                            Ok::<_, std::convert::Infallible>(metrics.respond(req.uri().path()))
+                        }
                     });
                     if let Err(e) = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -243,7 +263,11 @@ impl Metrics {
                 "text/plain",
                 "caches not synced yet".to_owned(),
             ),
-            _ => (StatusCode::NOT_FOUND, "text/plain", format!("no such endpoint: {path}")),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                format!("no such endpoint: {path}"),
+            ),
         };
         let mut resp = Response::new(Full::new(Bytes::from(body)));
         *resp.status_mut() = status;
@@ -285,7 +309,9 @@ impl SettableGaugeMetric for PromFloatGauge {
 }
 
 fn label(name: &str) -> NameLabel {
-    NameLabel { name: name.to_owned() }
+    NameLabel {
+        name: name.to_owned(),
+    }
 }
 
 impl MetricsProvider for WorkqueueMetrics {
@@ -296,18 +322,31 @@ impl MetricsProvider for WorkqueueMetrics {
         Box::new(PromCounter(self.0.adds.get_or_create(&label(name)).clone()))
     }
     fn new_latency_metric(&self, name: &str) -> Box<dyn HistogramMetric> {
-        Box::new(PromHistogram(self.0.queue_duration.get_or_create(&label(name)).clone()))
+        Box::new(PromHistogram(
+            self.0.queue_duration.get_or_create(&label(name)).clone(),
+        ))
     }
     fn new_work_duration_metric(&self, name: &str) -> Box<dyn HistogramMetric> {
-        Box::new(PromHistogram(self.0.work_duration.get_or_create(&label(name)).clone()))
+        Box::new(PromHistogram(
+            self.0.work_duration.get_or_create(&label(name)).clone(),
+        ))
     }
     fn new_unfinished_work_seconds_metric(&self, name: &str) -> Box<dyn SettableGaugeMetric> {
-        Box::new(PromFloatGauge(self.0.unfinished.get_or_create(&label(name)).clone()))
+        Box::new(PromFloatGauge(
+            self.0.unfinished.get_or_create(&label(name)).clone(),
+        ))
     }
-    fn new_longest_running_processor_seconds_metric(&self, name: &str) -> Box<dyn SettableGaugeMetric> {
-        Box::new(PromFloatGauge(self.0.longest.get_or_create(&label(name)).clone()))
+    fn new_longest_running_processor_seconds_metric(
+        &self,
+        name: &str,
+    ) -> Box<dyn SettableGaugeMetric> {
+        Box::new(PromFloatGauge(
+            self.0.longest.get_or_create(&label(name)).clone(),
+        ))
     }
     fn new_retries_metric(&self, name: &str) -> Box<dyn CounterMetric> {
-        Box::new(PromCounter(self.0.retries.get_or_create(&label(name)).clone()))
+        Box::new(PromCounter(
+            self.0.retries.get_or_create(&label(name)).clone(),
+        ))
     }
 }

@@ -13,8 +13,12 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kinformer_informer::{HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync};
-use kinformer_store::{Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key};
+use kinformer_informer::{
+    HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync,
+};
+use kinformer_store::{
+    Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
+};
 use kinformer_workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -43,6 +47,12 @@ pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
 pub trait Reconciler: Send + Sync + 'static {
     /// Reconciles the object under `key`.
     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>>;
+}
+
+impl<R: Reconciler + ?Sized> Reconciler for Arc<R> {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        (**self).reconcile(key)
+    }
 }
 
 /// What to do when a reconcile panics.
@@ -143,7 +153,10 @@ impl<K> ControllerOptions<K> {
         self
     }
     /// Enqueue only the events for which `filter` is true.
-    pub fn event_filter(mut self, filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static) -> Self {
+    pub fn event_filter(
+        mut self,
+        filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.event_filter = Some(Arc::new(filter));
         self
     }
@@ -294,9 +307,12 @@ impl<K: Object + Clone> Controller<K> {
         }
 
         info!("shutting down: draining in-flight reconciles");
-        if tokio::time::timeout(self.options.drain_timeout, self.queue.shut_down_with_drain())
-            .await
-            .is_err()
+        if tokio::time::timeout(
+            self.options.drain_timeout,
+            self.queue.shut_down_with_drain(),
+        )
+        .await
+        .is_err()
         {
             warn!(timeout = ?self.options.drain_timeout, "drain timed out; abandoning in-flight reconciles");
             self.queue.shut_down();
@@ -343,7 +359,9 @@ impl Worker {
 
     async fn process(&self, key: &str) {
         let started = Instant::now();
-        let outcome = AssertUnwindSafe(self.reconciler.reconcile(key)).catch_unwind().await;
+        let outcome = AssertUnwindSafe(self.reconciler.reconcile(key))
+            .catch_unwind()
+            .await;
         let seconds = started.elapsed().as_secs_f64();
         let key_owned = key.to_owned();
         match outcome {

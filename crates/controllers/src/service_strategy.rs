@@ -45,7 +45,8 @@ pub fn event_filter(event: Event<'_, Service>) -> bool {
     match event {
         Event::Add(svc) => strategy_of(svc).is_some(),
         Event::Update { old, new } => {
-            old.metadata.resource_version != new.metadata.resource_version && strategy_of(new).is_some()
+            old.metadata.resource_version != new.metadata.resource_version
+                && strategy_of(new).is_some()
         }
         Event::Delete(_) => false,
     }
@@ -65,8 +66,14 @@ pub fn invalid_label_value(value: &str) -> Option<String> {
     if let Some(c) = value.chars().find(|c| !ok_char(*c)) {
         return Some(format!("character {c:?} is not allowed"));
     }
-    let first = value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let last = value.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+    let first = value
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    let last = value
+        .chars()
+        .last()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
     if !(first && last) {
         return Some("must start and end with a letter or digit".to_owned());
     }
@@ -88,7 +95,9 @@ impl ServiceStrategy {
     async fn report_invalid(&self, svc: &Service, value: &str, why: &str) {
         let ns = svc.metadata.namespace.clone().unwrap_or_default();
         let name = svc.metadata.name.clone().unwrap_or_default();
-        let message = format!("annotation {STRATEGY_ANNOTATION}={value:?} is not a valid label value ({why}); selector left unchanged");
+        let message = format!(
+            "annotation {STRATEGY_ANNOTATION}={value:?} is not a valid label value ({why}); selector left unchanged"
+        );
         warn!(service = %format!("{ns}/{name}"), %message, "invalid strategy");
         let now = Time(Timestamp::now());
         let event = CoreEvent {
@@ -157,12 +166,19 @@ impl Reconciler for ServiceStrategy {
                 .selector
                 .get_or_insert_with(BTreeMap::new)
                 .insert("app".into(), strategy.to_owned());
-            let api: Api<Service> = Api::namespaced(self.client.clone(), namespace.unwrap_or("default"));
+            let api: Api<Service> =
+                Api::namespaced(self.client.clone(), namespace.unwrap_or("default"));
             let pp = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PostParams::default()
             };
-            api.replace(name, &pp, &wanted).await?;
+            api.replace(name, &pp, &wanted).await.map_err(|e| match e {
+                kube_client::Error::Api(status) => format!(
+                    "writing Service {key}: {} {}: {}",
+                    status.code, status.reason, status.message
+                ),
+                other => format!("writing Service {key}: {other}"),
+            })?;
             info!(service = key, app = strategy, from = ?current, "set selector app");
             Ok(Action::Done)
         })
