@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use kinformer_envtest::{Binaries, KUBERNETES_VERSION, TestEnv};
 
+mod bench;
 mod demo;
 
 #[derive(Parser)]
@@ -28,6 +29,12 @@ enum Task {
     Envtest {
         #[command(subcommand)]
         command: EnvtestCommand,
+    },
+    /// Benchmarks kinformer side by side with client-go and kube-runtime; writes docs/benchmarks.md.
+    Bench {
+        /// A shorter run (about 5 minutes): fewer rounds, 10 000 pods only, 15 s of latency.
+        #[arg(long)]
+        quick: bool,
     },
     /// Runs the controllers against a real control plane and shows what they do.
     Demo {
@@ -89,6 +96,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             EnvtestCommand::Gomod => gomod(),
         },
+        Task::Bench { quick } => {
+            runtime()?.block_on(bench::run(quick, &workspace_root()))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Task::Demo { kubeconfig } => {
             runtime()?.block_on(demo::run(kubeconfig, &workspace_root()))?;
             println!("\ndemo finished");

@@ -303,9 +303,14 @@ impl<K> DeltaFifo<K> {
         F: FnOnce(&Deltas<K>, bool) -> Result<T, Requeue<E>>,
     {
         let mut process = Some(process);
+        let mut registered = false;
         loop {
+            // The first try takes no registration with the Notify: when keys
+            // are queued, which is the busy case, popping costs one lock.
             let mut notified = pin!(self.notify.notified());
-            notified.as_mut().enable();
+            if registered {
+                notified.as_mut().enable();
+            }
             {
                 let mut inner = self.inner.lock();
                 while let Some(key) = inner.queue.pop_front() {
@@ -331,7 +336,12 @@ impl<K> DeltaFifo<K> {
                     return Err(PopError::Closed);
                 }
             }
-            notified.await;
+            if registered {
+                notified.await;
+            }
+            // Not registered yet: register, then look at the queue again
+            // before waiting, so that a push in between is not missed.
+            registered = true;
         }
     }
 
@@ -406,7 +416,10 @@ impl<K> DeltaFifo<K> {
         let key: Arc<str> = Arc::from(key);
         let was_empty = inner.queue.is_empty();
         inner.queue.push_back(Arc::clone(&key));
-        inner.items.insert(key, Deltas(vec![delta]));
+        // Room for the update that usually follows an add.
+        let mut deltas = Vec::with_capacity(2);
+        deltas.push(delta);
+        inner.items.insert(key, Deltas(deltas));
         if was_empty {
             self.notify.notify_waiters();
         }

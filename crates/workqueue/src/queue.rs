@@ -13,6 +13,7 @@
 //! passes the wake-up on (tokio's `notify_one` guarantee).
 
 use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
@@ -138,6 +139,8 @@ pub(crate) struct State<T> {
     queue: VecDeque<T>,
     items: HashMap<T, ItemState, Hasher>,
     processing: usize,
+    /// Getters registered with `item_ready` and waiting.
+    getters_waiting: usize,
     shutting_down: bool,
     drain: bool,
     /// Ready time of each delayed item; the heap may hold stale entries,
@@ -199,6 +202,7 @@ impl<T: QueueItem> Queue<T> {
                     queue: VecDeque::new(),
                     items: HashMap::default(),
                     processing: 0,
+                    getters_waiting: 0,
                     shutting_down: false,
                     drain: false,
                     waiting: HashMap::default(),
@@ -235,32 +239,29 @@ impl<T: QueueItem> Queue<T> {
     /// is shut down and empty. Call [`done`](Self::done) when finished.
     pub async fn get(&self) -> Option<T> {
         loop {
+            // Fast path: an item is ready, no registration with the Notify.
+            if let Some(taken) = self.try_take() {
+                return taken;
+            }
             let mut notified = pin!(self.shared.item_ready.notified());
             notified.as_mut().enable();
-            {
+            let _waiting = {
                 let mut state = self.shared.state.lock();
-                if let Some(item) = state.queue.pop_front() {
-                    if let Some(entry) = state.items.get_mut(&item) {
-                        entry.dirty = false;
-                        entry.processing = true;
-                        if let Some(m) = &self.shared.metrics {
-                            let now = Instant::now();
-                            m.depth.dec();
-                            if let Some(added) = entry.added.take() {
-                                m.latency.observe((now - added).as_secs_f64());
-                            }
-                            entry.started = Some(now);
-                        }
-                    }
-                    state.processing += 1;
-                    return Some(item);
+                if let Some(taken) = self.shared.take_locked(&mut state) {
+                    return taken;
                 }
-                if state.shutting_down {
-                    return None;
-                }
-            }
+                // Counted so that adds notify only when a getter waits.
+                state.getters_waiting += 1;
+                WaitingGetter(&self.shared)
+            };
             notified.await;
         }
+    }
+
+    /// `Some(Some(item))`: taken; `Some(None)`: shut down and empty; `None`: wait.
+    fn try_take(&self) -> Option<Option<T>> {
+        let mut state = self.shared.state.lock();
+        self.shared.take_locked(&mut state)
     }
 
     /// Marks `item` as done. If it was added again while being processed,
@@ -289,7 +290,9 @@ impl<T: QueueItem> Queue<T> {
                 }
             }
             state.queue.push_back(item.clone());
-            self.shared.item_ready.notify_one();
+            if state.getters_waiting > 0 {
+                self.shared.item_ready.notify_one();
+            }
         } else {
             state.items.remove(item);
         }
@@ -394,6 +397,15 @@ impl<T: QueueItem> Queue<T> {
     }
 }
 
+/// Un-counts a waiting getter when its wait ends, however it ends.
+struct WaitingGetter<'a, T>(&'a Shared<T>);
+
+impl<T> Drop for WaitingGetter<'_, T> {
+    fn drop(&mut self) {
+        self.0.state.lock().getters_waiting -= 1;
+    }
+}
+
 /// Rebuilds the heap from the live entries when stale ones outnumber them,
 /// so cancelled or superseded delays cannot pile up.
 fn compact_heap<T: QueueItem>(state: &mut State<T>) {
@@ -416,26 +428,68 @@ impl<T> State<T> {
 
 impl<T: QueueItem> Shared<T> {
     pub(crate) fn add_locked(&self, state: &mut State<T>, item: T) {
-        let entry = match state.items.get_mut(&item) {
-            Some(entry) => entry,
-            None => state.items.entry(item.clone()).or_default(),
+        let metrics = self.metrics.as_ref();
+        // One hash lookup, and no clone of an item that is already dirty.
+        let queued = match state.items.entry(item) {
+            Entry::Occupied(mut e) => {
+                let entry = e.get_mut();
+                if entry.dirty {
+                    return;
+                }
+                entry.dirty = true;
+                if let Some(m) = metrics {
+                    m.adds.inc();
+                }
+                // Being processed: `done` queues it again.
+                if entry.processing {
+                    return;
+                }
+                if let Some(m) = metrics {
+                    m.depth.inc();
+                    entry.added = Some(Instant::now());
+                }
+                e.key().clone()
+            }
+            Entry::Vacant(e) => {
+                let key = e.key().clone();
+                let added = metrics.map(|m| {
+                    m.adds.inc();
+                    m.depth.inc();
+                    Instant::now()
+                });
+                e.insert(ItemState {
+                    dirty: true,
+                    added,
+                    ..ItemState::default()
+                });
+                key
+            }
         };
-        if entry.dirty {
-            return;
+        state.queue.push_back(queued);
+        if state.getters_waiting > 0 {
+            self.item_ready.notify_one();
         }
-        entry.dirty = true;
-        if let Some(m) = &self.metrics {
-            m.adds.inc();
+    }
+
+    /// Takes the next item for processing, under the lock.
+    fn take_locked(&self, state: &mut State<T>) -> Option<Option<T>> {
+        let Some(item) = state.queue.pop_front() else {
+            return state.shutting_down.then_some(None);
+        };
+        if let Some(entry) = state.items.get_mut(&item) {
+            entry.dirty = false;
+            entry.processing = true;
+            if let Some(m) = &self.metrics {
+                let now = Instant::now();
+                m.depth.dec();
+                if let Some(added) = entry.added.take() {
+                    m.latency.observe((now - added).as_secs_f64());
+                }
+                entry.started = Some(now);
+            }
         }
-        if entry.processing {
-            return;
-        }
-        if let Some(m) = &self.metrics {
-            m.depth.inc();
-            entry.added = Some(Instant::now());
-        }
-        state.queue.push_back(item);
-        self.item_ready.notify_one();
+        state.processing += 1;
+        Some(Some(item))
     }
 
     fn stop_delaying(&self, state: &mut State<T>) {

@@ -1,0 +1,278 @@
+//! kinformer's side of `cargo xtask bench`: one scenario per run, one JSON
+//! line of results on stdout. The peers (client-go, kube-runtime) implement
+//! the same scenarios with the same arguments and output.
+//!
+//! Scenarios:
+//! - `workqueue KEYS ADDS`: 1 producer, 2 workers, add+get+done.
+//! - `ratelimited KEYS ROUNDS`: add_rate_limited/forget churn.
+//! - `fifo N`: N add/update/pop cycles, then a replace of N/10 objects.
+//! - `sync KUBECONFIG NAMESPACE`: informer initial sync of every Pod in
+//!   NAMESPACE (managedFields stripped): time to has_synced, RSS.
+//! - `latency KUBECONFIG NAMESPACE SECONDS`: handler receive time minus the
+//!   write time stamped by the writer in the `bench/sent-ns` annotation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_fifo::{DeltaFifo, Requeue};
+use kinformer_informer::{
+    ApiListerWatcher, CancellationToken, InformerOptions, ResourceEventHandlerFuncs,
+    SharedIndexInformer, strip_managed_fields,
+};
+use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
+use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use kube_client::{Client, Config};
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| {
+        args.get(i)
+            .cloned()
+            .with_context(|| format!("missing argument {i}"))
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = match args.first().map(String::as_str) {
+        Some("workqueue") => rt.block_on(workqueue(arg(1)?.parse()?, arg(2)?.parse()?)),
+        Some("ratelimited") => rt.block_on(ratelimited(arg(1)?.parse()?, arg(2)?.parse()?)),
+        Some("fifo") => rt.block_on(fifo(arg(1)?.parse()?)),
+        Some("sync") => rt.block_on(sync(
+            &arg(1)?,
+            &arg(2)?,
+            args.get(3).map(String::as_str) != Some("keep-managed-fields"),
+        )),
+        Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
+        other => bail!("unknown scenario {other:?}; see the module docs"),
+    }?;
+    println!("{result}");
+    Ok(())
+}
+
+async fn workqueue(keys: u64, adds: u64) -> Result<serde_json::Value> {
+    let q: Queue<u64> = Queue::new();
+    let processed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (q, processed) = (q.clone(), Arc::clone(&processed));
+            tokio::spawn(async move {
+                while let Some(k) = q.get().await {
+                    processed.fetch_add(1, Ordering::Relaxed);
+                    q.done(&k);
+                }
+            })
+        })
+        .collect();
+    for i in 0..adds {
+        // Every other add repeats the previous key: 50% duplicates.
+        q.add((i / 2) % keys);
+        if i % 1024 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    q.shut_down_with_drain().await;
+    for w in workers {
+        w.await?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "workqueue", "adds": adds,
+        "processed": processed.load(Ordering::Relaxed), "seconds": secs, "adds_per_sec": adds as f64 / secs}),
+    )
+}
+
+async fn ratelimited(keys: u64, rounds: u64) -> Result<serde_json::Value> {
+    let limiter = ItemExponentialFailureRateLimiter::new(
+        Duration::from_secs(3600),
+        Duration::from_secs(7200),
+    );
+    let q = RateLimitingQueue::new(limiter);
+    let start = Instant::now();
+    for _ in 0..rounds {
+        for k in 0..keys {
+            q.add_rate_limited(k);
+        }
+        for k in 0..keys {
+            q.forget(&k);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let ops = 2 * keys * rounds;
+    q.shut_down();
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "ratelimited", "ops": ops, "seconds": secs, "ops_per_sec": ops as f64 / secs}),
+    )
+}
+
+fn pod(i: usize, rv: usize) -> Arc<Pod> {
+    let mut p = Pod::default();
+    p.metadata.namespace = Some(format!("ns-{}", i % 100));
+    p.metadata.name = Some(format!("pod-{i}"));
+    p.metadata.resource_version = Some(rv.to_string());
+    Arc::new(p)
+}
+
+async fn fifo(n: usize) -> Result<serde_json::Value> {
+    let pods: Vec<_> = (0..n).map(|i| (pod(i, 1), pod(i, 2))).collect();
+    let fifo = DeltaFifo::new();
+    let start = Instant::now();
+    // The objects stay referenced, as they would by an informer's cache.
+    for (a, u) in &pods {
+        fifo.add(Arc::clone(a))?;
+        fifo.update(Arc::clone(u))?;
+    }
+    for _ in 0..n {
+        fifo.pop(|d, _| Ok::<_, Requeue<()>>(d.len()))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let add_update_pop = start.elapsed().as_secs_f64();
+    let list: Vec<_> = (0..n / 10).map(|i| pod(i, 3)).collect();
+    let start = Instant::now();
+    fifo.replace(list, "3")?;
+    let replace = start.elapsed().as_secs_f64();
+    drop(pods);
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "fifo", "n": n,
+        "add_update_pop_seconds": add_update_pop, "ops_per_sec": (3 * n) as f64 / add_update_pop,
+        "replace_seconds": replace, "replace_objects": n / 10}),
+    )
+}
+
+async fn client(kubeconfig: &str) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(client, ns),
+        InformerOptions::new(),
+    );
+    if strip {
+        informer.set_transform(strip_managed_fields)?;
+    }
+    informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let i = informer.clone();
+    let s = shutdown.clone();
+    tokio::spawn(async move { i.run(s).await });
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sync_secs = start.elapsed().as_secs_f64();
+    // Let transient buffers go before measuring the steady state.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_kb = status_kb("VmRSS:");
+    let hwm_kb = status_kb("VmHWM:");
+    let pods = informer.indexer().len();
+    shutdown.cancel();
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
+        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
+    )
+}
+
+async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(client, ns),
+        InformerOptions::new(),
+    );
+    informer.set_transform(strip_managed_fields)?;
+    let samples = Arc::new(samples::Samples::default());
+    let record = |s: &Arc<samples::Samples>, p: &Pod| {
+        let sent = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("bench/sent-ns"))
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(sent) = sent {
+            s.push(now_ns().saturating_sub(sent));
+        }
+    };
+    let (a, u) = (Arc::clone(&samples), Arc::clone(&samples));
+    informer.add_event_handler(
+        ResourceEventHandlerFuncs::new()
+            .on_add(move |p, initial| {
+                if !initial {
+                    record(&a, p)
+                }
+            })
+            .on_update(move |_, p| record(&u, p)),
+    )?;
+    let shutdown = CancellationToken::new();
+    let i = informer.clone();
+    let s = shutdown.clone();
+    tokio::spawn(async move { i.run(s).await });
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Tell the orchestrator we are watching, then collect for `seconds`.
+    eprintln!("ready");
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    shutdown.cancel();
+    let mut v = samples.take();
+    v.sort_unstable();
+    let pct = |q: f64| {
+        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e6
+    };
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "latency", "events": v.len(),
+        "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": v.last().copied().unwrap_or(0) as f64 / 1e6}),
+    )
+}
+
+mod samples {
+    use std::sync::Mutex;
+
+    /// Latency samples in nanoseconds.
+    #[derive(Default)]
+    pub struct Samples(Mutex<Vec<u64>>);
+
+    impl Samples {
+        pub fn push(&self, v: u64) {
+            if let Ok(mut s) = self.0.lock() {
+                s.push(v);
+            }
+        }
+        pub fn take(&self) -> Vec<u64> {
+            self.0
+                .lock()
+                .map(|mut s| std::mem::take(&mut *s))
+                .unwrap_or_default()
+        }
+    }
+}

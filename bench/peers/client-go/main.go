@@ -1,0 +1,268 @@
+// client-go's side of `cargo xtask bench`: the same scenarios, arguments and
+// JSON output as kinformer-bench, on client-go v0.37.2.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+)
+
+func statusKB(field string) uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, field) {
+			parts := strings.Fields(line)
+			if len(parts) > 1 {
+				v, _ := strconv.ParseUint(parts[1], 10, 64)
+				return v
+			}
+		}
+	}
+	return 0
+}
+
+func emit(v map[string]any) {
+	v["system"] = "client-go"
+	out, _ := json.Marshal(v)
+	fmt.Println(string(out))
+}
+
+func atoi(s string) int {
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "not a number: %q\n", s)
+		os.Exit(2)
+	}
+	return v
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: client-go-peer SCENARIO ARGS...")
+		os.Exit(2)
+	}
+	args := os.Args[2:]
+	switch os.Args[1] {
+	case "workqueue":
+		runWorkqueue(uint64(atoi(args[0])), uint64(atoi(args[1])))
+	case "ratelimited":
+		runRateLimited(uint64(atoi(args[0])), atoi(args[1]))
+	case "fifo":
+		runFifo(atoi(args[0]))
+	case "sync":
+		runSync(args[0], args[1], len(args) < 3 || args[2] != "keep-managed-fields")
+	case "latency":
+		runLatency(args[0], args[1], atoi(args[2]))
+	default:
+		fmt.Fprintf(os.Stderr, "unknown scenario %q\n", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func runWorkqueue(keys, adds uint64) {
+	q := workqueue.NewTyped[uint64]()
+	var processed atomic.Uint64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k, shutdown := q.Get()
+				if shutdown {
+					return
+				}
+				processed.Add(1)
+				q.Done(k)
+			}
+		}()
+	}
+	for i := uint64(0); i < adds; i++ {
+		// Every other add repeats the previous key: 50% duplicates.
+		q.Add((i / 2) % keys)
+	}
+	q.ShutDownWithDrain()
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	emit(map[string]any{"scenario": "workqueue", "adds": adds, "processed": processed.Load(), "seconds": secs, "adds_per_sec": float64(adds) / secs})
+}
+
+func runRateLimited(keys uint64, rounds int) {
+	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[uint64](time.Hour, 2*time.Hour)
+	q := workqueue.NewTypedRateLimitingQueue[uint64](limiter)
+	start := time.Now()
+	for r := 0; r < rounds; r++ {
+		for k := uint64(0); k < keys; k++ {
+			q.AddRateLimited(k)
+		}
+		for k := uint64(0); k < keys; k++ {
+			q.Forget(k)
+		}
+	}
+	secs := time.Since(start).Seconds()
+	ops := 2 * keys * uint64(rounds)
+	q.ShutDown()
+	emit(map[string]any{"scenario": "ratelimited", "ops": ops, "seconds": secs, "ops_per_sec": float64(ops) / secs})
+}
+
+func pod(i, rv int) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Namespace:       fmt.Sprintf("ns-%d", i%100),
+		Name:            fmt.Sprintf("pod-%d", i),
+		ResourceVersion: strconv.Itoa(rv),
+	}}
+}
+
+func runFifo(n int) {
+	type pair struct{ a, u *v1.Pod }
+	pods := make([]pair, n)
+	for i := range pods {
+		pods[i] = pair{pod(i, 1), pod(i, 2)}
+	}
+	f := cache.NewDeltaFIFOWithOptions(cache.DeltaFIFOOptions{KeyFunction: cache.MetaNamespaceKeyFunc, EmitDeltaTypeReplaced: true})
+	start := time.Now()
+	for _, p := range pods {
+		_ = f.Add(p.a)
+		_ = f.Update(p.u)
+	}
+	for i := 0; i < n; i++ {
+		_, _ = f.Pop(func(obj interface{}, _ bool) error { return nil })
+	}
+	addUpdatePop := time.Since(start).Seconds()
+	list := make([]interface{}, n/10)
+	for i := range list {
+		list[i] = pod(i, 3)
+	}
+	start = time.Now()
+	_ = f.Replace(list, "3")
+	replace := time.Since(start).Seconds()
+	emit(map[string]any{"scenario": "fifo", "n": n, "add_update_pop_seconds": addUpdatePop, "ops_per_sec": float64(3*n) / addUpdatePop, "replace_seconds": replace, "replace_objects": n / 10})
+}
+
+func clientset(kubeconfig string) *kubernetes.Clientset {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// No client-side throttling, as for the Rust harnesses.
+	cfg.QPS = 10000
+	cfg.Burst = 10000
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+func stripManagedFields(obj interface{}) (interface{}, error) {
+	if p, ok := obj.(*v1.Pod); ok {
+		p.ManagedFields = nil
+	}
+	return obj, nil
+}
+
+func runSync(kubeconfig, ns string, strip bool) {
+	cs := clientset(kubeconfig)
+	baseline := statusKB("VmRSS:")
+	opts := []informers.SharedInformerOption{informers.WithNamespace(ns)}
+	if strip {
+		opts = append(opts, informers.WithTransform(stripManagedFields))
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, opts...)
+	inf := factory.Core().V1().Pods().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{})
+	stop := make(chan struct{})
+	start := time.Now()
+	factory.Start(stop)
+	for !inf.HasSynced() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	syncSecs := time.Since(start).Seconds()
+	time.Sleep(2 * time.Second)
+	rss := statusKB("VmRSS:")
+	hwm := statusKB("VmHWM:")
+	pods := len(inf.GetStore().ListKeys())
+	close(stop)
+	perPod := 0.0
+	if pods > 0 && rss > baseline {
+		perPod = float64((rss-baseline)*1024) / float64(pods)
+	}
+	emit(map[string]any{"scenario": "sync", "pods": pods, "strip_managed_fields": strip, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perPod})
+}
+
+func runLatency(kubeconfig, ns string, seconds int) {
+	cs := clientset(kubeconfig)
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns), informers.WithTransform(stripManagedFields))
+	inf := factory.Core().V1().Pods().Informer()
+	var mu sync.Mutex
+	var samples []uint64
+	record := func(obj interface{}) {
+		p, ok := obj.(*v1.Pod)
+		if !ok {
+			return
+		}
+		sent, err := strconv.ParseUint(p.Annotations["bench/sent-ns"], 10, 64)
+		if err != nil {
+			return
+		}
+		now := uint64(time.Now().UnixNano())
+		if now < sent {
+			now = sent
+		}
+		mu.Lock()
+		samples = append(samples, now-sent)
+		mu.Unlock()
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj interface{}, initial bool) {
+			if !initial {
+				record(obj)
+			}
+		},
+		UpdateFunc: func(_, obj interface{}) { record(obj) },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	factory.Start(ctx.Done())
+	for !inf.HasSynced() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	fmt.Fprintln(os.Stderr, "ready")
+	time.Sleep(time.Duration(seconds) * time.Second)
+	cancel()
+	mu.Lock()
+	v := samples
+	mu.Unlock()
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	pct := func(q float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		i := int(float64(len(v)) * q)
+		if i >= len(v) {
+			i = len(v) - 1
+		}
+		return float64(v[i]) / 1e6
+	}
+	maxMs := 0.0
+	if len(v) > 0 {
+		maxMs = float64(v[len(v)-1]) / 1e6
+	}
+	emit(map[string]any{"scenario": "latency", "events": len(v), "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": maxMs})
+}

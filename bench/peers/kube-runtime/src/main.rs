@@ -1,0 +1,135 @@
+//! kube-runtime's side of `cargo xtask bench`: the informer scenarios with
+//! kube-runtime 5's watcher + reflector, the same arguments and JSON output
+//! as kinformer-bench. kube-runtime has no workqueue or DeltaFIFO to compare.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Config, ResourceExt};
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+async fn client(kubeconfig: &str) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| {
+        args.get(i)
+            .cloned()
+            .with_context(|| format!("missing argument {i}"))
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = match args.first().map(String::as_str) {
+        Some("sync") => rt.block_on(sync(
+            &arg(1)?,
+            &arg(2)?,
+            args.get(3).map(String::as_str) != Some("keep-managed-fields"),
+        )),
+        Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
+        other => bail!("scenario {other:?} has no kube-runtime counterpart"),
+    }?;
+    println!("{result}");
+    Ok(())
+}
+
+async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    let (reader, writer) = reflector::store();
+    let start = Instant::now();
+    let stream = watcher(api, watcher::Config::default()).modify(move |p| {
+        if strip {
+            p.managed_fields_mut().clear();
+        }
+    });
+    let driver = tokio::spawn(reflector(writer, stream).for_each(|_| futures::future::ready(())));
+    reader.wait_until_ready().await?;
+    let sync_secs = start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_kb = status_kb("VmRSS:");
+    let hwm_kb = status_kb("VmHWM:");
+    let pods = reader.state().len();
+    driver.abort();
+    Ok(
+        serde_json::json!({"system": "kube-runtime", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
+        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
+    )
+}
+
+async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    let (reader, writer) = reflector::store();
+    let samples = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let s = Arc::clone(&samples);
+    let stream =
+        watcher(api, watcher::Config::default()).modify(|p| p.managed_fields_mut().clear());
+    let driver = tokio::spawn(
+        reflector(writer, stream)
+            .touched_objects()
+            .try_for_each(move |p| {
+                if let Some(sent) = p
+                    .annotations()
+                    .get("bench/sent-ns")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    && let Ok(mut s) = s.lock()
+                {
+                    s.push(now_ns().saturating_sub(sent));
+                }
+                futures::future::ready(Ok(()))
+            }),
+    );
+    reader.wait_until_ready().await?;
+    // Samples from the initial list are not events.
+    if let Ok(mut s) = samples.lock() {
+        s.clear();
+    }
+    eprintln!("ready");
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    driver.abort();
+    let mut v = samples
+        .lock()
+        .map(|mut s| std::mem::take(&mut *s))
+        .unwrap_or_default();
+    v.sort_unstable();
+    let pct = |q: f64| {
+        v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e6
+    };
+    Ok(
+        serde_json::json!({"system": "kube-runtime", "scenario": "latency", "events": v.len(),
+        "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": v.last().copied().unwrap_or(0) as f64 / 1e6}),
+    )
+}

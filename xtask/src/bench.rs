@@ -1,0 +1,610 @@
+//! `cargo xtask bench`: kinformer side by side with client-go and kube-runtime.
+//!
+//! Each scenario runs in a fresh process per system (so peak memory is each
+//! system's own), the systems alternating within each round, several rounds;
+//! the table reports medians and kinformer's ratio to each peer. Results go
+//! to docs/benchmarks.md (between markers) and docs/benchmarks.svg.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_envtest::{KUBERNETES_VERSION, TestEnv};
+use kube_client::Client;
+use kube_client::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum System {
+    Kinformer,
+    ClientGo,
+    KubeRuntime,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Kinformer => "kinformer",
+            System::ClientGo => "client-go",
+            System::KubeRuntime => "kube-runtime",
+        }
+    }
+}
+
+struct Harnesses {
+    kinformer: PathBuf,
+    client_go: PathBuf,
+    kube_runtime: PathBuf,
+}
+
+impl Harnesses {
+    fn path(&self, s: System) -> &Path {
+        match s {
+            System::Kinformer => &self.kinformer,
+            System::ClientGo => &self.client_go,
+            System::KubeRuntime => &self.kube_runtime,
+        }
+    }
+}
+
+/// One measured value: (scenario, metric) -> system -> samples.
+#[derive(Default)]
+struct Results(BTreeMap<(String, String), BTreeMap<System, Vec<f64>>>);
+
+impl Results {
+    fn add(&mut self, scenario: &str, metric: &str, system: System, value: f64) {
+        self.0
+            .entry((scenario.to_owned(), metric.to_owned()))
+            .or_default()
+            .entry(system)
+            .or_default()
+            .push(value);
+    }
+
+    fn median(&self, scenario: &str, metric: &str, system: System) -> Option<f64> {
+        let mut v = self
+            .0
+            .get(&(scenario.to_owned(), metric.to_owned()))?
+            .get(&system)?
+            .clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Some(v[v.len() / 2])
+    }
+}
+
+pub async fn run(quick: bool, root: &Path) -> Result<()> {
+    let started = Instant::now();
+    let harnesses = build(root)?;
+    let rounds = if quick { 3 } else { 5 };
+    let mut results = Results::default();
+
+    println!("\n==> in-process scenarios ({rounds} rounds, systems alternating)");
+    let ratelimited_rounds = if quick { "20" } else { "50" };
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [System::Kinformer, System::ClientGo]
+        } else {
+            [System::ClientGo, System::Kinformer]
+        };
+        for system in order {
+            let v = harness(&harnesses, system, &["workqueue", "10000", "1000000"]).await?;
+            results.add(
+                "workqueue: 1M adds, 10k keys, 50% duplicates, 2 workers",
+                "adds/s",
+                system,
+                num(&v, "adds_per_sec")?,
+            );
+            let v = harness(
+                &harnesses,
+                system,
+                &["ratelimited", "10000", ratelimited_rounds],
+            )
+            .await?;
+            results.add(
+                "rate-limited queue: add_rate_limited+forget, 10k keys",
+                "ops/s",
+                system,
+                num(&v, "ops_per_sec")?,
+            );
+            let v = harness(&harnesses, system, &["fifo", "100000"]).await?;
+            results.add(
+                "DeltaFifo: 100k add+update+pop",
+                "ops/s",
+                system,
+                num(&v, "ops_per_sec")?,
+            );
+            results.add(
+                "DeltaFifo: replace of 10k objects",
+                "ms",
+                system,
+                num(&v, "replace_seconds")? * 1e3,
+            );
+        }
+        println!(
+            "    round {} done ({:.0} s)",
+            round + 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
+    let env = TestEnv::start().await?;
+    let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
+    let client = env.client()?;
+    let all = [System::Kinformer, System::ClientGo, System::KubeRuntime];
+    let sizes: &[usize] = if quick { &[10_000] } else { &[10_000, 50_000] };
+    let ns = env.create_namespace("bench-sync").await?;
+    let mut created = 0;
+    for &size in sizes {
+        let t = Instant::now();
+        create_pods(&client, &ns, created..size).await?;
+        created = size;
+        println!(
+            "    {size} pods in place ({:.0} s to create)",
+            t.elapsed().as_secs_f64()
+        );
+        let sync_rounds = if quick { 2 } else { 3 };
+        for round in 0..sync_rounds {
+            for (i, _) in all.iter().enumerate() {
+                let system = all[(i + round) % all.len()];
+                let v = harness(&harnesses, system, &["sync", &kubeconfig, &ns]).await?;
+                let scenario = format!("informer sync of {size} pods (managedFields stripped)");
+                results.add(
+                    &scenario,
+                    "time to has_synced, ms",
+                    system,
+                    num(&v, "sync_seconds")? * 1e3,
+                );
+                results.add(
+                    &scenario,
+                    "peak RSS, MiB",
+                    system,
+                    num(&v, "peak_rss_bytes")? / 1048576.0,
+                );
+                results.add(
+                    &scenario,
+                    "RSS per cached pod, bytes",
+                    system,
+                    num(&v, "bytes_per_pod")?,
+                );
+            }
+        }
+        if size == sizes[0] {
+            for system in all {
+                let v = harness(
+                    &harnesses,
+                    system,
+                    &["sync", &kubeconfig, &ns, "keep-managed-fields"],
+                )
+                .await?;
+                let scenario = format!("informer sync of {size} pods (managedFields kept)");
+                results.add(
+                    &scenario,
+                    "RSS per cached pod, bytes",
+                    system,
+                    num(&v, "bytes_per_pod")?,
+                );
+                results.add(
+                    &scenario,
+                    "time to has_synced, ms",
+                    system,
+                    num(&v, "sync_seconds")? * 1e3,
+                );
+            }
+        }
+        println!(
+            "    sync of {size} done ({:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    let seconds: u64 = if quick { 15 } else { 60 };
+    println!("\n==> event latency: 200 Pod updates/s for {seconds} s, per system");
+    let lat_ns = env.create_namespace("bench-latency").await?;
+    create_pods(&client, &lat_ns, 0..200).await?;
+    let mut latency_runs = Vec::new();
+    for system in all {
+        let v = latency(&harnesses, system, &kubeconfig, &client, &lat_ns, seconds).await?;
+        let scenario = "event latency, API write to handler, 200 updates/s";
+        results.add(scenario, "p50, ms", system, num(&v, "p50_ms")?);
+        results.add(scenario, "p99, ms", system, num(&v, "p99_ms")?);
+        results.add(scenario, "events seen", system, num(&v, "events")?);
+        latency_runs.push((system, v));
+    }
+    let (etcd_peak, api_peak) = env.peak_memory_bytes();
+    env.stop();
+
+    let table = render(&results);
+    println!("\n{table}");
+    let machine = machine();
+    let elapsed = started.elapsed().as_secs_f64();
+    write_report(root, &table, &machine, quick, elapsed, etcd_peak, api_peak)?;
+    plot(root, &results)?;
+    println!("wrote docs/benchmarks.md and docs/benchmarks.svg ({elapsed:.0} s in all)");
+    Ok(())
+}
+
+fn build(root: &Path) -> Result<Harnesses> {
+    println!(
+        "==> building the harnesses (release): kinformer-bench, kube-runtime-peer, client-go-peer"
+    );
+    let bench = root.join("bench");
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(&bench)
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "kinformer-bench",
+                "-p",
+                "kube-runtime-peer",
+            ])
+            .status()
+            .context("running cargo build in bench/")?;
+    if !status.success() {
+        bail!("building the Rust harnesses failed");
+    }
+    let out = bench.join("target/release/client-go-peer");
+    let status = std::process::Command::new("go")
+        .current_dir(bench.join("peers/client-go"))
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0")
+        .args(["build", "-trimpath", "-o"])
+        .arg(&out)
+        .arg(".")
+        .status()
+        .context("running go build (is Go installed?)")?;
+    if !status.success() {
+        bail!("building the client-go peer failed");
+    }
+    Ok(Harnesses {
+        kinformer: bench.join("target/release/kinformer-bench"),
+        client_go: out,
+        kube_runtime: bench.join("target/release/kube-runtime-peer"),
+    })
+}
+
+async fn harness(h: &Harnesses, system: System, args: &[&str]) -> Result<Value> {
+    let out = Command::new(h.path(system))
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {} {}", system.name(), args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed with {}",
+            system.name(),
+            args.join(" "),
+            out.status
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().context("no output")?;
+    serde_json::from_str(line).with_context(|| format!("{} printed {line:?}", system.name()))
+}
+
+fn num(v: &Value, key: &str) -> Result<f64> {
+    v[key]
+        .as_f64()
+        .with_context(|| format!("no number {key:?} in {v}"))
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"app": "bench", "tier": "web"}},
+        "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    }))
+    .unwrap_or_default()
+}
+
+async fn create_pods(client: &Client, ns: &str, range: std::ops::Range<usize>) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let results: Vec<Result<()>> = stream::iter(range)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &pod(&format!("pod-{i:05}")))
+                    .await
+                    .map(|_| ())
+                    .with_context(|| format!("creating pod-{i:05}"))
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+async fn latency(
+    h: &Harnesses,
+    system: System,
+    kubeconfig: &str,
+    client: &Client,
+    ns: &str,
+    seconds: u64,
+) -> Result<Value> {
+    let mut child = Command::new(h.path(system))
+        .args(["latency", kubeconfig, ns, &(seconds + 3).to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+            Ok(Ok(Some(l))) if l.trim() == "ready" => break,
+            Ok(Ok(Some(_))) => continue,
+            _ => bail!("{} never became ready", system.name()),
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // 200 patches a second, each stamped with its send time.
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let total = 200 * seconds;
+    for i in 0..total {
+        tick.tick().await;
+        let permit = Arc::clone(&sem).acquire_owned().await?;
+        let api = api.clone();
+        tokio::spawn(async move {
+            let sent = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let patch = serde_json::json!({"metadata": {"annotations": {"bench/sent-ns": sent.to_string()}}});
+            let _ = api
+                .patch(
+                    &format!("pod-{:05}", i % 200),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await;
+            drop(permit);
+        });
+    }
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        bail!("{} latency run failed with {}", system.name(), out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().context("no output")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+fn higher_is_better(metric: &str) -> bool {
+    metric.ends_with("/s")
+}
+
+fn render(results: &Results) -> String {
+    let mut out = String::from(
+        "| scenario | metric | kinformer | client-go | kube-runtime | kinformer ÷ client-go | kinformer ÷ kube-runtime |\n|---|---|---|---|---|---|---|\n",
+    );
+    let fmt = |v: Option<f64>| match v {
+        Some(v) if v >= 100_000.0 => format!("{:.2} M", v / 1e6),
+        Some(v) if v >= 1000.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
+        None => "n/a".into(),
+    };
+    for (scenario, metric) in results.0.keys() {
+        let k = results.median(scenario, metric, System::Kinformer);
+        let g = results.median(scenario, metric, System::ClientGo);
+        let r = results.median(scenario, metric, System::KubeRuntime);
+        let ratio = |peer: Option<f64>| match (k, peer) {
+            (Some(k), Some(p)) if p > 0.0 && metric != "events seen" => format!("{:.2}x", k / p),
+            _ => "n/a".into(),
+        };
+        let better = if metric == "events seen" {
+            ""
+        } else if higher_is_better(metric) {
+            " (higher is better)"
+        } else {
+            " (lower is better)"
+        };
+        out.push_str(&format!(
+            "| {scenario} | {metric}{better} | {} | {} | {} | {} | {} |\n",
+            fmt(k),
+            fmt(g),
+            fmt(r),
+            ratio(g),
+            ratio(r)
+        ));
+    }
+    out
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    let version = |cmd: &str, arg: &str| {
+        std::process::Command::new(cmd)
+            .arg(arg)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    format!(
+        "{cores} vCPU ({cpu}), {:.0} GiB; {}; {}",
+        mem as f64 / 1048576.0,
+        version("rustc", "--version"),
+        version("go", "version")
+    )
+}
+
+const BEGIN: &str = "<!-- BEGIN cargo xtask bench -->";
+const END: &str = "<!-- END cargo xtask bench -->";
+
+fn write_report(
+    root: &Path,
+    table: &str,
+    machine: &str,
+    quick: bool,
+    elapsed: f64,
+    etcd_peak: Option<u64>,
+    api_peak: Option<u64>,
+) -> Result<()> {
+    let path = root.join("docs/benchmarks.md");
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    let section = format!(
+        "{BEGIN}\n## Side by side: kinformer, client-go v0.37.2, kube-runtime 5.0\n\n\
+         Command: `cargo xtask bench{}` ({elapsed:.0} s). Machine: {machine}. Server: kube-apiserver {KUBERNETES_VERSION} \
+         with etcd on loopback (peak RSS etcd {} MiB, kube-apiserver {} MiB). Every figure is the median of the rounds \
+         of one run, each system in a fresh process, the systems alternating; ratios compare medians of that run. \
+         Memory per cached Pod is the RSS growth from before the informer started to 2 s after it synced, divided by \
+         the number of Pods.\n\n{table}\n![latency and memory](benchmarks.svg)\n{END}\n",
+        if quick { " --quick" } else { "" },
+        etcd_peak.unwrap_or(0) >> 20,
+        api_peak.unwrap_or(0) >> 20,
+    );
+    let updated = match (current.find(BEGIN), current.find(END)) {
+        (Some(b), Some(e)) => format!(
+            "{}{}{}",
+            &current[..b],
+            section,
+            &current[e + END.len()..].trim_start_matches('\n')
+        ),
+        _ => format!("{}\n{}", current.trim_end(), section),
+    };
+    std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))
+}
+
+fn plot(root: &Path, results: &Results) -> Result<()> {
+    use plotters::prelude::*;
+    let path = root.join("docs/benchmarks.svg");
+    let area = SVGBackend::new(&path, (900, 420)).into_drawing_area();
+    area.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (left, right) = area.split_horizontally(450);
+    let systems = [System::Kinformer, System::ClientGo, System::KubeRuntime];
+    let colors = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+    ];
+    let panels: [(
+        &DrawingArea<SVGBackend, plotters::coord::Shift>,
+        &str,
+        Vec<(&str, &str, &str)>,
+    ); 2] = [
+        (
+            &left,
+            "event latency (ms)",
+            vec![
+                (
+                    "p50",
+                    "event latency, API write to handler, 200 updates/s",
+                    "p50, ms",
+                ),
+                (
+                    "p99",
+                    "event latency, API write to handler, 200 updates/s",
+                    "p99, ms",
+                ),
+            ],
+        ),
+        (
+            &right,
+            "RSS per cached Pod (bytes)",
+            vec![
+                (
+                    "stripped",
+                    "informer sync of 10000 pods (managedFields stripped)",
+                    "RSS per cached pod, bytes",
+                ),
+                (
+                    "kept",
+                    "informer sync of 10000 pods (managedFields kept)",
+                    "RSS per cached pod, bytes",
+                ),
+            ],
+        ),
+    ];
+    for (panel, title, groups) in panels {
+        let max = groups
+            .iter()
+            .flat_map(|(_, s, m)| systems.iter().filter_map(|sys| results.median(s, m, *sys)))
+            .fold(0.0_f64, f64::max)
+            .max(1.0);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, ("sans-serif", 18))
+            .margin(15)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..(groups.len() as f64), 0.0..max * 1.15)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(groups.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - x.floor() - 0.5).abs() < 0.01 {
+                    groups.get(i).map(|g| g.0.to_owned()).unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        for (gi, (_, scenario, metric)) in groups.iter().enumerate() {
+            for (si, sys) in systems.iter().enumerate() {
+                if let Some(v) = results.median(scenario, metric, *sys) {
+                    let x0 = gi as f64 + 0.1 + si as f64 * 0.27;
+                    chart
+                        .draw_series(std::iter::once(Rectangle::new(
+                            [(x0, 0.0), (x0 + 0.25, v)],
+                            colors[si].filled(),
+                        )))
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .label(sys.name())
+                        .legend(move |(x, y)| {
+                            Rectangle::new([(x, y - 5), (x + 10, y + 5)], colors[si].filled())
+                        });
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    area.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
