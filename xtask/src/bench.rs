@@ -516,11 +516,12 @@ fn plot(root: &Path, results: &Results) -> Result<()> {
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
     ];
-    let panels: [(
-        &DrawingArea<SVGBackend, plotters::coord::Shift>,
-        &str,
-        Vec<(&str, &str, &str)>,
-    ); 2] = [
+    type Panel<'r, 'b> = (
+        &'r DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+        &'static str,
+        Vec<(&'static str, &'static str, &'static str)>,
+    );
+    let panels: [Panel<'_, '_>; 2] = [
         (
             &left,
             "event latency (ms)",
