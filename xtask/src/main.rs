@@ -9,6 +9,7 @@ use kinformer_envtest::{Binaries, KUBERNETES_VERSION, TestEnv};
 
 mod bench;
 mod demo;
+mod soak;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "kinformer's project tasks")]
@@ -35,6 +36,12 @@ enum Task {
         /// A shorter run (about 5 minutes): fewer rounds, 10 000 pods only, 15 s of latency.
         #[arg(long)]
         quick: bool,
+    },
+    /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
+    Soak {
+        /// How long to run.
+        #[arg(long, default_value_t = 5)]
+        minutes: u64,
     },
     /// Runs the controllers against a real control plane and shows what they do.
     Demo {
@@ -98,6 +105,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         },
         Task::Bench { quick } => {
             runtime()?.block_on(bench::run(quick, &workspace_root()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Task::Soak { minutes } => {
+            runtime()?.block_on(soak::run(minutes, &workspace_root()))?;
             Ok(ExitCode::SUCCESS)
         }
         Task::Demo { kubeconfig } => {

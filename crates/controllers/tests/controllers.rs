@@ -502,3 +502,74 @@ async fn metrics_and_health_endpoints_answer() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// Records how often it ran and the value it read last from the cache.
+struct LastValue {
+    lister: kinformer_informer::Lister<ConfigMap>,
+    calls: AtomicUsize,
+    last: Mutex<Option<String>>,
+}
+
+impl Reconciler for LastValue {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let value = self
+                .lister
+                .get(key)
+                .and_then(|c| c.data.as_ref().and_then(|d| d.get("v").cloned()));
+            *self.last.lock() = value;
+            Ok(Action::Done)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_10000_updates_to_one_key_is_coalesced_and_the_final_state_reconciled() {
+    use futures::StreamExt;
+    let (client, ns) = setup("burst").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &config_map("hot"))
+        .await
+        .unwrap();
+    let informer = informer::<ConfigMap>(&client, &ns);
+    let reconciler = Arc::new(LastValue {
+        lister: informer.lister(),
+        calls: AtomicUsize::new(0),
+        last: Mutex::new(None),
+    });
+    let controller = Controller::new(
+        "burst",
+        informer,
+        Arc::clone(&reconciler),
+        ControllerOptions::new(),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    eventually("the first reconcile", async || {
+        reconciler.calls.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    futures::stream::iter(1..=10_000)
+        .for_each_concurrent(16, |v| {
+            let api = api.clone();
+            async move { bump(&api, "hot", v).await }
+        })
+        .await;
+    let patch = serde_json::json!({"data": {"v": "final"}});
+    api.patch("hot", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    eventually("the final state reconciled", async || {
+        reconciler.last.lock().as_deref() == Some("final")
+    })
+    .await;
+    let calls = reconciler.calls.load(Ordering::SeqCst);
+    assert!(
+        calls < 10_000,
+        "{calls} reconciles for 10 001 updates: not coalesced"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -36,6 +36,7 @@
 //! ```
 
 mod backoff;
+pub mod consistency;
 mod error;
 mod factory;
 mod handler;

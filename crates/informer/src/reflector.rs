@@ -49,6 +49,15 @@ pub struct ReflectorOptions {
     /// A watch with no event or bookmark for this long is reopened; default
     /// 150 s (the server sends a bookmark about every minute).
     pub idle_timeout: Duration,
+    /// A list page that takes longer fails (and is retried); default 60 s.
+    pub list_timeout: Duration,
+    /// Start with a streaming list (a watch with `sendInitialEvents=true`)
+    /// instead of list pages, as client-go does by default since v0.35; on
+    /// any failure, or without the end bookmark within
+    /// `watch_list_timeout`, fall back to list + watch for good. Default on.
+    pub use_watch_list: bool,
+    /// How long the streaming list may take; default 60 s.
+    pub watch_list_timeout: Duration,
     /// Backoff between retries.
     pub backoff: BackoffConfig,
 }
@@ -59,6 +68,9 @@ impl Default for ReflectorOptions {
             page_size: None,
             min_watch_timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(150),
+            list_timeout: Duration::from_secs(60),
+            use_watch_list: true,
+            watch_list_timeout: Duration::from_secs(60),
             backoff: BackoffConfig::default(),
         }
     }
@@ -112,10 +124,21 @@ enum WatchEnd {
     Failed(ListWatchError),
 }
 
+enum Opened<K> {
+    Stream(WatchStream<K>),
+    Retry,
+    Stopped,
+    Failed(ListWatchError),
+}
+
 struct ListState {
     last_sync_rv_unavailable: bool,
     paginated_result: bool,
+    watch_list_unsupported: bool,
 }
+
+/// The annotation on the bookmark that ends a streaming list.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 impl<K: Object + Clone> Reflector<K> {
     /// A Reflector feeding `fifo` from `lw`.
@@ -194,6 +217,7 @@ impl<K: Object + Clone> Reflector<K> {
             let mut state = ListState {
                 last_sync_rv_unavailable: false,
                 paginated_result: false,
+                watch_list_unsupported: !self.options.use_watch_list,
             };
             let mut reason = String::from("initial list");
             while !shutdown.is_cancelled() {
@@ -244,44 +268,40 @@ impl<K: Object + Clone> Reflector<K> {
         shutdown: &CancellationToken,
         reason: &str,
     ) -> Result<(), ListWatchError> {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            listed = self.list(state, reason) => listed?,
+        let mut streamed = None;
+        if !state.watch_list_unsupported {
+            match self.watch_list(shutdown, reason).await {
+                Ok(Some(stream)) => streamed = Some(stream),
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    // As client-go: making progress beats waiting on a server
+                    // or proxy that cannot stream; list + watch from now on.
+                    warn!(error = %e, "streaming list failed; falling back to list + watch");
+                    self.report(&e);
+                    state.watch_list_unsupported = true;
+                }
+            }
+        }
+        if streamed.is_none() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                listed = self.list(state, reason) => listed?,
+            }
         }
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            let resource_version = self.last_sync_rv.read().clone();
-            let timeout = self
-                .options
-                .min_watch_timeout
-                .mul_f64(1.0 + fastrand::f64());
-            let request = WatchRequest {
-                resource_version: resource_version.clone(),
-                timeout,
-                allow_bookmarks: true,
-                send_initial_events: false,
+            // The streaming list's watch goes on as the regular watch.
+            let stream = match streamed.take() {
+                Some(stream) => stream,
+                None => match self.open_watch(backoff, shutdown).await {
+                    Opened::Stream(stream) => stream,
+                    Opened::Retry => continue,
+                    Opened::Stopped => return Ok(()),
+                    Opened::Failed(e) => return Err(e),
+                },
             };
-            ReflectorStats::bump(&self.stats.watches);
-            let opened = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                opened = self.lw.watch(request) => opened,
-            };
-            let stream = match opened {
-                Ok(stream) => stream,
-                Err(e) if e.is_retryable_in_place() => {
-                    self.report(&e);
-                    let delay = backoff.next_delay();
-                    info!(error = %e, delay_ms = delay.as_millis() as u64, "watch refused; backing off, then watching again");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return Ok(()),
-                        _ = tokio::time::sleep(delay) => continue,
-                    }
-                }
-                Err(e) => return Err(e),
-            };
-            debug!(resource_version = %resource_version, timeout_s = timeout.as_secs(), "watch started");
             match self.watch_handler(stream, shutdown).await {
                 WatchEnd::Stopped => return Ok(()),
                 WatchEnd::Closed { events, lasted } => {
@@ -315,6 +335,133 @@ impl<K: Object + Clone> Reflector<K> {
                     // list not older than it is still what the cache can serve.
                     info!(error = %e, "watch ended; relisting");
                     return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Opens the next watch from the last seen version; refusals that are
+    /// worth retrying in place back off first.
+    async fn open_watch(&self, backoff: &mut Backoff, shutdown: &CancellationToken) -> Opened<K> {
+        let resource_version = self.last_sync_rv.read().clone();
+        let timeout = self
+            .options
+            .min_watch_timeout
+            .mul_f64(1.0 + fastrand::f64());
+        let request = WatchRequest {
+            resource_version: resource_version.clone(),
+            timeout,
+            allow_bookmarks: true,
+            send_initial_events: false,
+        };
+        ReflectorStats::bump(&self.stats.watches);
+        // A watch that cannot even open (a half-open connection) is
+        // given up after the idle timeout, like one that goes quiet.
+        let opened = tokio::select! {
+            _ = shutdown.cancelled() => return Opened::Stopped,
+            opened = tokio::time::timeout(self.options.idle_timeout, self.lw.watch(request)) => {
+                opened.unwrap_or_else(|_| Err(ListWatchError::Connect(format!(
+                    "the watch did not open within {:?}", self.options.idle_timeout
+                ))))
+            }
+        };
+        let stream = match opened {
+            Ok(stream) => stream,
+            Err(e) if e.is_retryable_in_place() => {
+                self.report(&e);
+                let delay = backoff.next_delay();
+                info!(error = %e, delay_ms = delay.as_millis() as u64, "watch refused; backing off, then watching again");
+                return tokio::select! {
+                    _ = shutdown.cancelled() => Opened::Stopped,
+                    _ = tokio::time::sleep(delay) => Opened::Retry,
+                };
+            }
+            Err(e) => return Opened::Failed(e),
+        };
+        debug!(resource_version = %resource_version, timeout_s = timeout.as_secs(), "watch started");
+        Opened::Stream(stream)
+    }
+
+    /// The initial state through one watch with `sendInitialEvents=true`:
+    /// ADDED events up to the bookmark annotated `k8s.io/initial-events-end`,
+    /// handed to the DeltaFifo as one replace. Returns the watch, which goes
+    /// on with the events after that (`None` on shutdown).
+    async fn watch_list(
+        &self,
+        shutdown: &CancellationToken,
+        reason: &str,
+    ) -> Result<Option<WatchStream<K>>, ListWatchError> {
+        let started = Instant::now();
+        let resource_version = self.last_sync_rv.read().clone();
+        info!(reason, resource_version = %resource_version, "streaming list");
+        let request = WatchRequest {
+            resource_version,
+            timeout: self
+                .options
+                .min_watch_timeout
+                .mul_f64(1.0 + fastrand::f64()),
+            allow_bookmarks: true,
+            send_initial_events: true,
+        };
+        ReflectorStats::bump(&self.stats.watches);
+        let deadline = Instant::now() + self.options.watch_list_timeout;
+        let timed_out = || {
+            ListWatchError::Connect(format!(
+                "no {INITIAL_EVENTS_END} bookmark within {:?}",
+                self.options.watch_list_timeout
+            ))
+        };
+        let mut stream = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            opened = tokio::time::timeout_at(deadline, self.lw.watch(request)) => opened.map_err(|_| timed_out())??,
+        };
+        let mut items: Vec<Arc<K>> = Vec::new();
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                next = tokio::time::timeout_at(deadline, stream.next()) => next.map_err(|_| timed_out())?,
+            };
+            match next {
+                None => {
+                    return Err(ListWatchError::Connect(
+                        "the streaming list ended before its initial-events-end bookmark".into(),
+                    ));
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(WatchEvent::Added(obj))) => items.push(Arc::new(self.transform(obj))),
+                Some(Ok(WatchEvent::Bookmark(b))) => {
+                    let ended = b
+                        .metadata
+                        .annotations
+                        .get(INITIAL_EVENTS_END)
+                        .is_some_and(|v| v == "true");
+                    if !ended {
+                        continue;
+                    }
+                    let count = items.len();
+                    let rv = b.metadata.resource_version;
+                    self.fifo.replace(items, &rv).map_err(|e| {
+                        ListWatchError::Decode(format!(
+                            "the list holds an object without a key: {e}"
+                        ))
+                    })?;
+                    *self.last_sync_rv.write() = rv.clone();
+                    ReflectorStats::bump(&self.stats.lists_completed);
+                    info!(
+                        items = count,
+                        resource_version = %rv,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "streamed the initial list"
+                    );
+                    return Ok(Some(stream));
+                }
+                Some(Ok(WatchEvent::Error(status))) => {
+                    return Err(ListWatchError::from_status(&status));
+                }
+                Some(Ok(WatchEvent::Modified(_) | WatchEvent::Deleted(_))) => {
+                    return Err(ListWatchError::Decode(
+                        "a MODIFIED or DELETED event before the initial-events-end bookmark".into(),
+                    ));
                 }
             }
         }
@@ -391,7 +538,15 @@ impl<K: Object + Clone> Reflector<K> {
                 resource_version: if token.is_none() { rv.clone() } else { None },
             };
             ReflectorStats::bump(&self.stats.list_calls);
-            match self.lw.list(request).await {
+            let page = tokio::time::timeout(self.options.list_timeout, self.lw.list(request))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ListWatchError::Connect(format!(
+                        "a list page did not arrive within {:?}",
+                        self.options.list_timeout
+                    )))
+                });
+            match page {
                 Ok(page) => {
                     pages += 1;
                     items.extend(page.items);

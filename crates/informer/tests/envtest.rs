@@ -301,6 +301,7 @@ async fn an_initial_list_of_2500_pods_is_paged_by_100() {
     create_pods(&api, (0..2500).map(|i| format!("p{i:04}"))).await;
     let reflector = ReflectorOptions {
         page_size: Some(100),
+        use_watch_list: false,
         ..ReflectorOptions::default()
     };
     let (informer, seen, shutdown) = start(client, &ns, reflector);

@@ -36,6 +36,9 @@ struct Script {
     watch_errors: VecDeque<ListWatchError>,
     list_requests: Vec<ListRequest>,
     watch_requests: Vec<WatchRequest>,
+    /// Whether streaming lists (sendInitialEvents) are served; refused
+    /// (400, not recorded) otherwise, as by an older server.
+    watch_list: bool,
 }
 
 #[derive(Clone)]
@@ -64,6 +67,15 @@ impl ListerWatcher<ConfigMap> for Fake {
         request: WatchRequest,
     ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
         let mut s = self.script.lock();
+        if request.send_initial_events && !s.watch_list {
+            return Box::pin(async {
+                Err(ListWatchError::Api {
+                    code: 400,
+                    reason: "BadRequest".into(),
+                    message: "sendInitialEvents is not supported".into(),
+                })
+            });
+        }
         s.watch_requests.push(request);
         if let Some(e) = s.watch_errors.pop_front() {
             return Box::pin(async move { Err(e) });
@@ -102,7 +114,10 @@ struct Harness {
 }
 
 fn fast_reflector() -> ReflectorOptions {
-    let mut o = ReflectorOptions::default();
+    let mut o = ReflectorOptions {
+        use_watch_list: false,
+        ..ReflectorOptions::default()
+    };
     o.backoff.initial = Duration::from_millis(10);
     o.backoff.max = Duration::from_millis(50);
     o
@@ -111,6 +126,14 @@ fn fast_reflector() -> ReflectorOptions {
 fn harness(
     lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>,
     options: InformerOptions<ConfigMap>,
+) -> Harness {
+    harness_with(lists, options, fast_reflector())
+}
+
+fn harness_with(
+    lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>,
+    options: InformerOptions<ConfigMap>,
+    reflector: ReflectorOptions,
 ) -> Harness {
     let script = Arc::new(Mutex::new(Script {
         lists: lists.into(),
@@ -122,7 +145,7 @@ fn harness(
         watches: tx,
     };
     Harness {
-        informer: SharedIndexInformer::new(fake, options.reflector(fast_reflector())),
+        informer: SharedIndexInformer::new(fake, options.reflector(reflector)),
         script,
         watches,
         shutdown: CancellationToken::new(),
@@ -476,6 +499,134 @@ async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
     }
     assert_eq!(h.informer.indexer().len(), 2);
     assert_eq!(h.script.lock().list_requests.len(), 1);
-    assert!(errors.lock()[0].contains("expected a string"));
+    assert!(
+        errors
+            .lock()
+            .iter()
+            .any(|e| e.contains("expected a string")),
+        "{:?}",
+        errors.lock()
+    );
     h.shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
+    let unavailable = || {
+        Err(ListWatchError::Api {
+            code: 503,
+            reason: "ServiceUnavailable".into(),
+            message: "etcd is down".into(),
+        })
+    };
+    let script = Arc::new(Mutex::new(Script {
+        lists: (0..6)
+            .map(|_| unavailable())
+            .chain([page(vec![cm("a", 1)], 1)])
+            .collect(),
+        ..Script::default()
+    }));
+    let (tx, _watches) = mpsc::unbounded_channel();
+    let fake = Fake {
+        script: Arc::clone(&script),
+        watches: tx,
+    };
+    // Client-go's defaults: 800 ms doubling to 30 s, jitter up to +100%.
+    let informer = SharedIndexInformer::new(fake, InformerOptions::new());
+    let shutdown = CancellationToken::new();
+    let started = tokio::time::Instant::now();
+    let (i, s) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(s).await });
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waited = started.elapsed();
+    assert_eq!(
+        script.lock().list_requests.len(),
+        7,
+        "one list per backoff, no storm"
+    );
+    // 0.8 + 1.6 + 3.2 + 6.4 + 12.8 + 25.6 s before jitter; at most twice that.
+    assert!(waited >= Duration::from_millis(50_400), "{waited:?}");
+    assert!(waited <= Duration::from_millis(101_000), "{waited:?}");
+    shutdown.cancel();
+}
+
+fn end_bookmark(rv: u64) -> WatchEvent<ConfigMap> {
+    WatchEvent::Bookmark(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"resourceVersion": rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}
+        }))
+        .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_streaming_list_replaces_the_cache_at_its_end_bookmark_and_the_watch_goes_on() {
+    let streaming = ReflectorOptions {
+        use_watch_list: true,
+        ..fast_reflector()
+    };
+    let mut h = harness_with(vec![], InformerOptions::new(), streaming);
+    h.script.lock().watch_list = true;
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    let options_check = h.script.clone();
+    h.start();
+    let w = h.next_watch().await;
+    assert!(options_check.lock().watch_requests[0].send_initial_events);
+    w.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
+    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !h.informer.has_synced(),
+        "not synced before the end bookmark"
+    );
+    w.send(Ok(end_bookmark(5))).unwrap();
+    w.send(Ok(WatchEvent::Modified(cm("a", 6)))).unwrap();
+    let seen = log.wait_for(3).await;
+    // Per key in order; the update may reach a before b is added.
+    assert_eq!(
+        sorted(seen),
+        ["add a 1 initial", "add b 2 initial", "update a 1->6"]
+    );
+    assert!(h.informer.has_synced());
+    assert!(h.script.lock().list_requests.is_empty(), "no list call");
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_streaming_list_without_its_end_bookmark_falls_back_to_list_and_watch() {
+    let mut options = fast_reflector();
+    options.use_watch_list = true;
+    options.watch_list_timeout = Duration::from_millis(300);
+    let script = Arc::new(Mutex::new(Script {
+        lists: vec![page(vec![cm("a", 1)], 3)].into(),
+        watch_list: true,
+        ..Script::default()
+    }));
+    let (tx, mut watches) = mpsc::unbounded_channel();
+    let fake = Fake {
+        script: Arc::clone(&script),
+        watches: tx,
+    };
+    let informer = SharedIndexInformer::new(fake, InformerOptions::new().reflector(options));
+    let shutdown = CancellationToken::new();
+    let (i, s) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(s).await });
+    // The streaming list never ends: events, but no end bookmark.
+    let stuck = watches.recv().await.unwrap();
+    stuck.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
+    let _regular = tokio::time::timeout(Duration::from_secs(5), watches.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let s = script.lock();
+    assert_eq!(s.list_requests.len(), 1, "fell back to a list");
+    assert!(!s.watch_requests[1].send_initial_events);
+    assert_eq!(s.watch_requests[1].resource_version, "3");
+    drop(s);
+    assert!(informer.has_synced());
+    shutdown.cancel();
 }

@@ -1,0 +1,249 @@
+//! Faults on the wire and in the server, against the real kube-apiserver:
+//! each test ends with the consistency checker finding no difference between
+//! the cache (and every handler's last view) and a fresh list.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_envtest::{Proxy, TestEnv, TestEnvOptions};
+use kinformer_informer::consistency::{LastSeen, diff, diff_cache, server_versions};
+use kinformer_informer::{
+    ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
+    ListerWatcher, ReflectorOptions, SharedIndexInformer, WatchRequest, WatchStream,
+    strip_managed_fields,
+};
+use kube_client::api::{Api, DeleteParams, PostParams};
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
+    }))
+    .unwrap()
+}
+
+async fn create(api: &Api<Pod>, names: impl Iterator<Item = String>) {
+    stream::iter(names)
+        .for_each_concurrent(16, |n| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &pod(&n)).await.unwrap();
+            }
+        })
+        .await;
+}
+
+async fn delete(api: &Api<Pod>, names: impl Iterator<Item = String>) {
+    stream::iter(names)
+        .for_each_concurrent(16, |n| {
+            let api = api.clone();
+            async move {
+                api.delete(&n, &DeleteParams::default()).await.unwrap();
+            }
+        })
+        .await;
+}
+
+fn fast(idle: Duration) -> ReflectorOptions {
+    let mut o = ReflectorOptions {
+        idle_timeout: idle,
+        ..ReflectorOptions::default()
+    };
+    o.backoff.initial = Duration::from_millis(100);
+    o.backoff.max = Duration::from_secs(1);
+    o
+}
+
+fn run(informer: &SharedIndexInformer<Pod>) -> (LastSeen, CancellationToken) {
+    informer.set_transform(strip_managed_fields).unwrap();
+    let seen = LastSeen::default();
+    informer.add_event_handler(seen.clone()).unwrap();
+    let shutdown = CancellationToken::new();
+    let (i, s) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(s).await });
+    (seen, shutdown)
+}
+
+/// Waits until the cache and the handler agree with the server; panics
+/// with every difference otherwise.
+async fn no_difference(
+    api: &Api<Pod>,
+    informer: &SharedIndexInformer<Pod>,
+    seen: &LastSeen,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let cache = diff_cache(informer, api).await.unwrap();
+        let handler = diff(&server_versions(api).await.unwrap(), &seen.snapshot());
+        if cache.is_empty() && handler.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let show = |d: &[kinformer_informer::consistency::Difference]| {
+                d.iter()
+                    .take(10)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            panic!(
+                "after {within:?}: cache differs in {} ({}); handler differs in {} ({})",
+                cache.len(),
+                show(&cache),
+                handler.len(),
+                show(&handler)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn synced(informer: &SharedIndexInformer<Pod>) {
+    for _ in 0..300 {
+        if informer.has_synced() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no sync in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("halfopen").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (0..10).map(|i| format!("p{i}"))).await;
+    let proxy = Proxy::start(env.api_port()).await.unwrap();
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(fast(Duration::from_secs(2))),
+    );
+    let (seen, shutdown) = run(&informer);
+    synced(&informer).await;
+    let before = informer
+        .reflector_stats()
+        .unwrap()
+        .watches
+        .load(Ordering::SeqCst);
+    // The network goes silent without closing anything.
+    proxy.blackhole(true);
+    create(&api, (10..20).map(|i| format!("p{i}"))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.blackhole(false);
+    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
+    let stats = informer.reflector_stats().unwrap();
+    assert!(
+        stats.watches.load(Ordering::SeqCst) > before,
+        "the dead watch was replaced"
+    );
+    assert!(
+        stats.errors.load(Ordering::SeqCst) >= 1,
+        "the idle watch was reported"
+    );
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_apiserver_killed_and_restarted_while_writes_continue() {
+    let mut env = TestEnv::start().await.unwrap();
+    let ns = env.create_namespace("kill").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (0..40).map(|i| format!("p{i}"))).await;
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
+        InformerOptions::new().reflector(fast(Duration::from_secs(10))),
+    );
+    let (seen, shutdown) = run(&informer);
+    synced(&informer).await;
+    env.kill_apiserver();
+    env.start_apiserver().await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (40..70).map(|i| format!("p{i}"))).await;
+    delete(&api, (0..15).map(|i| format!("p{i}"))).await;
+    env.kill_apiserver();
+    env.start_apiserver().await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    delete(&api, (15..25).map(|i| format!("p{i}"))).await;
+    create(&api, (70..80).map(|i| format!("p{i}"))).await;
+    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    shutdown.cancel();
+}
+
+/// Lists through the real API, but compacts etcd right after the first page
+/// (after more writes), so the next page's continue token has expired.
+struct CompactAfterFirstPage {
+    inner: ApiListerWatcher<Pod>,
+    env: Arc<TestEnv>,
+    api: Api<Pod>,
+    done: AtomicBool,
+}
+
+impl ListerWatcher<Pod> for CompactAfterFirstPage {
+    fn list(&self, request: ListRequest) -> BoxFuture<'_, Result<ListPage<Pod>, ListWatchError>> {
+        Box::pin(async move {
+            let page = self.inner.list(request).await?;
+            if page.continue_token.is_some() && !self.done.swap(true, Ordering::SeqCst) {
+                create(&self.api, (1000..1005).map(|i| format!("late-{i}"))).await;
+                self.env.compact_etcd().await.expect("compaction");
+            }
+            Ok(page)
+        })
+    }
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<Pod>, ListWatchError>> {
+        self.inner.watch(request)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
+    let env = Arc::new(
+        TestEnv::start_with(TestEnvOptions::new().without_watch_cache())
+            .await
+            .unwrap(),
+    );
+    let ns = env.create_namespace("expired").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (0..300).map(|i| format!("p{i:03}"))).await;
+    let lw = CompactAfterFirstPage {
+        inner: ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
+        env: Arc::clone(&env),
+        api: api.clone(),
+        done: AtomicBool::new(false),
+    };
+    let options = ReflectorOptions {
+        page_size: Some(50),
+        use_watch_list: false,
+        ..fast(Duration::from_secs(30))
+    };
+    let informer = SharedIndexInformer::new(lw, InformerOptions::new().reflector(options));
+    let (seen, shutdown) = run(&informer);
+    synced(&informer).await;
+    // First page, the expired second page, then one full list.
+    assert_eq!(
+        informer
+            .reflector_stats()
+            .unwrap()
+            .list_calls
+            .load(Ordering::SeqCst),
+        3
+    );
+    assert_eq!(
+        informer.indexer().len(),
+        305,
+        "the full list has the pods created mid-list"
+    );
+    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
+    shutdown.cancel();
+}
