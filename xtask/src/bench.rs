@@ -85,7 +85,7 @@ impl Results {
 pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let started = Instant::now();
     let harnesses = build(root)?;
-    let rounds = if quick { 3 } else { 5 };
+    let rounds = if quick { 5 } else { 9 };
     let mut results = Results::default();
 
     println!("\n==> in-process scenarios ({rounds} rounds, systems alternating)");

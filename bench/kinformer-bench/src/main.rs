@@ -86,13 +86,17 @@ async fn workqueue(keys: u64, adds: u64) -> Result<serde_json::Value> {
             })
         })
         .collect();
-    for i in 0..adds {
-        // Every other add repeats the previous key: 50% duplicates.
-        q.add((i / 2) % keys);
-        if i % 1024 == 0 {
-            tokio::task::yield_now().await;
-        }
-    }
+    // The producer is a thread of its own, as the goroutine in the peer.
+    let producer = {
+        let q = q.clone();
+        std::thread::spawn(move || {
+            for i in 0..adds {
+                // Every other add repeats the previous key: 50% duplicates.
+                q.add((i / 2) % keys);
+            }
+        })
+    };
+    producer.join().map_err(|_| anyhow::anyhow!("producer panicked"))?;
     q.shut_down_with_drain().await;
     for w in workers {
         w.await?;
