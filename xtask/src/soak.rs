@@ -74,12 +74,14 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let paused = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
     let failed_writes = Arc::new(AtomicU64::new(0));
+    let noop_writes = Arc::new(AtomicU64::new(0));
     let client = Arc::new(swap::Swap::new(env.client()?));
     {
-        let (paused, writes, failed, client, shutdown, ns) = (
+        let (paused, writes, failed, noop, client, shutdown, ns) = (
             paused.clone(),
             writes.clone(),
             failed_writes.clone(),
+            noop_writes.clone(),
             client.clone(),
             shutdown.clone(),
             ns.clone(),
@@ -114,8 +116,12 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
                 };
                 match result {
                     Ok(()) => writes.fetch_add(1, Ordering::Relaxed),
-                    // Conflicts and not-founds are part of random churn; an
-                    // unreachable server during a restart is the fault.
+                    // Creating a Pod that exists, or changing one that does
+                    // not, is part of random churn.
+                    Err(kube_client::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                        noop.fetch_add(1, Ordering::Relaxed)
+                    }
+                    // An unreachable server during a restart is the fault.
                     Err(_) => failed.fetch_add(1, Ordering::Relaxed),
                 };
             }
@@ -198,9 +204,10 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let stats = informer.reflector_stats().context("no reflector stats")?;
     let lists = stats.lists_completed.load(Ordering::Relaxed);
     let summary = format!(
-        "{} s, {} writes ({} refused or failed), {} events processed, {} lists ({} relists), {} watches, {} errors reported, {} divergences",
+        "{} s, {} writes (plus {} that hit a missing or existing Pod, {} failed during faults), {} events processed, {} lists ({} relists), {} watches, {} errors reported, {} divergences",
         started.elapsed().as_secs(),
         writes.load(Ordering::Relaxed),
+        noop_writes.load(Ordering::Relaxed),
         failed_writes.load(Ordering::Relaxed),
         stats.events.load(Ordering::Relaxed),
         lists,

@@ -302,6 +302,16 @@ impl<K> DeltaFifo<K> {
     where
         F: FnOnce(&Deltas<K>, bool) -> Result<T, Requeue<E>>,
     {
+        self.pop_with_key(|_, deltas, initial| process(deltas, initial))
+            .await
+    }
+
+    /// Like [`pop`](Self::pop), and also hands `process` the key, so that a
+    /// consumer need not compute it again.
+    pub async fn pop_with_key<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
+    where
+        F: FnOnce(&str, &Deltas<K>, bool) -> Result<T, Requeue<E>>,
+    {
         let mut process = Some(process);
         let mut registered = false;
         loop {
@@ -324,7 +334,7 @@ impl<K> DeltaFifo<K> {
                     let Some(process) = process.take() else {
                         unreachable!("process is consumed at most once")
                     };
-                    return match process(&deltas, is_in_initial_list) {
+                    return match process(&key, &deltas, is_in_initial_list) {
                         Ok(value) => Ok(value),
                         Err(Requeue(err)) => {
                             self.add_if_not_present(&mut inner, key, deltas);

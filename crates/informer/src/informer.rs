@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
-use kinformer_store::{Indexer, Indexers, KnownObjects, Object, ObjectOrTombstone};
+use kinformer_store::{Indexer, Indexers, KnownObjects, Object};
 use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info_span, warn};
@@ -192,7 +192,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         let indexer = Arc::new(Indexer::with_indexers(options.indexers));
         let known: Arc<dyn KnownObjects<K>> = indexer.clone();
         let fifo = Arc::new(DeltaFifo::with_options(
-            DeltaFifoOptions::new().known_objects(known),
+            DeltaFifoOptions::new()
+                .key_func(Arc::clone(indexer.key_func()))
+                .known_objects(known),
         ));
         let default_resync = options.default_resync.map(|p| p.max(MIN_RESYNC_PERIOD));
         Self {
@@ -405,8 +407,8 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 let inner = &self.inner;
                 let popped = tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    popped = inner.fifo.pop(|deltas, initial| {
-                        inner.handle_deltas(deltas, initial);
+                    popped = inner.fifo.pop_with_key(|key, deltas, initial| {
+                        inner.handle_deltas(key, deltas, initial);
                         *inner.last_sync_rv.write() = rv.read().clone();
                         Ok::<_, Requeue<()>>(())
                     }) => popped,
@@ -441,22 +443,16 @@ where
 impl<K: Object> Inner<K> {
     /// Applies one key's deltas to the cache and tells the handlers, as
     /// client-go's `processDeltas`.
-    fn handle_deltas(&self, deltas: &Deltas<K>, is_in_initial_list: bool) {
+    fn handle_deltas(&self, key: &str, deltas: &Deltas<K>, is_in_initial_list: bool) {
         let listeners = self.processor.listeners.read();
         for delta in deltas {
             match delta.kind {
                 DeltaType::Sync | DeltaType::Replaced | DeltaType::Added | DeltaType::Updated => {
+                    // The DeltaFifo and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
-                    let old = match self.indexer.get(&obj) {
-                        Ok(old) => old,
-                        Err(e) => {
-                            warn!(error = %e, "dropping an object that has no key");
-                            continue;
-                        }
-                    };
-                    match old {
+                    match self.indexer.get_by_key(key) {
                         Some(old) => {
-                            if let Err(e) = self.indexer.update(Arc::clone(&obj)) {
+                            if let Err(e) = self.indexer.update_by_key(key, Arc::clone(&obj)) {
                                 warn!(error = %e, "cannot update the cache");
                                 continue;
                             }
@@ -475,7 +471,7 @@ impl<K: Object> Inner<K> {
                             );
                         }
                         None => {
-                            if let Err(e) = self.indexer.add(Arc::clone(&obj)) {
+                            if let Err(e) = self.indexer.update_by_key(key, Arc::clone(&obj)) {
                                 warn!(error = %e, "cannot add to the cache");
                                 continue;
                             }
@@ -491,17 +487,7 @@ impl<K: Object> Inner<K> {
                     }
                 }
                 DeltaType::Deleted => {
-                    match &delta.object {
-                        ObjectOrTombstone::Tombstone(t) => {
-                            self.indexer.delete_by_key(&t.key);
-                        }
-                        ObjectOrTombstone::Object(obj) => {
-                            if let Err(e) = self.indexer.delete(obj) {
-                                warn!(error = %e, "cannot delete from the cache");
-                                continue;
-                            }
-                        }
-                    }
+                    self.indexer.delete_by_key(key);
                     Processor::distribute(
                         &listeners,
                         Notification::Delete(delta.object.clone()),

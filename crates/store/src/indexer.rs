@@ -89,6 +89,12 @@ impl<K> Indexer<K> {
         self.store.update(&key, obj)
     }
 
+    /// Inserts or replaces the object under `key`, which the caller computed
+    /// with this indexer's key function (saves computing it again).
+    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
+        self.store.update(key, obj)
+    }
+
     /// Removes the object with `obj`'s key; returns what was stored.
     pub fn delete(&self, obj: &K) -> Result<Option<Arc<K>>, StoreError> {
         let key = self.key_of(obj)?;
