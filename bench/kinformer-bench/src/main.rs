@@ -175,10 +175,12 @@ async fn client(kubeconfig: &str) -> Result<Client> {
 async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
-    let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns),
-        InformerOptions::new(),
-    );
+    let mut lw = ApiListerWatcher::<Pod>::namespaced(client, ns);
+    if strip {
+        // Dropped before decoding; the transform is then a no-op.
+        lw = lw.drop_managed_fields();
+    }
+    let informer = SharedIndexInformer::new(lw, InformerOptions::new());
     if strip {
         informer.set_transform(strip_managed_fields)?;
     }
@@ -208,7 +210,7 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
 async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns),
+        ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
         InformerOptions::new(),
     );
     informer.set_transform(strip_managed_fields)?;

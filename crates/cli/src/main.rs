@@ -298,7 +298,7 @@ where
         + 'static,
 {
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<K>::new(client.clone(), namespace),
+        ApiListerWatcher::<K>::new(client.clone(), namespace).drop_managed_fields(),
         InformerOptions::new().indexers(namespace_indexers()),
     );
     informer.set_transform(strip_managed_fields)?;

@@ -65,6 +65,7 @@ pub struct SharedInformerFactory {
     client: Client,
     default_namespace: Option<String>,
     default_resync: Option<Duration>,
+    drop_managed_fields: bool,
     informers: Mutex<HashMap<(TypeId, InformerScope), Entry>>,
 }
 
@@ -84,6 +85,7 @@ impl SharedInformerFactory {
             client,
             default_namespace: None,
             default_resync: None,
+            drop_managed_fields: false,
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -97,6 +99,13 @@ impl SharedInformerFactory {
     /// Default resync period of the informers' handlers.
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
+        self
+    }
+
+    /// Informers of this factory drop `metadata.managedFields` before decoding
+    /// (see [`ApiListerWatcher::drop_managed_fields`]).
+    pub fn drop_managed_fields(mut self) -> Self {
+        self.drop_managed_fields = true;
         self
     }
 
@@ -129,6 +138,9 @@ impl SharedInformerFactory {
         }
         if let Some(f) = &scope.field_selector {
             lw = lw.fields(f);
+        }
+        if self.drop_managed_fields {
+            lw = lw.drop_managed_fields();
         }
         let mut options = InformerOptions::new().indexers(namespace_indexers());
         if let Some(p) = self.default_resync {

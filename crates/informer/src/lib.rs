@@ -45,6 +45,7 @@ mod lister;
 mod lister_watcher;
 mod processor;
 mod reflector;
+mod strip;
 mod sync;
 
 pub use backoff::BackoffConfig;
@@ -62,5 +63,6 @@ pub use lister_watcher::{
 pub use reflector::{
     DEFAULT_PAGE_SIZE, Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler,
 };
+pub use strip::strip_managed_fields_json;
 pub use sync::{HasSynced, wait_for_cache_sync};
 pub use tokio_util::sync::CancellationToken;

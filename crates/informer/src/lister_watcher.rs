@@ -88,6 +88,7 @@ pub struct ApiListerWatcher<K> {
     namespace: Option<String>,
     label_selector: Option<String>,
     field_selector: Option<String>,
+    drop_managed_fields: bool,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -99,6 +100,7 @@ impl<K> Clone for ApiListerWatcher<K> {
             namespace: self.namespace.clone(),
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
+            drop_managed_fields: self.drop_managed_fields,
             _kind: PhantomData,
         }
     }
@@ -126,6 +128,7 @@ where
             namespace: namespace.map(str::to_owned),
             label_selector: None,
             field_selector: None,
+            drop_managed_fields: false,
             _kind: PhantomData,
         }
     }
@@ -139,6 +142,15 @@ where
     /// Only objects whose fields match `selector` (`status.phase=Running`).
     pub fn fields(mut self, selector: &str) -> Self {
         self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
+        self
+    }
+
+    /// Drops `metadata.managedFields` from the JSON before decoding it
+    /// ([`strip_managed_fields_json`](crate::strip_managed_fields_json)): the
+    /// same result as the [`strip_managed_fields`](crate::strip_managed_fields)
+    /// transform, without paying to decode what is thrown away.
+    pub fn drop_managed_fields(mut self) -> Self {
+        self.drop_managed_fields = true;
         self
     }
 
@@ -178,6 +190,18 @@ where
     }
 }
 
+/// One watch event line, as kube-client decodes it: an event, or a Status
+/// error the server sent instead.
+fn decode_event<K: DeserializeOwned>(json: &[u8]) -> Result<WatchEvent<K>, ListWatchError> {
+    match serde_json::from_slice::<WatchEvent<K>>(json) {
+        Ok(event) => Ok(event),
+        Err(e) => match serde_json::from_slice::<kube_client::core::Status>(json) {
+            Ok(status) if status.code != 0 => Err(ListWatchError::from_status(&status)),
+            _ => Err(ListWatchError::Decode(e.to_string())),
+        },
+    }
+}
+
 impl<K> ListerWatcher<K> for ApiListerWatcher<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -205,7 +229,13 @@ where
             let req = Request::new(&self.url_path)
                 .list(&lp)
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
-            let list: ObjectList<K> = self.client.request(req).await?;
+            let list: ObjectList<K> = if self.drop_managed_fields {
+                let text = self.client.request_text(req).await?;
+                let json = crate::strip_managed_fields_json(text.as_bytes());
+                serde_json::from_slice(&json).map_err(|e| ListWatchError::Decode(e.to_string()))?
+            } else {
+                self.client.request(req).await?
+            };
             Ok(ListPage {
                 items: list.items,
                 resource_version: list.metadata.resource_version.unwrap_or_default(),
@@ -220,9 +250,29 @@ where
     ) -> BoxFuture<'_, Result<WatchStream<K>, ListWatchError>> {
         Box::pin(async move {
             let req = self.watch_request(&request)?;
-            let stream = self.client.request_events::<K>(req).await?;
-            Ok(stream
-                .map(|event| event.map_err(ListWatchError::from))
+            if !self.drop_managed_fields {
+                let stream = self.client.request_events::<K>(req).await?;
+                return Ok(stream
+                    .map(|event| event.map_err(ListWatchError::from))
+                    .boxed());
+            }
+            // One JSON event a line, stripped before it is decoded.
+            let body = self.client.request_stream(req).await?;
+            let lines = futures::io::AsyncBufReadExt::lines(body);
+            Ok(lines
+                .filter_map(|line| async move {
+                    let line = match line {
+                        Ok(line) => line,
+                        // A watch the server or the network ended: resumable.
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+                        Err(e) => return Some(Err(ListWatchError::Connect(e.to_string()))),
+                    };
+                    if line.trim().is_empty() {
+                        return None;
+                    }
+                    let json = crate::strip_managed_fields_json(line.as_bytes());
+                    Some(decode_event::<K>(&json))
+                })
                 .boxed())
         })
     }

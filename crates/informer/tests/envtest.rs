@@ -86,7 +86,7 @@ fn start(
     reflector: ReflectorOptions,
 ) -> (SharedIndexInformer<Pod>, [LastSeen; 2], CancellationToken) {
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns),
+        ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
         InformerOptions::new().reflector(reflector),
     );
     informer.set_transform(strip_managed_fields).unwrap();
