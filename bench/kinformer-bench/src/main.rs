@@ -45,6 +45,13 @@ fn now_ns() -> u64 {
 }
 
 fn main() -> Result<()> {
+    // RUST_LOG=info shows the Reflector's timings on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| {
         args.get(i)
@@ -64,6 +71,7 @@ fn main() -> Result<()> {
             &arg(2)?,
             args.get(3).map(String::as_str) != Some("keep-managed-fields"),
         )),
+        Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;
@@ -96,7 +104,9 @@ async fn workqueue(keys: u64, adds: u64) -> Result<serde_json::Value> {
             }
         })
     };
-    producer.join().map_err(|_| anyhow::anyhow!("producer panicked"))?;
+    producer
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer panicked"))?;
     q.shut_down_with_drain().await;
     for w in workers {
         w.await?;
@@ -281,4 +291,31 @@ mod samples {
                 .unwrap_or_default()
         }
     }
+}
+
+/// Diagnostic: the bytes of a streaming list through kube-client, decoded or not.
+async fn raw_watch_list(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    use futures::AsyncBufReadExt;
+    let client = client(kubeconfig).await?;
+    let url = format!(
+        "/api/v1/namespaces/{ns}/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion="
+    );
+    let start = Instant::now();
+    let req = http::Request::get(url).body(Vec::new())?;
+    let body = client.request_stream(req).await?;
+    let mut lines = body.lines();
+    let (mut n, mut bytes) = (0u64, 0u64);
+    use futures::StreamExt;
+    while let Some(line) = lines.next().await {
+        let line = line?;
+        bytes += line.len() as u64;
+        n += 1;
+        if line.contains("initial-events-end") {
+            break;
+        }
+    }
+    let read = start.elapsed().as_secs_f64();
+    Ok(
+        serde_json::json!({"scenario": "raw-watch-list", "lines": n, "bytes": bytes, "seconds": read, "mb_per_s": bytes as f64 / read / 1e6}),
+    )
 }
