@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answering_proxy;
 mod binaries;
 mod certs;
 mod env;
@@ -33,6 +34,7 @@ mod etcd;
 mod process;
 mod proxy;
 
+pub use answering_proxy::AnsweringProxy;
 pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};
 pub use env::{TestEnv, TestEnvOptions};
 pub use error::EnvtestError;

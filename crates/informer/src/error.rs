@@ -66,6 +66,11 @@ impl From<kube_client::Error> for ListWatchError {
     fn from(e: kube_client::Error) -> Self {
         use kube_client::Error as E;
         match e {
+            // kube-client reads a line it cannot decode as an event as a
+            // Status, which then has no code: it is a decoding failure.
+            E::Api(status) if status.code == 0 => {
+                Self::Decode(format!("undecodable watch event ({})", status.message))
+            }
             E::Api(status) => Self::from_status(&status),
             E::SerdeError(e) => Self::Decode(e.to_string()),
             other => Self::Connect(other.to_string()),

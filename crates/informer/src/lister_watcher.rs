@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use kube_client::api::{ListParams, ObjectList, VersionMatch};
+use kube_client::api::{ListParams, VersionMatch};
 use kube_client::core::{Request, WatchEvent};
 use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -41,6 +41,9 @@ pub struct ListPage<K> {
     pub resource_version: String,
     /// The token for the next page, if there is one.
     pub continue_token: Option<String>,
+    /// Objects of the page that could not be decoded, with why: they are
+    /// left out and reported, the rest is kept.
+    pub skipped: Vec<String>,
 }
 
 /// One watch call, from `resource_version`, ended by the server after
@@ -190,6 +193,38 @@ where
     }
 }
 
+/// A list response, decoded object by object: one object that does not
+/// decode is skipped (and named in `skipped`), not the whole page.
+fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatchError> {
+    #[derive(serde::Deserialize)]
+    struct RawList<'a> {
+        #[serde(default)]
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta,
+        #[serde(borrow, default)]
+        items: Vec<&'a serde_json::value::RawValue>,
+    }
+    let raw: RawList<'_> = serde_json::from_slice(json)
+        .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
+    let mut items = Vec::with_capacity(raw.items.len());
+    let mut skipped = Vec::new();
+    for item in raw.items {
+        match serde_json::from_str::<K>(item.get()) {
+            Ok(obj) => items.push(obj),
+            Err(e) => {
+                let text = item.get();
+                let head: String = text.chars().take(160).collect();
+                skipped.push(format!("{e} in {head}"));
+            }
+        }
+    }
+    Ok(ListPage {
+        items,
+        resource_version: raw.metadata.resource_version.unwrap_or_default(),
+        continue_token: raw.metadata.continue_.filter(|t| !t.is_empty()),
+        skipped,
+    })
+}
+
 /// One watch event line, as kube-client decodes it: an event, or a Status
 /// error the server sent instead.
 fn decode_event<K: DeserializeOwned>(json: &[u8]) -> Result<WatchEvent<K>, ListWatchError> {
@@ -229,18 +264,14 @@ where
             let req = Request::new(&self.url_path)
                 .list(&lp)
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
-            let list: ObjectList<K> = if self.drop_managed_fields {
-                let text = self.client.request_text(req).await?;
-                let json = crate::strip_managed_fields_json(text.as_bytes());
-                serde_json::from_slice(&json).map_err(|e| ListWatchError::Decode(e.to_string()))?
+            let text = self.client.request_text(req).await?;
+            let json = if self.drop_managed_fields {
+                crate::strip_managed_fields_json(text.as_bytes())
             } else {
-                self.client.request(req).await?
+                std::borrow::Cow::Borrowed(text.as_bytes())
             };
-            Ok(ListPage {
-                items: list.items,
-                resource_version: list.metadata.resource_version.unwrap_or_default(),
-                continue_token: list.metadata.continue_.filter(|t| !t.is_empty()),
-            })
+            let list = decode_list::<K>(&json)?;
+            Ok(list)
         })
     }
 

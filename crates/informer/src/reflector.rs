@@ -427,6 +427,12 @@ impl<K: Object + Clone> Reflector<K> {
                         "the streaming list ended before its initial-events-end bookmark".into(),
                     ));
                 }
+                Some(Err(ListWatchError::Decode(e))) => {
+                    // One undecodable object is skipped; the list goes on.
+                    self.report(&ListWatchError::Decode(format!(
+                        "skipped one object of the streaming list: {e}"
+                    )));
+                }
                 Some(Err(e)) => return Err(e),
                 Some(Ok(WatchEvent::Added(obj))) => items.push(Arc::new(self.transform(obj))),
                 Some(Ok(WatchEvent::Bookmark(b))) => {
@@ -549,6 +555,11 @@ impl<K: Object + Clone> Reflector<K> {
             match page {
                 Ok(page) => {
                     pages += 1;
+                    for why in &page.skipped {
+                        self.report(&ListWatchError::Decode(format!(
+                            "skipped one listed object: {why}"
+                        )));
+                    }
                     items.extend(page.items);
                     match page.continue_token {
                         Some(next) => {
@@ -571,6 +582,11 @@ impl<K: Object + Clone> Reflector<K> {
                             resource_version: rv.clone(),
                         })
                         .await?;
+                    for why in &page.skipped {
+                        self.report(&ListWatchError::Decode(format!(
+                            "skipped one listed object: {why}"
+                        )));
+                    }
                     return Ok((page.items, page.resource_version, pages + 1));
                 }
                 Err(e) => return Err(e),

@@ -101,6 +101,7 @@ fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatch
         items,
         resource_version: rv.to_string(),
         continue_token: None,
+        skipped: Vec::new(),
     })
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kinformer_envtest::{Proxy, TestEnv, TestEnvOptions};
+use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::{LastSeen, diff, diff_cache, server_versions};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
@@ -245,5 +245,122 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
         "the full list has the pods created mid-list"
     );
     no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("overload").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (0..20).map(|i| format!("p{i}"))).await;
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    proxy.answer(429);
+    // client-go's backoff: 800 ms doubling to 30 s.
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new(),
+    );
+    let (seen, shutdown) = run(&informer);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    proxy.answer(503);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Two layers back off, as in client-go: the client retries a 429/503
+    // after the server's Retry-After (1 s here; kube-client and client-go's
+    // rest client both honour it), and the Reflector backs off between its
+    // own list and watch calls. The server sees about one request a second,
+    // where a client retrying at once would send thousands.
+    let stats = informer.reflector_stats().unwrap();
+    let calls = stats.list_calls.load(Ordering::SeqCst) + stats.watches.load(Ordering::SeqCst);
+    let answered = proxy.answered();
+    assert!(
+        (4..=16).contains(&answered),
+        "{answered} requests reached the server in 12 s of errors"
+    );
+    assert!(
+        calls <= 3,
+        "{calls} list/watch calls by the Reflector in 12 s: a relist storm"
+    );
+    assert!(!informer.has_synced());
+    // The server recovers: the informer syncs and equals it.
+    proxy.forward();
+    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("garbled").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create(&api, (0..5).map(|i| format!("p{i}"))).await;
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+    );
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let e = Arc::clone(&errors);
+    informer
+        .set_watch_error_handler(move |err| e.lock().unwrap().push(err.to_string()))
+        .unwrap();
+    let (seen, shutdown) = run(&informer);
+    synced(&informer).await;
+    // One Pod reaches the informer with a number where a string must be.
+    proxy
+        .rewrite("\"garble-me-please\"", "123456789012345678")
+        .unwrap();
+    let mut bad = pod("bad");
+    bad.metadata.annotations = Some([("note".to_string(), "garble-me-please".to_string())].into());
+    api.create(&PostParams::default(), &bad).await.unwrap();
+    create(&api, (5..10).map(|i| format!("p{i}"))).await;
+    let want = {
+        let mut v = server_versions(&api).await.unwrap();
+        v.remove(&format!("{ns}/bad"));
+        v
+    };
+    for _ in 0..150 {
+        let cached = kinformer_informer::consistency::versions(
+            informer.indexer().list().iter().map(|p| p.as_ref()),
+        );
+        if cached == want && seen.snapshot() == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cached = kinformer_informer::consistency::versions(
+        informer.indexer().list().iter().map(|p| p.as_ref()),
+    );
+    assert_eq!(cached, want, "every Pod but the undecodable one is cached");
+    assert_eq!(seen.snapshot(), want);
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors.iter().any(|e| e.contains("decode")), "{errors:?}");
+    shutdown.cancel();
+
+    // A list, not a watch, holding the undecodable object: the same.
+    let listing = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(ReflectorOptions {
+            use_watch_list: false,
+            ..fast(Duration::from_secs(30))
+        }),
+    );
+    let (_listed_seen, shutdown) = run(&listing);
+    synced(&listing).await;
+    let cached = kinformer_informer::consistency::versions(
+        listing.indexer().list().iter().map(|p| p.as_ref()),
+    );
+    assert_eq!(
+        cached, want,
+        "the listed Pods but the undecodable one are cached"
+    );
+    assert_eq!(
+        listing
+            .reflector_stats()
+            .unwrap()
+            .lists_completed
+            .load(Ordering::SeqCst),
+        1
+    );
     shutdown.cancel();
 }
