@@ -16,19 +16,14 @@ use kinformer_informer::{
     ResourceEventHandlerFuncs, SharedIndexInformer, strip_managed_fields,
 };
 use kube_client::Client;
-use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube_client::api::{Api, ListParams, Patch, PatchParams};
 use parking_lot::Mutex;
+
+mod common;
+use common::{create_pods, delete_pods, wait_synced};
 
 /// (uid, resourceVersion) per pod name.
 type State = BTreeMap<String, (String, String)>;
-
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"gen": "0"}},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
-    }))
-    .unwrap()
-}
 
 fn state_of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> State {
     pods.into_iter()
@@ -141,19 +136,6 @@ async fn converge(
     }
 }
 
-async fn create_pods(api: &Api<Pod>, names: impl Iterator<Item = String>) {
-    stream::iter(names)
-        .for_each_concurrent(16, |name| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &pod(&name))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-}
-
 async fn label_pods(api: &Api<Pod>, names: impl Iterator<Item = String>, generation: u32) {
     stream::iter(names)
         .for_each_concurrent(16, |name| {
@@ -167,27 +149,6 @@ async fn label_pods(api: &Api<Pod>, names: impl Iterator<Item = String>, generat
             }
         })
         .await;
-}
-
-async fn delete_pods(api: &Api<Pod>, names: impl Iterator<Item = String>) {
-    stream::iter(names)
-        .for_each_concurrent(16, |name| {
-            let api = api.clone();
-            async move {
-                api.delete(&name, &DeleteParams::default()).await.unwrap();
-            }
-        })
-        .await;
-}
-
-async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
-    for _ in 0..300 {
-        if informer.has_synced() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("informer did not sync in 30 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::{LastSeen, diff, diff_cache, server_versions};
@@ -16,37 +15,10 @@ use kinformer_informer::{
     ListerWatcher, ReflectorOptions, SharedIndexInformer, WatchRequest, WatchStream,
     strip_managed_fields,
 };
-use kube_client::api::{Api, DeleteParams, PostParams};
+use kube_client::api::{Api, PostParams};
 
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
-    }))
-    .unwrap()
-}
-
-async fn create(api: &Api<Pod>, names: impl Iterator<Item = String>) {
-    stream::iter(names)
-        .for_each_concurrent(16, |n| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &pod(&n)).await.unwrap();
-            }
-        })
-        .await;
-}
-
-async fn delete(api: &Api<Pod>, names: impl Iterator<Item = String>) {
-    stream::iter(names)
-        .for_each_concurrent(16, |n| {
-            let api = api.clone();
-            async move {
-                api.delete(&n, &DeleteParams::default()).await.unwrap();
-            }
-        })
-        .await;
-}
+mod common;
+use common::{create_pods, delete_pods, pod, wait_synced};
 
 fn fast(idle: Duration) -> ReflectorOptions {
     let mut o = ReflectorOptions {
@@ -103,29 +75,19 @@ async fn no_difference(
     }
 }
 
-async fn synced(informer: &SharedIndexInformer<Pod>) {
-    for _ in 0..300 {
-        if informer.has_synced() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no sync in 30 s");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("halfopen").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (0..10).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (0..10).map(|i| format!("p{i}"))).await;
     let proxy = Proxy::start(env.api_port()).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
         InformerOptions::new().reflector(fast(Duration::from_secs(2))),
     );
     let (seen, shutdown) = run(&informer);
-    synced(&informer).await;
+    wait_synced(&informer).await;
     let before = informer
         .reflector_stats()
         .unwrap()
@@ -133,7 +95,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
         .load(Ordering::SeqCst);
     // The network goes silent without closing anything.
     proxy.blackhole(true);
-    create(&api, (10..20).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (10..20).map(|i| format!("p{i}"))).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.blackhole(false);
     no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
@@ -154,23 +116,23 @@ async fn kube_apiserver_killed_and_restarted_while_writes_continue() {
     let mut env = TestEnv::start().await.unwrap();
     let ns = env.create_namespace("kill").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (0..40).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (0..40).map(|i| format!("p{i}"))).await;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
         InformerOptions::new().reflector(fast(Duration::from_secs(10))),
     );
     let (seen, shutdown) = run(&informer);
-    synced(&informer).await;
+    wait_synced(&informer).await;
     env.kill_apiserver();
     env.start_apiserver().await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (40..70).map(|i| format!("p{i}"))).await;
-    delete(&api, (0..15).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (40..70).map(|i| format!("p{i}"))).await;
+    delete_pods(&api, (0..15).map(|i| format!("p{i}"))).await;
     env.kill_apiserver();
     env.start_apiserver().await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    delete(&api, (15..25).map(|i| format!("p{i}"))).await;
-    create(&api, (70..80).map(|i| format!("p{i}"))).await;
+    delete_pods(&api, (15..25).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (70..80).map(|i| format!("p{i}"))).await;
     no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
     shutdown.cancel();
 }
@@ -189,7 +151,7 @@ impl ListerWatcher<Pod> for CompactAfterFirstPage {
         Box::pin(async move {
             let page = self.inner.list(request).await?;
             if page.continue_token.is_some() && !self.done.swap(true, Ordering::SeqCst) {
-                create(&self.api, (1000..1005).map(|i| format!("late-{i}"))).await;
+                create_pods(&self.api, (1000..1005).map(|i| format!("late-{i}"))).await;
                 self.env.compact_etcd().await.expect("compaction");
             }
             Ok(page)
@@ -215,7 +177,7 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
     );
     let ns = env.create_namespace("expired").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (0..300).map(|i| format!("p{i:03}"))).await;
+    create_pods(&api, (0..300).map(|i| format!("p{i:03}"))).await;
     let lw = CompactAfterFirstPage {
         inner: ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
         env: Arc::clone(&env),
@@ -229,7 +191,7 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
     };
     let informer = SharedIndexInformer::new(lw, InformerOptions::new().reflector(options));
     let (seen, shutdown) = run(&informer);
-    synced(&informer).await;
+    wait_synced(&informer).await;
     // First page, the expired second page, then one full list.
     assert_eq!(
         informer
@@ -253,7 +215,7 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("overload").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (0..20).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (0..20).map(|i| format!("p{i}"))).await;
     let proxy = AnsweringProxy::start(env).await.unwrap();
     proxy.answer(429);
     // client-go's backoff: 800 ms doubling to 30 s.
@@ -293,7 +255,7 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("garbled").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create(&api, (0..5).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
     let proxy = AnsweringProxy::start(env).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
@@ -305,7 +267,7 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
         .set_watch_error_handler(move |err| e.lock().unwrap().push(err.to_string()))
         .unwrap();
     let (seen, shutdown) = run(&informer);
-    synced(&informer).await;
+    wait_synced(&informer).await;
     // One Pod reaches the informer with a number where a string must be.
     proxy
         .rewrite("\"garble-me-please\"", "123456789012345678")
@@ -313,7 +275,7 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
     let mut bad = pod("bad");
     bad.metadata.annotations = Some([("note".to_string(), "garble-me-please".to_string())].into());
     api.create(&PostParams::default(), &bad).await.unwrap();
-    create(&api, (5..10).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (5..10).map(|i| format!("p{i}"))).await;
     let want = {
         let mut v = server_versions(&api).await.unwrap();
         v.remove(&format!("{ns}/bad"));
@@ -346,7 +308,7 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
         }),
     );
     let (_listed_seen, shutdown) = run(&listing);
-    synced(&listing).await;
+    wait_synced(&listing).await;
     let cached = kinformer_informer::consistency::versions(
         listing.indexer().list().iter().map(|p| p.as_ref()),
     );

@@ -1,0 +1,55 @@
+//! Helpers shared by the tests that run against the real API server.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_informer::SharedIndexInformer;
+use kube_client::api::{Api, DeleteParams, PostParams};
+
+/// A Pod that the API server accepts without nodes.
+pub fn pod(name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"gen": "0"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
+    }))
+    .unwrap()
+}
+
+/// Creates the Pods, 16 at a time.
+pub async fn create_pods(api: &Api<Pod>, names: impl Iterator<Item = String>) {
+    stream::iter(names)
+        .for_each_concurrent(16, |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &pod(&name))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+}
+
+/// Deletes the Pods, 16 at a time.
+pub async fn delete_pods(api: &Api<Pod>, names: impl Iterator<Item = String>) {
+    stream::iter(names)
+        .for_each_concurrent(16, |name| {
+            let api = api.clone();
+            async move {
+                api.delete(&name, &DeleteParams::default()).await.unwrap();
+            }
+        })
+        .await;
+}
+
+/// Waits up to 30 s for the informer to sync.
+pub async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
+    for _ in 0..300 {
+        if informer.has_synced() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("informer did not sync in 30 s");
+}
