@@ -326,3 +326,33 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
     );
     shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_beside_a_fast_one_holds_up_neither_the_fast_one_nor_the_watch() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("slow").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
+        InformerOptions::new(),
+    );
+    // 50 ms per notification: 100 Pods keep it busy for 5 s.
+    let slow = informer
+        .add_event_handler(
+            kinformer_informer::ResourceEventHandlerFuncs::new()
+                .on_add(|_, _| std::thread::sleep(Duration::from_millis(50))),
+        )
+        .unwrap();
+    let (fast, shutdown) = run(&informer);
+    wait_synced(&informer).await;
+    create_pods(&api, (0..100).map(|i| format!("p{i}"))).await;
+    // The fast handler and the cache catch up while the slow one lags.
+    no_difference(&api, &informer, &fast, Duration::from_secs(10)).await;
+    let backlog = slow.pending();
+    assert!(
+        backlog > 20,
+        "the slow handler's buffer holds the backlog ({backlog})"
+    );
+    println!("slow handler backlog when the fast one had caught up: {backlog} notifications");
+    shutdown.cancel();
+}
