@@ -387,7 +387,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 settings.reflector.clone(),
             )
             .with_transform(settings.transform.clone())
-            .with_error_handler(Arc::clone(&settings.error_handler));
+            .with_error_handler(Arc::clone(&settings.error_handler))
+            // The informer reports the Reflector's last version as its own.
+            .with_last_sync_resource_version(Arc::clone(&self.inner.last_sync_rv));
             if let Some(period) = settings.resync_check_period {
                 let inner = Arc::downgrade(&self.inner);
                 reflector = reflector.with_resync(
@@ -397,8 +399,6 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             }
             reflector
         };
-        // The informer reports the Reflector's last version as its own.
-        let rv = reflector.last_sync_resource_version();
         *self.inner.stats.lock() = Some(reflector.stats());
         let reflector_task = tokio::spawn(reflector.run(shutdown.clone()));
         let span = info_span!("informer", what = %self.inner.description);
@@ -409,7 +409,6 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     _ = shutdown.cancelled() => break,
                     popped = inner.fifo.pop_with_key(|key, deltas, initial| {
                         inner.handle_deltas(key, deltas, initial);
-                        *inner.last_sync_rv.write() = rv.read().clone();
                         Ok::<_, Requeue<()>>(())
                     }) => popped,
                 };
@@ -422,7 +421,6 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         .await;
         self.inner.fifo.close();
         let _ = reflector_task.await;
-        *self.inner.last_sync_rv.write() = rv.read().clone();
         self.inner.stopped.store(true, Ordering::SeqCst);
         self.inner.processor.stop_all();
     }
@@ -450,12 +448,16 @@ impl<K: Object> Inner<K> {
                 DeltaType::Sync | DeltaType::Replaced | DeltaType::Added | DeltaType::Updated => {
                     // The DeltaFifo and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
-                    match self.indexer.get_by_key(key) {
+                    // One write both stores the object and says what it replaced.
+                    let old = match self.indexer.update_by_key(key, Arc::clone(&obj)) {
+                        Ok(old) => old,
+                        Err(e) => {
+                            warn!(error = %e, "cannot store the object in the cache");
+                            continue;
+                        }
+                    };
+                    match old {
                         Some(old) => {
-                            if let Err(e) = self.indexer.update_by_key(key, Arc::clone(&obj)) {
-                                warn!(error = %e, "cannot update the cache");
-                                continue;
-                            }
                             let is_sync = match delta.kind {
                                 DeltaType::Sync => true,
                                 // A relist that brought back the same version is a resync.
@@ -471,10 +473,6 @@ impl<K: Object> Inner<K> {
                             );
                         }
                         None => {
-                            if let Err(e) = self.indexer.update_by_key(key, Arc::clone(&obj)) {
-                                warn!(error = %e, "cannot add to the cache");
-                                continue;
-                            }
                             Processor::distribute(
                                 &listeners,
                                 Notification::Add {

@@ -179,6 +179,12 @@ impl<K: Object + Clone> Reflector<K> {
         self
     }
 
+    /// Records the last resource version seen in `rv` (shared with the caller).
+    pub(crate) fn with_last_sync_resource_version(mut self, rv: Arc<RwLock<String>>) -> Self {
+        self.last_sync_rv = rv;
+        self
+    }
+
     /// The last resource version seen (list, event or bookmark), shared.
     pub fn last_sync_resource_version(&self) -> Arc<RwLock<String>> {
         Arc::clone(&self.last_sync_rv)

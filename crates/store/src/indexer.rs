@@ -90,9 +90,10 @@ impl<K> Indexer<K> {
     }
 
     /// Inserts or replaces the object under `key`, which the caller computed
-    /// with this indexer's key function (saves computing it again).
-    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
-        self.store.update(key, obj)
+    /// with this indexer's key function (saves computing it again); returns
+    /// the object it replaced.
+    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Result<Option<Arc<K>>, StoreError> {
+        self.store.upsert(key, obj)
     }
 
     /// Removes the object with `obj`'s key; returns what was stored.

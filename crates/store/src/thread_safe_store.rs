@@ -106,10 +106,15 @@ impl<K> ThreadSafeStore<K> {
 
     /// Inserts or replaces the object under `key`, updating every index.
     pub fn update(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
+        self.upsert(key, obj).map(|_| ())
+    }
+
+    /// Inserts or replaces the object under `key`, updating every index;
+    /// returns the object it replaced.
+    pub fn upsert(&self, key: &str, obj: Arc<K>) -> Result<Option<Arc<K>>, StoreError> {
         let mut inner = self.inner.write();
         let values = inner.index_values(key, &obj)?;
-        inner.put(key, obj, values);
-        Ok(())
+        Ok(inner.put(key, obj, values))
     }
 
     /// Removes the object under `key` and its index entries; returns it.
@@ -307,38 +312,26 @@ impl<K> Inner<K> {
             .collect()
     }
 
-    fn put(&mut self, key: &str, obj: Arc<K>, values: IndexValues) {
-        let existing = self
-            .items
-            .get_key_value(key)
-            .map(|(k, e)| (Arc::clone(k), e.index_values == values));
-        match existing {
+    /// Stores `obj` under `key` with its index `values`; returns what was there.
+    fn put(&mut self, key: &str, obj: Arc<K>, values: IndexValues) -> Option<Arc<K>> {
+        if let Some(entry) = self.items.get_mut(key)
+            && entry.index_values == values
+        {
             // The common update: same index values, no index work.
-            Some((_, true)) => {
-                if let Some(entry) = self.items.get_mut(key) {
-                    entry.obj = obj;
-                }
-            }
-            Some((key, false)) => {
-                let entry = Entry {
-                    obj,
-                    index_values: values.clone(),
-                };
-                if let Some(old) = self.items.insert(Arc::clone(&key), entry) {
-                    self.unindex(&key, &old.index_values);
-                }
-                self.index(&key, &values);
-            }
-            None => {
-                let key: Arc<str> = Arc::from(key);
-                self.index(&key, &values);
-                let entry = Entry {
-                    obj,
-                    index_values: values,
-                };
-                self.items.insert(key, entry);
-            }
+            return Some(std::mem::replace(&mut entry.obj, obj));
         }
+        let stored_key = self.items.get_key_value(key).map(|(k, _)| Arc::clone(k));
+        let key = stored_key.unwrap_or_else(|| Arc::from(key));
+        let entry = Entry {
+            obj,
+            index_values: values.clone(),
+        };
+        let old = self.items.insert(Arc::clone(&key), entry);
+        if let Some(old) = &old {
+            self.unindex(&key, &old.index_values);
+        }
+        self.index(&key, &values);
+        old.map(|old| old.obj)
     }
 
     fn index(&mut self, key: &Arc<str>, values: &[Box<[Arc<str>]>]) {
