@@ -423,16 +423,10 @@ impl<K> DeltaFifo<K> {
             deltas.push(delta);
             return;
         }
-        let key: Arc<str> = Arc::from(key);
-        let was_empty = inner.queue.is_empty();
-        inner.queue.push_back(Arc::clone(&key));
         // Room for the update that usually follows an add.
         let mut deltas = Vec::with_capacity(2);
         deltas.push(delta);
-        inner.items.insert(key, Deltas(deltas));
-        if was_empty {
-            self.notify.notify_waiters();
-        }
+        self.push_new(inner, Arc::from(key), Deltas(deltas));
     }
 
     fn add_if_not_present(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
@@ -440,6 +434,11 @@ impl<K> DeltaFifo<K> {
         if inner.items.contains_key(&key) {
             return;
         }
+        self.push_new(inner, key, deltas);
+    }
+
+    /// Queues a key that is not queued, waking waiters if the queue was empty.
+    fn push_new(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
         let was_empty = inner.queue.is_empty();
         inner.queue.push_back(Arc::clone(&key));
         inner.items.insert(key, deltas);
