@@ -3,77 +3,22 @@
 //! and a paged initial list. Each ends with the cache and every handler's
 //! last view equal to a fresh list from the server, by UID and resourceVersion.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{Proxy, TestEnv, TestEnvOptions};
+use kinformer_informer::consistency::LastSeen;
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions,
-    ResourceEventHandlerFuncs, SharedIndexInformer, strip_managed_fields,
+    ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions, SharedIndexInformer,
+    strip_managed_fields,
 };
 use kube_client::Client;
-use kube_client::api::{Api, ListParams, Patch, PatchParams};
-use parking_lot::Mutex;
+use kube_client::api::{Api, Patch, PatchParams};
 
 mod common;
-use common::{create_pods, delete_pods, wait_synced};
-
-/// (uid, resourceVersion) per pod name.
-type State = BTreeMap<String, (String, String)>;
-
-fn state_of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> State {
-    pods.into_iter()
-        .map(|p| {
-            (
-                p.metadata.name.clone().unwrap(),
-                (
-                    p.metadata.uid.clone().unwrap(),
-                    p.metadata.resource_version.clone().unwrap(),
-                ),
-            )
-        })
-        .collect()
-}
-
-async fn server_state(api: &Api<Pod>) -> State {
-    state_of(&api.list(&ListParams::default()).await.unwrap().items)
-}
-
-fn cache_state(informer: &SharedIndexInformer<Pod>) -> State {
-    let pods = informer.indexer().list();
-    state_of(pods.iter().map(|p| p.as_ref()))
-}
-
-/// The last state each handler saw per key; deletes remove the key.
-#[derive(Clone, Default)]
-struct LastSeen {
-    state: Arc<Mutex<State>>,
-    tombstones: Arc<AtomicUsize>,
-}
-
-impl LastSeen {
-    fn handler(&self) -> ResourceEventHandlerFuncs<Pod> {
-        let (a, u, d) = (self.clone(), self.clone(), self.clone());
-        let put = |s: &LastSeen, p: &Pod| {
-            s.state.lock().extend(state_of([p]));
-        };
-        ResourceEventHandlerFuncs::new()
-            .on_add(move |p, _| put(&a, p))
-            .on_update(move |_, p| put(&u, p))
-            .on_delete(move |p| {
-                if p.is_tombstone() {
-                    d.tombstones.fetch_add(1, Ordering::SeqCst);
-                }
-                d.state
-                    .lock()
-                    .remove(p.object().metadata.name.as_deref().unwrap());
-            })
-    }
-}
+use common::{create_pods, delete_pods, no_difference, wait_synced};
 
 fn start(
     client: Client,
@@ -87,53 +32,13 @@ fn start(
     informer.set_transform(strip_managed_fields).unwrap();
     let seen = [LastSeen::default(), LastSeen::default()];
     for s in &seen {
-        informer.add_event_handler(s.handler()).unwrap();
+        informer.add_event_handler(s.clone()).unwrap();
     }
     let shutdown = CancellationToken::new();
     let i = informer.clone();
     let s = shutdown.clone();
     tokio::spawn(async move { i.run(s).await });
     (informer, seen, shutdown)
-}
-
-/// Waits until the cache and both handlers agree with the server.
-async fn converge(
-    api: &Api<Pod>,
-    informer: &SharedIndexInformer<Pod>,
-    seen: &[LastSeen],
-    within: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let server = server_state(api).await;
-        let cache = cache_state(informer);
-        let handlers_agree = seen.iter().all(|s| *s.state.lock() == server);
-        if cache == server && handlers_agree {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let missing: Vec<_> = server
-                .keys()
-                .filter(|k| !cache.contains_key(*k))
-                .take(5)
-                .collect();
-            let extra: Vec<_> = cache
-                .keys()
-                .filter(|k| !server.contains_key(*k))
-                .take(5)
-                .collect();
-            let stale = server
-                .iter()
-                .filter(|(k, v)| cache.get(*k).is_some_and(|c| c != *v))
-                .count();
-            panic!(
-                "cache diverges from the server after {within:?}: server {} cache {} missing {missing:?} extra {extra:?} stale {stale}; handlers agree: {handlers_agree}",
-                server.len(),
-                cache.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn label_pods(api: &Api<Pod>, names: impl Iterator<Item = String>, generation: u32) {
@@ -165,8 +70,8 @@ async fn a_thousand_pods_created_updated_and_deleted_end_with_the_cache_equal_to
     label_pods(&api, (0..1000).step_by(2).map(|i| format!("p{i}")), 1).await;
     delete_pods(&api, (0..1000).step_by(3).map(|i| format!("p{i}"))).await;
     label_pods(&api, (1..1000).step_by(3).map(|i| format!("p{i}")), 2).await;
-    converge(&api, &informer, &seen, Duration::from_secs(60)).await;
-    assert_eq!(cache_state(&informer).len(), 666);
+    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    assert_eq!(informer.indexer().len(), 666);
     let stats = informer.reflector_stats().unwrap();
     assert_eq!(
         stats.lists_completed.load(Ordering::Relaxed),
@@ -202,7 +107,7 @@ async fn a_kube_apiserver_restart_mid_watch_loses_nothing() {
     create_pods(&api, (50..80).map(|i| format!("p{i}"))).await;
     delete_pods(&api, (0..20).map(|i| format!("p{i}"))).await;
     label_pods(&api, (20..80).map(|i| format!("p{i}")), 1).await;
-    converge(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
     shutdown.cancel();
 }
 
@@ -221,7 +126,7 @@ async fn a_compaction_forces_410_and_the_relist_delivers_missed_deletes_as_tombs
     fast.backoff.max = Duration::from_millis(500);
     let (informer, seen, shutdown) = start(env.client_via(proxy.port()).unwrap(), &ns, fast);
     wait_synced(&informer).await;
-    converge(&api, &informer, &seen, Duration::from_secs(30)).await;
+    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
 
     // The informer loses its connection; meanwhile pods are deleted and
     // created, and etcd forgets the history it would need to catch up.
@@ -233,10 +138,10 @@ async fn a_compaction_forces_410_and_the_relist_delivers_missed_deletes_as_tombs
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.refuse(false);
 
-    converge(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
     for s in &seen {
         assert_eq!(
-            s.tombstones.load(Ordering::SeqCst),
+            s.tombstones(),
             25,
             "each missed delete arrives as a tombstone"
         );
@@ -269,7 +174,7 @@ async fn an_initial_list_of_2500_pods_is_paged_by_100() {
     wait_synced(&informer).await;
     let stats = informer.reflector_stats().unwrap();
     assert_eq!(stats.list_calls.load(Ordering::Relaxed), 25);
-    converge(&api, &informer, &seen, Duration::from_secs(30)).await;
+    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
     assert_eq!(informer.indexer().len(), 2500);
     shutdown.cancel();
 }

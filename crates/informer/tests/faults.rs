@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
-use kinformer_informer::consistency::{LastSeen, diff, diff_cache, server_versions};
+use kinformer_informer::consistency::{LastSeen, server_versions};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
     ListerWatcher, ReflectorOptions, SharedIndexInformer, WatchRequest, WatchStream,
@@ -18,7 +18,7 @@ use kinformer_informer::{
 use kube_client::api::{Api, PostParams};
 
 mod common;
-use common::{create_pods, delete_pods, pod, wait_synced};
+use common::{create_pods, delete_pods, no_difference, pod, wait_synced};
 
 fn fast(idle: Duration) -> ReflectorOptions {
     let mut o = ReflectorOptions {
@@ -38,41 +38,6 @@ fn run(informer: &SharedIndexInformer<Pod>) -> (LastSeen, CancellationToken) {
     let (i, s) = (informer.clone(), shutdown.clone());
     tokio::spawn(async move { i.run(s).await });
     (seen, shutdown)
-}
-
-/// Waits until the cache and the handler agree with the server; panics
-/// with every difference otherwise.
-async fn no_difference(
-    api: &Api<Pod>,
-    informer: &SharedIndexInformer<Pod>,
-    seen: &LastSeen,
-    within: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let cache = diff_cache(informer, api).await.unwrap();
-        let handler = diff(&server_versions(api).await.unwrap(), &seen.snapshot());
-        if cache.is_empty() && handler.is_empty() {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let show = |d: &[kinformer_informer::consistency::Difference]| {
-                d.iter()
-                    .take(10)
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            };
-            panic!(
-                "after {within:?}: cache differs in {} ({}); handler differs in {} ({})",
-                cache.len(),
-                show(&cache),
-                handler.len(),
-                show(&handler)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +63,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     create_pods(&api, (10..20).map(|i| format!("p{i}"))).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.blackhole(false);
-    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
+    no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
     let stats = informer.reflector_stats().unwrap();
     assert!(
         stats.watches.load(Ordering::SeqCst) > before,
@@ -133,7 +98,7 @@ async fn kube_apiserver_killed_and_restarted_while_writes_continue() {
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     delete_pods(&api, (15..25).map(|i| format!("p{i}"))).await;
     create_pods(&api, (70..80).map(|i| format!("p{i}"))).await;
-    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(&api, &informer, [&seen], Duration::from_secs(60)).await;
     shutdown.cancel();
 }
 
@@ -206,7 +171,7 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
         305,
         "the full list has the pods created mid-list"
     );
-    no_difference(&api, &informer, &seen, Duration::from_secs(30)).await;
+    no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
     shutdown.cancel();
 }
 
@@ -246,7 +211,7 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     assert!(!informer.has_synced());
     // The server recovers: the informer syncs and equals it.
     proxy.forward();
-    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(&api, &informer, [&seen], Duration::from_secs(60)).await;
     shutdown.cancel();
 }
 
@@ -347,7 +312,7 @@ async fn a_slow_handler_beside_a_fast_one_holds_up_neither_the_fast_one_nor_the_
     wait_synced(&informer).await;
     create_pods(&api, (0..100).map(|i| format!("p{i}"))).await;
     // The fast handler and the cache catch up while the slow one lags.
-    no_difference(&api, &informer, &fast, Duration::from_secs(10)).await;
+    no_difference(&api, &informer, [&fast], Duration::from_secs(10)).await;
     let backlog = slow.pending();
     assert!(
         backlog > 20,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_informer::SharedIndexInformer;
+use kinformer_informer::consistency::{Difference, LastSeen, diff, diff_cache, server_versions};
 use kube_client::api::{Api, DeleteParams, PostParams};
 
 /// A Pod that the API server accepts without nodes.
@@ -52,4 +53,44 @@ pub async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("informer did not sync in 30 s");
+}
+
+/// Waits until the cache and every handler agree with the server; panics
+/// with the differences otherwise.
+pub async fn no_difference<'a>(
+    api: &Api<Pod>,
+    informer: &SharedIndexInformer<Pod>,
+    seen: impl IntoIterator<Item = &'a LastSeen>,
+    within: Duration,
+) {
+    let seen: Vec<&LastSeen> = seen.into_iter().collect();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let cache = diff_cache(informer, api).await.unwrap();
+        let server = server_versions(api).await.unwrap();
+        let handler: Vec<Difference> = seen
+            .iter()
+            .flat_map(|s| diff(&server, &s.snapshot()))
+            .collect();
+        if cache.is_empty() && handler.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let show = |d: &[Difference]| {
+                d.iter()
+                    .take(10)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            panic!(
+                "after {within:?}: cache differs in {} ({}); handlers differ in {} ({})",
+                cache.len(),
+                show(&cache),
+                handler.len(),
+                show(&handler)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
