@@ -5,8 +5,8 @@
 //! divergences and resident memory over time; writes docs/reliability.md.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -75,7 +75,8 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let writes = Arc::new(AtomicU64::new(0));
     let failed_writes = Arc::new(AtomicU64::new(0));
     let noop_writes = Arc::new(AtomicU64::new(0));
-    let client = Arc::new(swap::Swap::new(env.client()?));
+    // The fault loop swaps in a new client after an apiserver restart.
+    let client = Arc::new(Mutex::new(env.client()?));
     {
         let (paused, writes, failed, noop, client, shutdown, ns) = (
             paused.clone(),
@@ -95,7 +96,10 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
                     continue;
                 }
                 n += 1;
-                let api: Api<Pod> = Api::namespaced(client.get(), &ns);
+                let api: Api<Pod> = Api::namespaced(
+                    client.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    &ns,
+                );
                 let name = format!("p{}", fastrand::u32(0..300));
                 let result = match fastrand::u8(0..10) {
                     0..=3 => api
@@ -153,7 +157,7 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
                 env.restart_apiserver()
                     .await
                     .context("restarting kube-apiserver")?;
-                client.set(env.client()?);
+                *client.lock().unwrap_or_else(|e| e.into_inner()) = env.client()?;
             }
             _ => {
                 env.compact_etcd().await?;
@@ -258,28 +262,4 @@ fn write_report(
         _ => format!("{}\n{}", current.trim_end(), section),
     };
     std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))
-}
-
-/// A client that the fault loop swaps after an apiserver restart.
-mod swap {
-    use std::sync::Mutex;
-
-    pub struct Swap<T: Clone>(Mutex<T>);
-
-    impl<T: Clone> Swap<T> {
-        pub fn new(v: T) -> Self {
-            Self(Mutex::new(v))
-        }
-        pub fn get(&self) -> T {
-            self.0
-                .lock()
-                .map(|g| g.clone())
-                .unwrap_or_else(|e| e.into_inner().clone())
-        }
-        pub fn set(&self, v: T) {
-            if let Ok(mut g) = self.0.lock() {
-                *g = v;
-            }
-        }
-    }
 }

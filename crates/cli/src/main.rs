@@ -176,19 +176,7 @@ fn identity() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".into());
-    format!("{host}_{}_{:08x}", std::process::id(), fastrand_u32())
-}
-
-fn fastrand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish() as u32
+    format!("{host}_{}_{:08x}", std::process::id(), fastrand::u32(..))
 }
 
 async fn run(cli: Cli) -> Result<()> {

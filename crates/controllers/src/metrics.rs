@@ -77,8 +77,7 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// A registry holding every metric, none observed yet.
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::default();
-        let m = Self {
+        let mut m = Self {
             depth: Family::default(),
             adds: Family::default(),
             queue_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -93,6 +92,7 @@ impl Metrics {
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
+        let registry = &mut m.registry;
         // Counters get their `_total` suffix from the encoder.
         registry.register(
             "workqueue_depth",
@@ -149,7 +149,7 @@ impl Metrics {
             "Length of time per reconciliation per controller",
             m.reconcile_time.clone(),
         );
-        Arc::new(Self { registry, ..m })
+        Arc::new(m)
     }
 
     /// The workqueue metrics provider for queues of this registry.

@@ -8,8 +8,8 @@
 //! mode applies to every connection opened while it is on, and turning it on
 //! closes the open ones, so that clients reconnect into it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -34,7 +34,7 @@ struct State {
     status: AtomicU16,
     /// While set, every occurrence of `.0` in what the API server sends is
     /// replaced by `.1` (same length, so framing is unchanged).
-    rewrite: shared::Slot<(Vec<u8>, Vec<u8>)>,
+    rewrite: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
     answered: AtomicU64,
     cut: watch::Sender<u64>,
 }
@@ -82,16 +82,10 @@ impl AnsweringProxy {
                 PrivateKeyDer::from_pem_slice(&read("admin.key")?).map_err(tls_error)?,
             )
             .map_err(tls_error)?;
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| EnvtestError::io("binding the proxy on", "127.0.0.1", e))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| EnvtestError::io("reading the proxy address", "127.0.0.1", e))?
-            .port();
+        let (listener, port) = crate::proxy::bind_loopback().await?;
         let state = Arc::new(State {
             status: AtomicU16::new(0),
-            rewrite: shared::Slot::default(),
+            rewrite: Mutex::new(None),
             answered: AtomicU64::new(0),
             cut: watch::channel(0).0,
         });
@@ -137,9 +131,8 @@ impl AnsweringProxy {
                 "rewrite needs two non-empty strings of one length, got {from:?} and {to:?}"
             )));
         }
-        self.state
-            .rewrite
-            .set(Some((from.as_bytes().to_vec(), to.as_bytes().to_vec())));
+        let rewrite = Some((from.as_bytes().to_vec(), to.as_bytes().to_vec()));
+        *self.state.rewrite.lock().unwrap_or_else(|e| e.into_inner()) = rewrite;
         Ok(())
     }
 
@@ -272,43 +265,18 @@ where
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some((pattern, replacement)) = state.rewrite.get() {
+        if let Some((pattern, replacement)) =
+            &*state.rewrite.lock().unwrap_or_else(|e| e.into_inner())
+        {
             let mut i = 0;
-            while let Some(at) = find(&buf[i..n], &pattern) {
+            while let Some(at) = find(&buf[i..n], pattern) {
                 let start = i + at;
-                buf[start..start + pattern.len()].copy_from_slice(&replacement);
+                buf[start..start + pattern.len()].copy_from_slice(replacement);
                 i = start + pattern.len();
             }
         }
         if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
             return;
-        }
-    }
-}
-
-mod shared {
-    use std::sync::Mutex;
-
-    /// A value shared between the proxy's tasks.
-    pub struct Slot<T: Clone>(Mutex<Option<T>>);
-
-    impl<T: Clone> Default for Slot<T> {
-        fn default() -> Self {
-            Self(Mutex::new(None))
-        }
-    }
-
-    impl<T: Clone> Slot<T> {
-        pub fn get(&self) -> Option<T> {
-            self.0
-                .lock()
-                .map(|g| g.clone())
-                .unwrap_or_else(|e| e.into_inner().clone())
-        }
-        pub fn set(&self, v: Option<T>) {
-            if let Ok(mut g) = self.0.lock() {
-                *g = v;
-            }
         }
     }
 }

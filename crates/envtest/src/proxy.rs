@@ -44,13 +44,7 @@ impl std::fmt::Debug for Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards to `target`.
     pub async fn start(target: u16) -> Result<Self, EnvtestError> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| EnvtestError::io("binding the proxy on", "127.0.0.1", e))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| EnvtestError::io("reading the proxy address", "127.0.0.1", e))?
-            .port();
+        let (listener, port) = bind_loopback().await?;
         let (cut, _) = watch::channel(0);
         let state = Arc::new(State {
             target,
@@ -99,6 +93,18 @@ impl Drop for Proxy {
         self.accept.abort();
         self.cut_all();
     }
+}
+
+/// A listener on a free loopback port, and the port.
+pub(crate) async fn bind_loopback() -> Result<(TcpListener, u16), EnvtestError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| EnvtestError::io("binding the proxy on", "127.0.0.1", e))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| EnvtestError::io("reading the proxy address", "127.0.0.1", e))?
+        .port();
+    Ok((listener, port))
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>) {
