@@ -73,7 +73,8 @@ impl<T: QueueItem> DelayingQueue<T> {
 
     /// Adds `item` once `delay` has passed (at once for a zero delay). If the
     /// item is already waiting with an earlier ready time, that one stays.
-    /// Ignored after shutdown.
+    /// Delays beyond [`MAX_DELAY`](crate::MAX_DELAY) (up to `Duration::MAX`)
+    /// saturate there. Ignored after shutdown.
     pub fn add_after(&self, item: T, delay: Duration) {
         self.queue.add_after_locked(item, delay);
     }

@@ -380,7 +380,7 @@ impl<T: QueueItem> Queue<T> {
             self.shared.add_locked(&mut state, item);
             return;
         }
-        let ready = Instant::now() + delay;
+        let ready = ready_at(Instant::now(), delay);
         if let Some(&existing) = state.waiting.get(&item)
             && existing <= ready
         {
@@ -395,6 +395,16 @@ impl<T: QueueItem> Queue<T> {
             self.shared.delay_changed.notify_one();
         }
     }
+}
+
+/// The longest delay honoured: about 30 years, as tokio's own far future.
+/// Longer delays (up to `Duration::MAX`, which a reconcile or a rate limiter
+/// may ask for) saturate here instead of overflowing `Instant`.
+pub const MAX_DELAY: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `now + delay`, saturated at [`MAX_DELAY`] so it cannot overflow.
+fn ready_at(now: Instant, delay: Duration) -> Instant {
+    now + delay.min(MAX_DELAY)
 }
 
 /// Un-counts a waiting getter when its wait ends, however it ends.

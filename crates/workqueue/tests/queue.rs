@@ -288,6 +288,32 @@ async fn add_after_items_come_out_in_ready_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn add_after_with_the_largest_duration_saturates_instead_of_panicking() {
+    let q = DelayingQueue::new();
+    q.add_after("forever", Duration::MAX);
+    q.add_after("soon", Duration::from_secs(1));
+    assert_eq!(q.waiting_len(), 2);
+    assert_eq!(get(&q).await, Some("soon"));
+    q.done(&"soon");
+    // Still waiting a year later, and a direct add still takes it at once.
+    sleep(Duration::from_secs(86_400 * 365)).await;
+    assert_eq!(q.len(), 0);
+    assert_eq!(q.waiting_len(), 1);
+    q.add("forever");
+    assert_eq!(get(&q).await, Some("forever"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limiter_with_a_huge_max_delay_saturates_instead_of_panicking() {
+    let limiter = ItemExponentialFailureRateLimiter::new(Duration::MAX, Duration::MAX);
+    let q = RateLimitingQueue::new(limiter);
+    q.add_rate_limited("k");
+    q.add_rate_limited("k");
+    assert_eq!(q.waiting_len(), 1);
+    assert_eq!(q.num_requeues(&"k"), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_direct_add_cancels_a_pending_add_after() {
     let q = DelayingQueue::new();
     q.add_after("x", Duration::from_secs(5));
