@@ -191,16 +191,26 @@ async fn run(cli: Cli) -> Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
-            info!("signal received; shutting down");
+            info!("signal received; shutting down (a second signal exits at once)");
             shutdown.cancel();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            error!("second signal received; exiting now without finishing the drain");
+            eprintln!("error: second signal received; exiting now without finishing the drain");
+            std::process::exit(130);
         });
     }
 
     let name = cli.command.name();
     let metrics = Metrics::new();
+    // Probes keep answering (503 once stopping) until the process exits.
+    let serving = CancellationToken::new();
+    let _stop_serving = serving.clone().drop_guard();
     if let Some(addr) = cli.metrics_addr {
         metrics
-            .serve(addr, shutdown.clone())
+            .serve(addr, serving.clone())
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
     }

@@ -10,6 +10,7 @@
 //! so a standby can take over at its next try. Writes use the lease's
 //! resourceVersion, so two candidates can never both win.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -62,6 +63,12 @@ pub struct LeaderElector {
     leading: watch::Sender<bool>,
     /// The lease record last seen and when (on our clock) it was first seen.
     observed: Mutex<Option<(Observed, Instant)>>,
+    /// While leading: when the last successful renewal was sent, plus the
+    /// lease duration.
+    valid_until: Mutex<Option<Instant>>,
+    /// Whether cancelling `run` releases the lease (client-go's
+    /// ReleaseOnCancel); cleared when work may still be running.
+    release_on_cancel: AtomicBool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -88,7 +95,24 @@ impl LeaderElector {
             config,
             leading: watch::channel(false).0,
             observed: Mutex::new(None),
+            valid_until: Mutex::new(None),
+            release_on_cancel: AtomicBool::new(true),
         }
+    }
+
+    /// The instant before which no other candidate can take the lease: when
+    /// the last successful renewal was sent, plus the lease duration. It stays
+    /// so after leadership is lost (the deadline for stopping work), and is
+    /// moved to the moment the lease was found taken or was released. `None`
+    /// before this candidate first led.
+    pub fn lease_valid_until(&self) -> Option<Instant> {
+        *self.valid_until.lock()
+    }
+
+    /// On cancel, stop renewing but leave the lease to expire instead of
+    /// releasing it: for when reconciles may still be running.
+    pub(crate) fn keep_lease_on_cancel(&self) {
+        self.release_on_cancel.store(false, Ordering::SeqCst);
     }
 
     /// Whether this candidate leads now.
@@ -101,6 +125,11 @@ impl LeaderElector {
         self.leading.subscribe()
     }
 
+    /// The election's timing and identity.
+    pub fn config(&self) -> &LeaderElectionConfig {
+        &self.config
+    }
+
     /// This candidate's identity.
     pub fn identity(&self) -> &str {
         &self.config.identity
@@ -108,12 +137,17 @@ impl LeaderElector {
 
     /// Campaigns, then leads, until `shutdown` fires (the lease is then
     /// released) or leadership is lost (then it returns, leading false).
+    /// It campaigns once: after a loss a new elector (a new process) must.
     pub async fn run(&self, shutdown: CancellationToken) {
         let retry = self.config.retry_period;
         // Acquire.
         loop {
+            let sent = Instant::now();
             match self.try_acquire_or_renew().await {
-                Ok(true) => break,
+                Ok(true) => {
+                    self.renewed(sent);
+                    break;
+                }
                 Ok(false) => {
                     debug!(lease = %self.config.lease_name, "lease held by another candidate")
                 }
@@ -131,18 +165,27 @@ impl LeaderElector {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    self.release().await;
-                    self.leading.send_replace(false);
+                    if self.release_on_cancel.load(Ordering::SeqCst) {
+                        self.release().await;
+                    } else {
+                        warn!(lease = %self.config.lease_name, "not releasing the lease: work may still be running; it expires instead");
+                    }
+                    self.stop_leading();
                     return;
                 }
                 _ = tokio::time::sleep(retry) => {}
             }
+            let sent = Instant::now();
             match tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew())
                 .await
             {
-                Ok(Ok(true)) => last_renew = Instant::now(),
+                Ok(Ok(true)) => {
+                    self.renewed(sent);
+                    last_renew = Instant::now();
+                }
                 Ok(Ok(false)) => {
                     warn!("the lease was taken by another candidate");
+                    *self.valid_until.lock() = Some(Instant::now());
                     break;
                 }
                 Ok(Err(e)) => warn!(error = %e, "failed to renew the lease"),
@@ -154,6 +197,14 @@ impl LeaderElector {
             }
         }
         info!(identity = %self.config.identity, "stopped leading");
+        self.stop_leading();
+    }
+
+    fn renewed(&self, sent: Instant) {
+        *self.valid_until.lock() = Some(sent + self.config.lease_duration);
+    }
+
+    fn stop_leading(&self) {
         self.leading.send_replace(false);
     }
 
@@ -228,8 +279,18 @@ impl LeaderElector {
     }
 
     /// Gives the lease up (client-go's ReleaseOnCancel): nobody holds it, and
-    /// it expires in a second.
+    /// it expires in a second. Bounded by the renew deadline, so a server
+    /// that does not answer cannot hold shutdown up.
     async fn release(&self) {
+        if tokio::time::timeout(self.config.renew_deadline, self.try_release())
+            .await
+            .is_err()
+        {
+            warn!(lease = %self.config.lease_name, "releasing the lease timed out; it expires instead");
+        }
+    }
+
+    async fn try_release(&self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.lease_name).await else {
             return;
         };
@@ -249,7 +310,10 @@ impl LeaderElector {
             .replace(&self.config.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => info!(lease = %self.config.lease_name, "released the lease"),
+            Ok(_) => {
+                *self.valid_until.lock() = Some(Instant::now());
+                info!(lease = %self.config.lease_name, "released the lease");
+            }
             Err(e) => warn!(error = %e, "could not release the lease"),
         }
     }

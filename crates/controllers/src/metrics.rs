@@ -66,6 +66,7 @@ pub struct Metrics {
     reconcile_panics: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     ready: AtomicBool,
+    stopping: AtomicBool,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -90,6 +91,7 @@ impl Metrics {
             reconcile_panics: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             ready: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             registry: Registry::default(),
         };
         let registry = &mut m.registry;
@@ -194,7 +196,18 @@ impl Metrics {
 
     /// Whether the process is ready.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && !self.is_stopping()
+    }
+
+    /// Marks the process as stopping: from now on `/healthz` and `/readyz`
+    /// answer 503, since it only finishes work before it exits.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the process is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     /// The metrics in the Prometheus text format.
@@ -255,6 +268,11 @@ impl Metrics {
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.encode(),
+            ),
+            "/healthz" | "/livez" | "/readyz" if self.is_stopping() => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "shutting down".to_owned(),
             ),
             "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok".to_owned()),
             "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ok".to_owned()),

@@ -21,6 +21,8 @@ use kinformer_store::{
 };
 use kinformer_workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter};
 use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -85,7 +87,23 @@ pub enum Event<'a, K> {
 type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
 
 /// How a [`Controller`] runs. Defaults: 2 workers, 5 retries, recover from
-/// panics, 30 s to drain on shutdown, no leader election, no metrics.
+/// panics, 30 s to drain on shutdown, 1 s of grace after a lost lease, no
+/// reconcile timeout, no leader election, no metrics.
+///
+/// How it stops:
+/// - **Shutdown** (the token passed to [`Controller::run`]): queued and
+///   in-flight keys are worked for up to `drain_timeout`; reconciles still
+///   running then are aborted (their futures dropped). With leader election
+///   the lease is renewed throughout the drain and released only after every
+///   worker has ended, so a standby cannot start while this replica still
+///   works; a reconcile that does not end even when aborted (it blocks its
+///   thread) keeps the lease from being released: it expires instead.
+/// - **Lost leadership**: no key is handed out from that instant; in-flight
+///   reconciles get `lost_leadership_grace`, but never beyond
+///   [`LeaderElector::lease_valid_until`] (the earliest a standby can lead),
+///   and are then aborted; `run` returns [`ControllerError::LostLeadership`].
+///   The same applies if the lease is lost during a drain.
+/// - Either way `/healthz` and `/readyz` answer 503 from the start of the stop.
 pub struct ControllerOptions<K> {
     /// Concurrent reconciles (distinct keys).
     pub workers: usize,
@@ -93,8 +111,13 @@ pub struct ControllerOptions<K> {
     pub max_retries: u32,
     /// What a panic in reconcile does.
     pub panic_policy: PanicPolicy,
-    /// How long shutdown waits for in-flight reconciles.
+    /// How long shutdown works queued and in-flight keys.
     pub drain_timeout: Duration,
+    /// How long in-flight reconciles may go on after the lease is lost
+    /// (bounded by the lease's validity).
+    pub lost_leadership_grace: Duration,
+    /// A reconcile running longer is dropped and counts as an error.
+    pub reconcile_timeout: Option<Duration>,
     /// Only the leader of this election reconciles.
     pub leader_election: Option<Arc<LeaderElector>>,
     /// Where metrics go.
@@ -110,6 +133,8 @@ impl<K> Default for ControllerOptions<K> {
             max_retries: 5,
             panic_policy: PanicPolicy::Recover,
             drain_timeout: Duration::from_secs(30),
+            lost_leadership_grace: Duration::from_secs(1),
+            reconcile_timeout: None,
             leader_election: None,
             metrics: None,
             event_filter: None,
@@ -137,9 +162,20 @@ impl<K> ControllerOptions<K> {
         self.panic_policy = p;
         self
     }
-    /// How long shutdown waits for in-flight reconciles.
+    /// How long shutdown works queued and in-flight keys.
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
+        self
+    }
+    /// How long in-flight reconciles may go on after the lease is lost.
+    pub fn lost_leadership_grace(mut self, d: Duration) -> Self {
+        self.lost_leadership_grace = d;
+        self
+    }
+    /// Drop a reconcile that runs longer than `d`, counting it as an error
+    /// (retried with backoff like any other).
+    pub fn reconcile_timeout(mut self, d: Duration) -> Self {
+        self.reconcile_timeout = Some(d);
         self
     }
     /// Reconcile only while leading this election.
@@ -225,19 +261,22 @@ impl<K: Object + Clone> Controller<K> {
 
     /// Runs until `shutdown` fires: starts the informer if nobody did, waits
     /// for its cache, waits for leadership if elected, then reconciles with
-    /// `workers` workers. On shutdown it stops taking keys, waits up to the
-    /// drain timeout for in-flight reconciles and releases the lease.
+    /// `workers` workers. See [`ControllerOptions`] for how it stops.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
         let span = info_span!("controller", name = %self.name);
         self.run_inner(shutdown).instrument(span).await
     }
 
     async fn run_inner(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
+        // A Crash panic cancels `stop` as shutdown does; the informer we start
+        // and the elector have tokens of their own, cancelled last.
         let stop = shutdown.child_token();
+        let informer_stop = CancellationToken::new();
+        let _stop_informer = informer_stop.clone().drop_guard();
         if !self.informer.is_started() {
             let informer = self.informer.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move { informer.run(stop).await });
+            let informer_stop = informer_stop.clone();
+            tokio::spawn(async move { informer.run(informer_stop).await });
         }
         info!("waiting for the cache to sync");
         let synced: [&dyn HasSynced; 1] = [&self.informer];
@@ -252,83 +291,158 @@ impl<K: Object + Clone> Controller<K> {
 
         let mut leadership = None;
         if let Some(elector) = &self.options.leader_election {
-            let elector = Arc::clone(elector);
+            let election_stop = CancellationToken::new();
             let mut leading = elector.subscribe();
-            let election_stop = stop.clone();
-            let task = tokio::spawn(async move { elector.run(election_stop).await });
+            let task = {
+                let elector = Arc::clone(elector);
+                let election_stop = election_stop.clone();
+                tokio::spawn(async move { elector.run(election_stop).await })
+            };
             info!("waiting to become the leader");
-            loop {
-                if *leading.borrow_and_update() {
-                    break;
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    self.queue.shut_down();
+                    election_stop.cancel();
+                    let _ = task.await;
+                    return Ok(());
                 }
-                tokio::select! {
-                    _ = stop.cancelled() => {
-                        self.queue.shut_down();
-                        let _ = task.await;
-                        return Ok(());
-                    }
-                    changed = leading.changed() => if changed.is_err() { break },
-                }
+                led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
+                    self.queue.shut_down();
+                    return Err(ControllerError::LostLeadership);
+                },
             }
             info!("leading; starting workers");
-            leadership = Some((leading, task));
+            leadership = Some(Leadership {
+                elector: Arc::clone(elector),
+                leading,
+                stop: election_stop,
+                task,
+            });
         }
 
+        let halt = CancellationToken::new();
+        let abort = CancellationToken::new();
         let shared = Arc::new(Worker {
             name: self.name.clone(),
             queue: self.queue.clone(),
             reconciler: Arc::clone(&self.reconciler),
             max_retries: self.options.max_retries,
             panic_policy: self.options.panic_policy,
+            reconcile_timeout: self.options.reconcile_timeout,
             metrics: self.options.metrics.clone(),
             fatal: Arc::clone(&self.fatal),
             stop: stop.clone(),
+            halt: halt.clone(),
+            abort: abort.clone(),
         });
-        let workers: Vec<_> = (0..self.options.workers)
-            .map(|_| tokio::spawn(Arc::clone(&shared).run()))
-            .collect();
+        let mut workers: JoinSet<()> = JoinSet::new();
+        for _ in 0..self.options.workers {
+            workers.spawn(Arc::clone(&shared).run());
+        }
         info!(workers = self.options.workers, "started workers");
 
+        let lost = tokio::select! {
+            _ = stop.cancelled() => false,
+            _ = lost_leadership(&mut leadership) => true,
+        };
+        if let Some(m) = &self.options.metrics {
+            m.set_stopping();
+        }
         let mut result = Ok(());
-        match &mut leadership {
-            Some((leading, _)) => loop {
+        let lost = lost
+            || {
+                info!(timeout = ?self.options.drain_timeout, "shutting down: draining queued and in-flight reconciles");
                 tokio::select! {
-                    _ = stop.cancelled() => break,
-                    changed = leading.changed() => {
-                        if changed.is_err() || !*leading.borrow() {
-                            error!("lost the leader lease; stopping");
-                            result = Err(ControllerError::LostLeadership);
-                            break;
+                    drained = tokio::time::timeout(self.options.drain_timeout, self.queue.shut_down_with_drain()) => {
+                        if drained.is_err() {
+                            warn!(timeout = ?self.options.drain_timeout, "drain timed out; aborting the reconciles still running");
                         }
+                        false
                     }
+                    _ = lost_leadership(&mut leadership) => true,
                 }
-            },
-            None => stop.cancelled().await,
+            };
+        // Whatever the path, no key is handed out from here on.
+        halt.cancel();
+        self.queue.shut_down();
+        if lost {
+            error!("lost the leader lease; stopping at once");
+            result = Err(ControllerError::LostLeadership);
+            let grace = Instant::now() + self.options.lost_leadership_grace;
+            let deadline = leadership
+                .as_ref()
+                .and_then(|l| {
+                    let valid = l.elector.lease_valid_until()?;
+                    valid.checked_sub(safety_margin(&l.elector))
+                })
+                .map_or(grace, |valid| valid.min(grace));
+            if tokio::time::timeout_at(deadline, join_all(&mut workers))
+                .await
+                .is_err()
+            {
+                warn!(
+                    running = workers.len(),
+                    "in-flight reconciles outlived the lease; aborting them"
+                );
+            }
         }
-
-        info!("shutting down: draining in-flight reconciles");
-        if tokio::time::timeout(
-            self.options.drain_timeout,
-            self.queue.shut_down_with_drain(),
-        )
-        .await
-        .is_err()
-        {
-            warn!(timeout = ?self.options.drain_timeout, "drain timed out; abandoning in-flight reconciles");
-            self.queue.shut_down();
+        abort.cancel();
+        let all_joined = tokio::time::timeout(ABORT_WAIT, join_all(&mut workers))
+            .await
+            .is_ok();
+        if !all_joined {
+            error!(
+                running = workers.len(),
+                "workers did not stop when aborted (a reconcile blocks its thread); leaving them behind"
+            );
+            workers.abort_all();
         }
-        for w in workers {
-            let _ = w.await;
-        }
-        stop.cancel();
-        if let Some((_, task)) = leadership {
-            let _ = task.await;
+        if let Some(l) = leadership {
+            if !all_joined {
+                l.elector.keep_lease_on_cancel();
+            }
+            // Only now may a standby lead: every reconcile has ended.
+            l.stop.cancel();
+            let _ = l.task.await;
         }
         if let Some(e) = self.fatal.lock().take() {
             return Err(e);
         }
         result
     }
+}
+
+/// How long aborted workers get to unwind before they are left behind.
+const ABORT_WAIT: Duration = Duration::from_secs(5);
+
+struct Leadership {
+    elector: Arc<LeaderElector>,
+    leading: watch::Receiver<bool>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// How long before the lease's validity ends the reconciles must have been
+/// aborted: half the gap between lease duration and renew deadline (2.5 s
+/// with client-go's timings), for timers that fire late on a loaded machine
+/// and for the standby's own reaction time.
+fn safety_margin(elector: &LeaderElector) -> Duration {
+    let c = elector.config();
+    c.lease_duration.saturating_sub(c.renew_deadline) / 2
+}
+
+/// Resolves once leadership is lost; never without leader election.
+async fn lost_leadership(leadership: &mut Option<Leadership>) {
+    match leadership {
+        Some(l) => {
+            let _lost = l.leading.wait_for(|leading| !*leading).await.is_ok();
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn join_all(workers: &mut JoinSet<()>) {
+    while workers.join_next().await.is_some() {}
 }
 
 fn enqueue(queue: &RateLimitingQueue<String>, key: Result<String, kinformer_store::KeyError>) {
@@ -344,26 +458,62 @@ struct Worker {
     reconciler: Arc<dyn Reconciler>,
     max_retries: u32,
     panic_policy: PanicPolicy,
+    reconcile_timeout: Option<Duration>,
     metrics: Option<Arc<Metrics>>,
     fatal: Arc<Mutex<Option<ControllerError>>>,
+    /// Cancelled on a Crash panic: the controller stops.
     stop: CancellationToken,
+    /// Cancelled when no further key may be taken (lost lease, end of drain).
+    halt: CancellationToken,
+    /// Cancelled when in-flight reconciles must end now: they are dropped.
+    abort: CancellationToken,
 }
 
 impl Worker {
     async fn run(self: Arc<Self>) {
-        while let Some(key) = self.queue.get().await {
-            self.process(&key).await;
+        loop {
+            let key = tokio::select! {
+                biased;
+                _ = self.halt.cancelled() => return,
+                key = self.queue.get() => key,
+            };
+            let Some(key) = key else { return };
+            // `get` may have raced the halt: a key taken after it stays unworked.
+            if self.halt.is_cancelled() {
+                self.queue.done(&key);
+                return;
+            }
+            let aborted = self.process(&key).await.is_none();
             self.queue.done(&key);
+            if aborted {
+                return;
+            }
         }
     }
 
-    async fn process(&self, key: &str) {
+    /// Reconciles `key`; `None` if the reconcile was aborted.
+    async fn process(&self, key: &str) -> Option<()> {
         let started = Instant::now();
-        let outcome = AssertUnwindSafe(self.reconciler.reconcile(key))
-            .catch_unwind()
-            .await;
+        let reconcile = AssertUnwindSafe(self.reconciler.reconcile(key)).catch_unwind();
+        let outcome = tokio::select! {
+            biased;
+            _ = self.abort.cancelled() => {
+                warn!(key, running = ?started.elapsed(), "reconcile aborted");
+                return None;
+            }
+            outcome = with_timeout(self.reconcile_timeout, reconcile) => outcome,
+        };
         let seconds = started.elapsed().as_secs_f64();
         let key_owned = key.to_owned();
+        let Some(outcome) = outcome else {
+            self.record(key, "error", seconds);
+            if let Some(m) = &self.metrics {
+                m.reconcile_error(&self.name);
+            }
+            let limit = self.reconcile_timeout.unwrap_or_default();
+            self.retry_or_drop(key_owned, format!("reconcile timed out after {limit:?}"));
+            return Some(());
+        };
         match outcome {
             Ok(Ok(Action::Done)) => {
                 self.record(key, "success", seconds);
@@ -395,11 +545,12 @@ impl Worker {
                         message,
                     });
                     self.stop.cancel();
-                    return;
+                    return Some(());
                 }
                 self.retry_or_drop(key_owned, format!("panic: {message}"));
             }
         }
+        Some(())
     }
 
     fn record(&self, _key: &str, result: &str, seconds: f64) {
@@ -417,6 +568,14 @@ impl Worker {
             error!(key = %key, retries, error = %error, "dropping the key after too many failed reconciles");
             self.queue.forget(&key);
         }
+    }
+}
+
+/// `future`'s output, or `None` if it did not finish within `limit`.
+async fn with_timeout<F: Future>(limit: Option<Duration>, future: F) -> Option<F::Output> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, future).await.ok(),
+        None => Some(future.await),
     }
 }
 
