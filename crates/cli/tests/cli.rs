@@ -194,3 +194,73 @@ async fn a_controller_killed_mid_work_converges_after_a_restart() {
     );
     assert!(status.success(), "graceful stop exited with {status}");
 }
+
+/// Waits for a line of `lines` containing `what`; panics with what was seen.
+fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, seen: &mut Vec<String>, what: &str) {
+    loop {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => {
+                let found = line.contains(what);
+                seen.push(line);
+                if found {
+                    return;
+                }
+            }
+            Err(e) => panic!("no line with {what:?} ({e}); saw:\n{}", seen.join("\n")),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_exits_at_once_while_the_first_still_waits_for_the_server() {
+    use std::io::BufRead;
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("twosignals").await.unwrap();
+    let proxy = kinformer_envtest::Proxy::start(env.api_port())
+        .await
+        .unwrap();
+    let dir = tempfile_dir();
+    let kubeconfig = dir.join("via-proxy");
+    let original = std::fs::read_to_string(env.kubeconfig_path()).unwrap();
+    let direct = format!("127.0.0.1:{}", env.api_port());
+    assert!(original.contains(&direct), "{original}");
+    std::fs::write(
+        &kubeconfig,
+        original.replace(&direct, &format!("127.0.0.1:{}", proxy.port())),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--namespace", &ns, "--leader-elect", "service-strategy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    wait_for_line(&lines, &mut seen, "started workers");
+    // The server goes silent: releasing the lease on shutdown now hangs.
+    proxy.blackhole(true);
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_for_line(&lines, &mut seen, "signal received");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_for_line(&lines, &mut seen, "second signal received");
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{status}; saw:\n{}",
+        seen.join("\n")
+    );
+}
