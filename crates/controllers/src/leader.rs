@@ -175,10 +175,15 @@ impl LeaderElector {
                 }
                 _ = tokio::time::sleep(retry) => {}
             }
+            // Every attempt ends by the renew deadline, so a hanging request
+            // cannot delay the loss past it (client-go bounds the renew loop
+            // the same way).
+            let remaining = self
+                .config
+                .renew_deadline
+                .saturating_sub(last_renew.elapsed());
             let sent = Instant::now();
-            match tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew())
-                .await
-            {
+            match tokio::time::timeout(remaining, self.try_acquire_or_renew()).await {
                 Ok(Ok(true)) => {
                     self.renewed(sent);
                     last_renew = Instant::now();

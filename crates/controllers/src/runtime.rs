@@ -334,6 +334,7 @@ impl<K: Object + Clone> Controller<K> {
             stop: stop.clone(),
             halt: halt.clone(),
             abort: abort.clone(),
+            elector: self.options.leader_election.clone(),
         });
         let mut workers: JoinSet<()> = JoinSet::new();
         for _ in 0..self.options.workers {
@@ -467,6 +468,7 @@ struct Worker {
     halt: CancellationToken,
     /// Cancelled when in-flight reconciles must end now: they are dropped.
     abort: CancellationToken,
+    elector: Option<Arc<LeaderElector>>,
 }
 
 impl Worker {
@@ -478,8 +480,11 @@ impl Worker {
                 key = self.queue.get() => key,
             };
             let Some(key) = key else { return };
-            // `get` may have raced the halt: a key taken after it stays unworked.
-            if self.halt.is_cancelled() {
+            // `get` may have raced the halt: a key taken after it stays
+            // unworked. The elector's own flag turns false the instant the
+            // lease is lost, before the runtime gets to cancel `halt`.
+            let leading = self.elector.as_ref().is_none_or(|e| e.is_leader());
+            if self.halt.is_cancelled() || !leading {
                 self.queue.done(&key);
                 return;
             }
