@@ -187,6 +187,20 @@ async fn service_strategy_sets_the_selector_idempotently_and_reports_bad_values(
     task.await.unwrap().unwrap();
 }
 
+/// The `v` of the cached ConfigMap under `key`.
+fn cached_value(lister: &kinformer_informer::Lister<ConfigMap>, key: &str) -> Option<String> {
+    lister.get(key)?.data.as_ref()?.get("v").cloned()
+}
+
+/// How often `ns/name` was reconciled.
+fn calls_of(calls: &Mutex<BTreeMap<String, usize>>, name: &str, ns: &str) -> usize {
+    calls
+        .lock()
+        .get(&format!("{ns}/{name}"))
+        .copied()
+        .unwrap_or(0)
+}
+
 /// Reconciles ConfigMaps by recording calls; panics or fails for chosen keys.
 #[derive(Default)]
 struct Probe {
@@ -221,11 +235,7 @@ impl Reconciler for Probe {
 
 impl Probe {
     fn calls(&self, name: &str, ns: &str) -> usize {
-        self.calls
-            .lock()
-            .get(&format!("{ns}/{name}"))
-            .copied()
-            .unwrap_or(0)
+        calls_of(&self.calls, name, ns)
     }
 }
 
@@ -658,10 +668,7 @@ impl Reconciler for LastValue {
     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let value = self
-                .lister
-                .get(key)
-                .and_then(|c| c.data.as_ref().and_then(|d| d.get("v").cloned()));
+            let value = cached_value(&self.lister, key);
             *self.last.lock() = value;
             Ok(Action::Done)
         })
@@ -732,11 +739,7 @@ impl Stuck {
         })
     }
     fn calls(&self, name: &str, ns: &str) -> usize {
-        self.calls
-            .lock()
-            .get(&format!("{ns}/{name}"))
-            .copied()
-            .unwrap_or(0)
+        calls_of(&self.calls, name, ns)
     }
 }
 
@@ -890,10 +893,7 @@ impl Reconciler for Gated {
         Box::pin(async move {
             self.entered.fetch_add(1, Ordering::SeqCst);
             self.gate.acquire().await?.forget();
-            let value = self
-                .lister
-                .get(key)
-                .and_then(|c| c.data.as_ref().and_then(|d| d.get("v").cloned()));
+            let value = cached_value(&self.lister, key);
             self.seen.lock().push(value);
             Ok(Action::Done)
         })
@@ -935,10 +935,8 @@ async fn updates_during_a_reconcile_are_coalesced_into_one_more_reconcile_of_the
     }
     let key = format!("{ns}/k");
     eventually("every update handled by the controller", async || {
-        let v = lister
-            .get(&key)
-            .and_then(|c| c.data.as_ref()?.get("v").cloned());
-        v.as_deref() == Some("20") && watching.pending_notifications() == 0
+        cached_value(&lister, &key).as_deref() == Some("20")
+            && watching.pending_notifications() == 0
     })
     .await;
     assert_eq!(
