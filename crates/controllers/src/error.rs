@@ -16,6 +16,21 @@ pub enum ControllerError {
         /// The panic message.
         message: String,
     },
+    /// The leader election's settings cannot be safe.
+    #[error("invalid leader election on Lease {lease}: {why}")]
+    InvalidLeaderElection {
+        /// `namespace/name` of the Lease.
+        lease: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Workers did not stop when aborted (a reconcile blocks its thread);
+    /// the process should exit rather than go on.
+    #[error("{running} workers did not stop when aborted (a reconcile blocks its thread)")]
+    WorkersStuck {
+        /// Workers still running.
+        running: usize,
+    },
     /// The leader lease was lost; only a leader may reconcile.
     #[error("lost the leader lease")]
     LostLeadership,

@@ -24,6 +24,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::ControllerError;
+
 /// Timing and identity of a leader election. Defaults are client-go's:
 /// 15 s lease, 10 s renew deadline, 2 s retry period.
 #[derive(Debug, Clone)]
@@ -43,6 +45,43 @@ pub struct LeaderElectionConfig {
 }
 
 impl LeaderElectionConfig {
+    /// Checks the timings as client-go does: the lease must outlast the renew
+    /// deadline, which must exceed 1.2 retry periods; the gap between lease
+    /// and renew deadline is the time a lost leader has to stop its work.
+    pub fn validate(&self) -> Result<(), ControllerError> {
+        let invalid = |why: String| {
+            Err(ControllerError::InvalidLeaderElection {
+                lease: format!("{}/{}", self.namespace, self.lease_name),
+                why,
+            })
+        };
+        if self.identity.is_empty() {
+            return invalid("the identity is empty".into());
+        }
+        if self.retry_period.is_zero() {
+            return invalid("the retry period is zero".into());
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return invalid(format!(
+                "the lease duration ({:?}) must be longer than the renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(1.2) {
+            return invalid(format!(
+                "the renew deadline ({:?}) must be longer than 1.2 retry periods ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.lease_duration > Duration::from_secs(i32::MAX as u64) {
+            return invalid(format!(
+                "the lease duration ({:?}) is too long",
+                self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+
     /// An election on Lease `namespace/lease_name` for `identity`.
     pub fn new(namespace: &str, lease_name: &str, identity: &str) -> Self {
         Self {
@@ -69,6 +108,16 @@ pub struct LeaderElector {
     /// Whether cancelling `run` releases the lease (client-go's
     /// ReleaseOnCancel); cleared when work may still be running.
     release_on_cancel: AtomicBool,
+}
+
+/// What one acquire-or-renew attempt found.
+enum Attempt {
+    /// We hold the lease.
+    Held,
+    /// Another candidate holds an unexpired lease.
+    Other,
+    /// Our write lost a race (409): the lease changed since we read it.
+    Conflict,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,6 +158,25 @@ impl LeaderElector {
         *self.valid_until.lock()
     }
 
+    /// Until when work may go on: the lease's validity less a safety margin
+    /// of half the gap between lease duration and renew deadline (2.5 s with
+    /// client-go's timings), for timers that fire late on a loaded machine.
+    /// `None` before this candidate first led.
+    pub fn safe_until(&self) -> Option<Instant> {
+        let margin = self
+            .config
+            .lease_duration
+            .saturating_sub(self.config.renew_deadline)
+            / 2;
+        let valid = self.lease_valid_until()?;
+        Some(valid.checked_sub(margin).unwrap_or(valid))
+    }
+
+    /// Whether this candidate leads and its lease is safely its own now.
+    pub fn may_work(&self) -> bool {
+        self.is_leader() && self.safe_until().is_some_and(|t| Instant::now() < t)
+    }
+
     /// On cancel, stop renewing but leave the lease to expire instead of
     /// releasing it: for when reconciles may still be running.
     pub(crate) fn keep_lease_on_cancel(&self) {
@@ -141,29 +209,42 @@ impl LeaderElector {
     pub async fn run(&self, shutdown: CancellationToken) {
         let retry = self.config.retry_period;
         // Acquire.
-        loop {
+        let mut last_renew = loop {
             let sent = Instant::now();
-            match self.try_acquire_or_renew().await {
-                Ok(true) => {
-                    self.renewed(sent);
-                    break;
-                }
-                Ok(false) => {
-                    debug!(lease = %self.config.lease_name, "lease held by another candidate")
-                }
-                Err(e) => warn!(error = %e, "cannot read or write the lease"),
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                attempt = self.attempt(self.config.renew_deadline) => match attempt {
+                    Ok(Attempt::Held) => {
+                        self.renewed(sent);
+                        break sent;
+                    }
+                    Ok(Attempt::Other | Attempt::Conflict) => {
+                        debug!(lease = %self.config.lease_name, "lease held by another candidate")
+                    }
+                    Err(e) => warn!(error = %e, "cannot read or write the lease"),
+                },
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(jittered(retry)) => {}
             }
-        }
+        };
         info!(identity = %self.config.identity, lease = %self.config.lease_name, "became the leader");
         self.leading.send_replace(true);
-        // Renew.
-        let mut last_renew = Instant::now();
+        // Renew. The deadline counts from when the last successful renewal
+        // was sent, as its validity does; every attempt ends by it, so a
+        // hanging request cannot delay the loss past it.
         loop {
-            tokio::select! {
+            let attempt = async {
+                tokio::time::sleep(retry).await;
+                let remaining = self
+                    .config
+                    .renew_deadline
+                    .saturating_sub(last_renew.elapsed());
+                let sent = Instant::now();
+                (sent, self.attempt(remaining).await)
+            };
+            let (sent, attempt) = tokio::select! {
                 _ = shutdown.cancelled() => {
                     if self.release_on_cancel.load(Ordering::SeqCst) {
                         self.release().await;
@@ -173,28 +254,22 @@ impl LeaderElector {
                     self.stop_leading();
                     return;
                 }
-                _ = tokio::time::sleep(retry) => {}
-            }
-            // Every attempt ends by the renew deadline, so a hanging request
-            // cannot delay the loss past it (client-go bounds the renew loop
-            // the same way).
-            let remaining = self
-                .config
-                .renew_deadline
-                .saturating_sub(last_renew.elapsed());
-            let sent = Instant::now();
-            match tokio::time::timeout(remaining, self.try_acquire_or_renew()).await {
-                Ok(Ok(true)) => {
+                done = attempt => done,
+            };
+            match attempt {
+                Ok(Attempt::Held) => {
                     self.renewed(sent);
-                    last_renew = Instant::now();
+                    last_renew = sent;
                 }
-                Ok(Ok(false)) => {
+                Ok(Attempt::Other) => {
                     warn!("the lease was taken by another candidate");
                     *self.valid_until.lock() = Some(Instant::now());
                     break;
                 }
-                Ok(Err(e)) => warn!(error = %e, "failed to renew the lease"),
-                Err(_) => warn!("renewing the lease timed out"),
+                // Our own earlier write may have landed, or someone edited
+                // the Lease: read it again at the next try.
+                Ok(Attempt::Conflict) => warn!("conflict renewing the lease; retrying"),
+                Err(e) => warn!(error = %e, "failed to renew the lease"),
             }
             if last_renew.elapsed() >= self.config.renew_deadline {
                 warn!(deadline = ?self.config.renew_deadline, "could not renew the lease in time");
@@ -205,6 +280,14 @@ impl LeaderElector {
         self.stop_leading();
     }
 
+    /// One attempt to acquire or renew, ended after `limit`.
+    async fn attempt(&self, limit: Duration) -> Result<Attempt, String> {
+        match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
     fn renewed(&self, sent: Instant) {
         *self.valid_until.lock() = Some(sent + self.config.lease_duration);
     }
@@ -213,11 +296,11 @@ impl LeaderElector {
         self.leading.send_replace(false);
     }
 
-    /// One attempt: true if we hold the lease afterwards.
-    async fn try_acquire_or_renew(&self) -> Result<bool, kube_client::Error> {
+    /// One attempt: whether we hold the lease afterwards.
+    async fn try_acquire_or_renew(&self) -> Result<Attempt, kube_client::Error> {
         let now = Timestamp::now();
         let me = &self.config.identity;
-        let duration_secs = self.config.lease_duration.as_secs() as i32;
+        let duration_secs = lease_seconds(self.config.lease_duration);
         let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -235,8 +318,8 @@ impl LeaderElector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(false),
+                Ok(_) => Ok(Attempt::Held),
+                Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
                 Err(e) => Err(e),
             };
         };
@@ -261,7 +344,7 @@ impl LeaderElector {
         let lease_secs = spec.lease_duration_seconds.unwrap_or(duration_secs).max(0) as u64;
         let expired = observed_at.elapsed() > Duration::from_secs(lease_secs);
         if observed.holder.is_some() && !held_by_me && !expired {
-            return Ok(false);
+            return Ok(Attempt::Other);
         }
         let mut new_spec = spec;
         if !held_by_me {
@@ -277,8 +360,8 @@ impl LeaderElector {
             .replace(&self.config.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(false),
+            Ok(_) => Ok(Attempt::Held),
+            Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
             Err(e) => Err(e),
         }
     }
@@ -324,7 +407,48 @@ impl LeaderElector {
     }
 }
 
+/// The lease duration as written into the Lease: whole seconds, rounded up,
+/// so a standby never waits less than this candidate counts on.
+fn lease_seconds(d: Duration) -> i32 {
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
 fn jittered(d: Duration) -> Duration {
     // client-go's JitterFactor 1.2.
     d + d.mul_f64(1.2 * fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(lease: u64, renew: u64, retry: u64) -> LeaderElectionConfig {
+        let mut c = LeaderElectionConfig::new("ns", "lease", "me");
+        c.lease_duration = Duration::from_millis(lease);
+        c.renew_deadline = Duration::from_millis(renew);
+        c.retry_period = Duration::from_millis(retry);
+        c
+    }
+
+    #[test]
+    fn timings_that_leave_a_lost_leader_no_time_to_stop_are_rejected() {
+        assert!(config(15_000, 10_000, 2_000).validate().is_ok());
+        for (bad, what) in [
+            (config(10_000, 10_000, 2_000), "lease duration"),
+            (config(15_000, 2_000, 2_000), "1.2 retry periods"),
+            (config(15_000, 10_000, 0), "retry period is zero"),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(what) && err.contains("ns/lease"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_written_lease_duration_is_rounded_up_to_whole_seconds() {
+        assert_eq!(lease_seconds(Duration::from_millis(2_500)), 3);
+        assert_eq!(lease_seconds(Duration::from_millis(900)), 1);
+        assert_eq!(lease_seconds(Duration::from_secs(15)), 15);
+        assert_eq!(lease_seconds(Duration::MAX), i32::MAX);
+    }
 }

@@ -218,6 +218,9 @@ impl<K: Object + Clone> Controller<K> {
         reconciler: impl Reconciler,
         options: ControllerOptions<K>,
     ) -> Result<Self, ControllerError> {
+        if let Some(elector) = &options.leader_election {
+            elector.config().validate()?;
+        }
         let mut config = QueueConfig::new().name(name);
         if let Some(m) = &options.metrics {
             config = config.metrics_provider(m.workqueue_provider());
@@ -281,7 +284,7 @@ impl<K: Object + Clone> Controller<K> {
         info!("waiting for the cache to sync");
         let synced: [&dyn HasSynced; 1] = [&self.informer];
         if !wait_for_cache_sync(&stop, &synced).await {
-            self.queue.shut_down();
+            self.stopping();
             return Ok(());
         }
         info!(cached = self.informer.indexer().len(), "cache synced");
@@ -301,13 +304,13 @@ impl<K: Object + Clone> Controller<K> {
             info!("waiting to become the leader");
             tokio::select! {
                 _ = stop.cancelled() => {
-                    self.queue.shut_down();
+                    self.stopping();
                     election_stop.cancel();
                     let _ = task.await;
                     return Ok(());
                 }
                 led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
-                    self.queue.shut_down();
+                    self.stopping();
                     return Err(ControllerError::LostLeadership);
                 },
             }
@@ -316,7 +319,7 @@ impl<K: Object + Clone> Controller<K> {
                 elector: Arc::clone(elector),
                 leading,
                 stop: election_stop,
-                task,
+                task: Some(task),
             });
         }
 
@@ -362,21 +365,23 @@ impl<K: Object + Clone> Controller<K> {
                     }
                     _ = lost_leadership(&mut leadership) => true,
                 }
-            };
+            }
+            // A loss at the very end of the drain still counts.
+            || leadership.as_ref().is_some_and(|l| !l.elector.may_work());
         // Whatever the path, no key is handed out from here on.
         halt.cancel();
         self.queue.shut_down();
         if lost {
             error!("lost the leader lease; stopping at once");
             result = Err(ControllerError::LostLeadership);
-            let grace = Instant::now() + self.options.lost_leadership_grace;
-            let deadline = leadership
-                .as_ref()
-                .and_then(|l| {
-                    let valid = l.elector.lease_valid_until()?;
-                    valid.checked_sub(safety_margin(&l.elector))
-                })
-                .map_or(grace, |valid| valid.min(grace));
+            let now = Instant::now();
+            let grace = now.checked_add(self.options.lost_leadership_grace);
+            let safe = leadership.as_ref().and_then(|l| l.elector.safe_until());
+            let deadline = match (grace, safe) {
+                (Some(grace), Some(safe)) => grace.min(safe),
+                (None, Some(safe)) => safe,
+                (_, None) => now,
+            };
             if tokio::time::timeout_at(deadline, join_all(&mut workers))
                 .await
                 .is_err()
@@ -391,25 +396,37 @@ impl<K: Object + Clone> Controller<K> {
         let all_joined = tokio::time::timeout(ABORT_WAIT, join_all(&mut workers))
             .await
             .is_ok();
+        let stuck = workers.len();
         if !all_joined {
             error!(
-                running = workers.len(),
+                running = stuck,
                 "workers did not stop when aborted (a reconcile blocks its thread); leaving them behind"
             );
             workers.abort_all();
+            result = Err(ControllerError::WorkersStuck { running: stuck });
         }
-        if let Some(l) = leadership {
+        if let Some(mut l) = leadership {
             if !all_joined {
                 l.elector.keep_lease_on_cancel();
             }
             // Only now may a standby lead: every reconcile has ended.
             l.stop.cancel();
-            let _ = l.task.await;
+            if let Some(task) = l.task.take() {
+                let _ = task.await;
+            }
         }
         if let Some(e) = self.fatal.lock().take() {
             return Err(e);
         }
         result
+    }
+
+    /// Stops the queue and fails the probes: the controller is ending.
+    fn stopping(&self) {
+        self.queue.shut_down();
+        if let Some(m) = &self.options.metrics {
+            m.set_stopping();
+        }
     }
 }
 
@@ -420,25 +437,40 @@ struct Leadership {
     elector: Arc<LeaderElector>,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    /// Taken when `run` ends normally.
+    task: Option<JoinHandle<()>>,
 }
 
-/// How long before the lease's validity ends the reconciles must have been
-/// aborted: half the gap between lease duration and renew deadline (2.5 s
-/// with client-go's timings), for timers that fire late on a loaded machine
-/// and for the standby's own reaction time.
-fn safety_margin(elector: &LeaderElector) -> Duration {
-    let c = elector.config();
-    c.lease_duration.saturating_sub(c.renew_deadline) / 2
-}
-
-/// Resolves once leadership is lost; never without leader election.
-async fn lost_leadership(leadership: &mut Option<Leadership>) {
-    match leadership {
-        Some(l) => {
-            let _lost = l.leading.wait_for(|leading| !*leading).await.is_ok();
+impl Drop for Leadership {
+    /// `run`'s future was dropped mid-way: stop campaigning, and leave the
+    /// lease to expire, since aborted workers may not have ended yet.
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.elector.keep_lease_on_cancel();
+            self.stop.cancel();
         }
-        None => std::future::pending().await,
+    }
+}
+
+/// Resolves once leadership is lost, by the elector's word or by our own
+/// clock (the lease is no longer safely ours, though the elector has not
+/// said so yet: it may be starved); never without leader election.
+async fn lost_leadership(leadership: &mut Option<Leadership>) {
+    let Some(l) = leadership else {
+        return std::future::pending().await;
+    };
+    loop {
+        let Some(safe) = l.elector.safe_until() else {
+            return;
+        };
+        tokio::select! {
+            _ = l.leading.wait_for(|leading| !*leading) => return,
+            _ = tokio::time::sleep_until(safe) => {
+                if !l.elector.may_work() {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -483,7 +515,7 @@ impl Worker {
             // `get` may have raced the halt: a key taken after it stays
             // unworked. The elector's own flag turns false the instant the
             // lease is lost, before the runtime gets to cancel `halt`.
-            let leading = self.elector.as_ref().is_none_or(|e| e.is_leader());
+            let leading = self.elector.as_ref().is_none_or(|e| e.may_work());
             if self.halt.is_cancelled() || !leading {
                 self.queue.done(&key);
                 return;
@@ -499,7 +531,9 @@ impl Worker {
     /// Reconciles `key`; `None` if the reconcile was aborted.
     async fn process(&self, key: &str) -> Option<()> {
         let started = Instant::now();
-        let reconcile = AssertUnwindSafe(self.reconciler.reconcile(key)).catch_unwind();
+        // Inside the guard: a reconciler may panic before returning its future.
+        let reconcile =
+            AssertUnwindSafe(async { self.reconciler.reconcile(key).await }).catch_unwind();
         let outcome = tokio::select! {
             biased;
             _ = self.abort.cancelled() => {

@@ -587,6 +587,16 @@ async fn leadership_hands_over_on_sigterm_and_on_a_cut_off_leader_without_overla
         matches!(lost, Err(ControllerError::LostLeadership)),
         "a cut-off leader reports the lost lease: {lost:?}"
     );
+    // The direct proof, whatever the standby's timing: every reconcile of
+    // the cut-off leader ended while its lease was still its own.
+    let valid_until = cut.elector.lease_valid_until().unwrap().into_std();
+    let late: Vec<_> = log
+        .lock()
+        .iter()
+        .filter(|i| i.replica == second && i.end >= valid_until)
+        .cloned()
+        .collect();
+    assert!(late.is_empty(), "reconciles outlived the lease: {late:#?}");
     eventually("the third leader works", async || {
         reconciles_of(&log, third) >= 10
     })
@@ -828,7 +838,7 @@ async fn a_reconcile_over_its_timeout_is_dropped_and_retried_as_an_error() {
     eventually("three timed-out attempts", async || {
         metrics
             .encode()
-            .contains("controller_runtime_reconcile_errors_total{controller=\"timeout\"} 3")
+            .contains("controller_runtime_reconcile_errors_total{controller=\"timeout\"} 3\n")
     })
     .await;
     assert_eq!(stuck.calls("stuck", &ns), 3);
@@ -952,6 +962,49 @@ async fn updates_during_a_reconcile_are_coalesced_into_one_more_reconcile_of_the
     let seen = gated.seen.lock().clone();
     assert_eq!(seen[1].as_deref(), Some("20"), "it saw the latest state");
     assert_eq!(gated.entered.load(Ordering::SeqCst), 2, "{seen:?}");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// Panics while building its future, before any `.await`.
+struct PanicsEarly;
+
+impl Reconciler for PanicsEarly {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        if key.ends_with("/bad") {
+            panic!("no future for {key}");
+        }
+        Box::pin(async { Ok(Action::Done) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_that_panics_before_returning_its_future_is_recovered_like_any_panic() {
+    let (client, ns) = setup("early").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &config_map("bad"))
+        .await
+        .unwrap();
+    let metrics = Metrics::new();
+    let options = ControllerOptions::new()
+        .workers(1)
+        .max_retries(2)
+        .metrics(Arc::clone(&metrics));
+    let controller = Controller::new(
+        "early",
+        informer::<ConfigMap>(&client, &ns),
+        PanicsEarly,
+        options,
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    eventually("three caught panics", async || {
+        metrics
+            .encode()
+            .contains("controller_runtime_reconcile_panics_total{controller=\"early\"} 3\n")
+    })
+    .await;
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
