@@ -9,7 +9,7 @@ use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, R
 use kinformer_store::{Indexer, Indexers, KnownObjects, Object};
 use parking_lot::{Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, error, info_span, warn};
 
 use crate::processor::{Listener, ListenerState, Notification, Processor};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
@@ -449,14 +449,12 @@ impl<K: Object> Inner<K> {
                     // The DeltaFifo and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
                     // One write both stores the object and says what it replaced.
-                    let old = match self.indexer.update_by_key(key, Arc::clone(&obj)) {
-                        Ok(old) => old,
-                        Err(e) => {
-                            warn!(error = %e, "cannot store the object in the cache");
-                            continue;
-                        }
-                    };
-                    match old {
+                    let upserted = self.indexer.update_by_key(key, Arc::clone(&obj));
+                    for e in &upserted.unindexed {
+                        // Stored, and missing from this one index.
+                        error!(key = %e.key, index = %e.index, error = %e.source, "index function failed; the object is cached but left out of the index");
+                    }
+                    match upserted.previous {
                         Some(old) => {
                             let is_sync = match delta.kind {
                                 DeltaType::Sync => true,
