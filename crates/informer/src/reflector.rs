@@ -16,7 +16,14 @@
 //! - A watch that sees nothing, not even a bookmark, for the idle timeout is
 //!   taken for a dead (half-open) connection and reopened.
 //! - An object of a list that cannot be decoded is left out of the list (and
-//!   reported); an undecodable watch event is reported and skipped.
+//!   reported): the cache then lacks it, and a relist deletes it from the
+//!   cache (a tombstone to the handlers) if it was there. A watch event that
+//!   cannot be decoded ends the watch and relists, as client-go does: skipping
+//!   it would let later events move the resource version past it, and an
+//!   undecodable DELETED would leave a ghost in the cache for good. The list
+//!   leaves the object out, so list and watch agree; the next watch starts
+//!   after it, so an object that stays undecodable costs one relist per
+//!   change of it, not a relist loop.
 //!
 //! User callbacks cannot kill the Reflector; their panics are caught:
 //! - A transform that panics for an object means that object cannot be
@@ -670,11 +677,11 @@ impl<K: Object + Clone> Reflector<K> {
                 }
                 Ok(Some(Ok(event))) => event,
                 Ok(Some(Err(ListWatchError::Decode(e)))) => {
-                    // One undecodable event is skipped; the watch goes on.
-                    self.report(&ListWatchError::Decode(format!(
-                        "skipped one watch event: {e}"
+                    // Skipping it would move the resource version past a
+                    // change the cache never got: relist instead.
+                    return WatchEnd::Failed(ListWatchError::Decode(format!(
+                        "undecodable watch event: {e}"
                     )));
-                    continue;
                 }
                 Ok(Some(Err(e))) => return WatchEnd::Failed(e),
             };

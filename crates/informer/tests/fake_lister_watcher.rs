@@ -498,29 +498,45 @@ async fn the_transform_runs_once_per_object_before_caching() {
 }
 
 #[tokio::test]
-async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
-    let mut h = harness(vec![page(vec![], 1)], InformerOptions::new());
+async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_object_it_was() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 2),
+            // The relist: b (the undecodable DELETED) is gone, c came meanwhile.
+            page(vec![cm("a", 1), cm("c", 4)], 5),
+        ],
+        InformerOptions::new(),
+    );
     let errors = Arc::new(Mutex::new(Vec::new()));
     let e = Arc::clone(&errors);
     h.informer
         .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
         .unwrap();
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Added(cm("a", 2)))).unwrap();
+    // What was b's DELETED, and a later event that would move the version past it.
     w.send(Err(ListWatchError::Decode(
         "invalid type: integer, expected a string".into(),
     )))
     .unwrap();
-    w.send(Ok(WatchEvent::Added(cm("b", 3)))).unwrap();
-    for _ in 0..200 {
-        if h.informer.indexer().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    w.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    let w2 = h.next_watch().await;
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
+    let seen = log.wait_for(4).await;
+    // Per key in order; the relist's add of c may come before b's delete.
+    assert_eq!(
+        sorted(seen[2..].to_vec()),
+        ["add c 4", "delete b 2 tombstone"]
+    );
+    {
+        let s = h.script.lock();
+        assert_eq!(s.list_requests.len(), 2, "one relist");
+        // From the last version before the undecodable event, not past it.
+        assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("2"));
+        assert_eq!(s.watch_requests[1].resource_version, "5");
     }
-    assert_eq!(h.informer.indexer().len(), 2);
-    assert_eq!(h.script.lock().list_requests.len(), 1);
     assert!(
         errors
             .lock()
@@ -529,6 +545,10 @@ async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
         "{:?}",
         errors.lock()
     );
+    // The next watch goes on normally: no relist loop.
+    w2.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
+    assert_eq!(log.wait_for(5).await[4], "update c 4->6");
+    assert_eq!(h.script.lock().list_requests.len(), 2);
     h.shutdown.cancel();
 }
 

@@ -9,13 +9,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
-use kinformer_informer::consistency::{LastSeen, server_versions};
+use kinformer_informer::consistency::{LastSeen, ObjectVersions, server_versions, versions};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
     ListerWatcher, ReflectorOptions, SharedIndexInformer, WatchRequest, WatchStream,
     strip_managed_fields,
 };
-use kube_client::api::{Api, PostParams};
+use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 mod common;
 use common::{create_pods, delete_pods, no_difference, pod, wait_synced};
@@ -215,8 +215,62 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     shutdown.cancel();
 }
 
+/// What the informer's cache holds, by UID and resourceVersion.
+fn cached(informer: &SharedIndexInformer<Pod>) -> ObjectVersions {
+    versions(informer.indexer().list().iter().map(|p| p.as_ref()))
+}
+
+/// Waits (up to 30 s) until the cache and the handler hold `want`.
+async fn wait_for_view(
+    informer: &SharedIndexInformer<Pod>,
+    seen: &LastSeen,
+    want: &ObjectVersions,
+) {
+    for _ in 0..150 {
+        if cached(informer) == *want && seen.snapshot() == *want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cached(informer), *want, "the cache");
+    assert_eq!(seen.snapshot(), *want, "the handler's view");
+}
+
+/// A Pod whose annotation the proxy's rewrite turns into a number, which
+/// makes it undecodable (a string is required there).
+fn garbled_pod(name: &str) -> Pod {
+    let mut p = pod(name);
+    p.metadata.annotations = Some([("note".to_string(), GARBLE.to_string())].into());
+    p
+}
+
+const GARBLE: &str = "garble-me-please";
+
+fn garble(proxy: &AnsweringProxy) {
+    proxy
+        .rewrite(&format!("{GARBLE:?}"), "123456789012345678")
+        .unwrap();
+}
+
+fn lists(informer: &SharedIndexInformer<Pod>) -> u64 {
+    informer
+        .reflector_stats()
+        .unwrap()
+        .lists_completed
+        .load(Ordering::SeqCst)
+}
+
+fn errors_seen(informer: &SharedIndexInformer<Pod>) -> Arc<std::sync::Mutex<Vec<String>>> {
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let e = Arc::clone(&errors);
+    informer
+        .set_watch_error_handler(move |err| e.lock().unwrap().push(err.to_string()))
+        .unwrap();
+    errors
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
+async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("garbled").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
@@ -226,40 +280,22 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
         InformerOptions::new().reflector(fast(Duration::from_secs(30))),
     );
-    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let e = Arc::clone(&errors);
-    informer
-        .set_watch_error_handler(move |err| e.lock().unwrap().push(err.to_string()))
-        .unwrap();
+    let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
     // One Pod reaches the informer with a number where a string must be.
-    proxy
-        .rewrite("\"garble-me-please\"", "123456789012345678")
+    garble(&proxy);
+    api.create(&PostParams::default(), &garbled_pod("bad"))
+        .await
         .unwrap();
-    let mut bad = pod("bad");
-    bad.metadata.annotations = Some([("note".to_string(), "garble-me-please".to_string())].into());
-    api.create(&PostParams::default(), &bad).await.unwrap();
     create_pods(&api, (5..10).map(|i| format!("p{i}"))).await;
-    let want = {
-        let mut v = server_versions(&api).await.unwrap();
-        v.remove(&format!("{ns}/bad"));
-        v
-    };
-    for _ in 0..150 {
-        let cached = kinformer_informer::consistency::versions(
-            informer.indexer().list().iter().map(|p| p.as_ref()),
-        );
-        if cached == want && seen.snapshot() == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let cached = kinformer_informer::consistency::versions(
-        informer.indexer().list().iter().map(|p| p.as_ref()),
+    let mut want = server_versions(&api).await.unwrap();
+    want.remove(&format!("{ns}/bad"));
+    wait_for_view(&informer, &seen, &want).await;
+    assert!(
+        lists(&informer) >= 2,
+        "the undecodable event made it relist"
     );
-    assert_eq!(cached, want, "every Pod but the undecodable one is cached");
-    assert_eq!(seen.snapshot(), want);
     let errors = errors.lock().unwrap().clone();
     assert!(errors.iter().any(|e| e.contains("decode")), "{errors:?}");
     shutdown.cancel();
@@ -274,21 +310,86 @@ async fn an_undecodable_object_from_the_server_is_skipped_and_the_rest_kept() {
     );
     let (_listed_seen, shutdown) = run(&listing);
     wait_synced(&listing).await;
-    let cached = kinformer_informer::consistency::versions(
-        listing.indexer().list().iter().map(|p| p.as_ref()),
-    );
     assert_eq!(
-        cached, want,
+        cached(&listing),
+        want,
         "the listed Pods but the undecodable one are cached"
     );
-    assert_eq!(
-        listing
-            .reflector_stats()
-            .unwrap()
-            .lists_completed
-            .load(Ordering::SeqCst),
-        1
+    assert_eq!(lists(&listing), 1);
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a_tombstone() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("garbled-mod").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
+    api.create(&PostParams::default(), &garbled_pod("m"))
+        .await
+        .unwrap();
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
     );
+    let (seen, shutdown) = run(&informer);
+    wait_synced(&informer).await;
+    assert!(cached(&informer).contains_key(&format!("{ns}/m")));
+    // From now on m cannot be decoded; it changes on the server.
+    garble(&proxy);
+    let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
+    api.patch("m", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    create_pods(&api, (5..10).map(|i| format!("p{i}"))).await;
+    // The cache must not keep m's old version as if it were current: list
+    // and watch agree that m cannot be cached.
+    let mut want = server_versions(&api).await.unwrap();
+    want.remove(&format!("{ns}/m"));
+    wait_for_view(&informer, &seen, &want).await;
+    assert_eq!(seen.tombstones(), 1, "m's delete reached the handler");
+    // No relist loop: later events arrive on a watch that stays open.
+    let relists = lists(&informer);
+    assert!(relists >= 2);
+    create_pods(&api, (10..15).map(|i| format!("p{i}"))).await;
+    let mut want = server_versions(&api).await.unwrap();
+    want.remove(&format!("{ns}/m"));
+    wait_for_view(&informer, &seen, &want).await;
+    assert_eq!(lists(&informer), relists, "no further relist");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_deleted_event_relists_and_leaves_no_ghost_in_the_cache() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("garbled-del").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
+    api.create(&PostParams::default(), &garbled_pod("victim"))
+        .await
+        .unwrap();
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+    );
+    let (seen, shutdown) = run(&informer);
+    wait_synced(&informer).await;
+    assert!(cached(&informer).contains_key(&format!("{ns}/victim")));
+    // Its DELETED event cannot be decoded; later events move the version on.
+    garble(&proxy);
+    api.delete("victim", &DeleteParams::default())
+        .await
+        .unwrap();
+    create_pods(&api, (5..10).map(|i| format!("p{i}"))).await;
+    no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
+    assert_eq!(
+        seen.tombstones(),
+        1,
+        "the victim's delete reached the handler"
+    );
+    assert!(lists(&informer) >= 2, "a relist found the delete");
     shutdown.cancel();
 }
 
