@@ -67,10 +67,20 @@ async fn a_thousand_pods_created_updated_and_deleted_end_with_the_cache_equal_to
     let (informer, seen, shutdown) = start(client, &ns, ReflectorOptions::default());
     wait_synced(&informer).await;
     create_pods(&api, (100..1000).map(|i| format!("p{i}"))).await;
+    // A handler added mid-churn: the cache replayed as adds, then every
+    // change, with no add, update or delete out of sequence.
+    let late = LastSeen::default();
+    informer.add_event_handler(late.clone()).unwrap();
     label_pods(&api, (0..1000).step_by(2).map(|i| format!("p{i}")), 1).await;
     delete_pods(&api, (0..1000).step_by(3).map(|i| format!("p{i}"))).await;
     label_pods(&api, (1..1000).step_by(3).map(|i| format!("p{i}")), 2).await;
-    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(
+        &api,
+        &informer,
+        seen.iter().chain([&late]),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(informer.indexer().len(), 666);
     let stats = informer.reflector_stats().unwrap();
     assert_eq!(
