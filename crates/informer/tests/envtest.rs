@@ -140,12 +140,28 @@ async fn a_compaction_forces_410_and_the_relist_delivers_missed_deletes_as_tombs
 
     // The informer loses its connection; meanwhile pods are deleted and
     // created, and etcd forgets the history it would need to catch up.
+    let errors_before = informer
+        .reflector_stats()
+        .unwrap()
+        .errors
+        .load(Ordering::SeqCst);
     proxy.refuse(true);
     proxy.cut_all();
     delete_pods(&api, (0..25).map(|i| format!("p{i}"))).await;
     create_pods(&api, (60..70).map(|i| format!("p{i}"))).await;
     env.compact_etcd().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the Reflector has noticed that the server is gone.
+    for _ in 0..300 {
+        let errors = informer
+            .reflector_stats()
+            .unwrap()
+            .errors
+            .load(Ordering::SeqCst);
+        if errors > errors_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     proxy.refuse(false);
 
     no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
