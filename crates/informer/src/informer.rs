@@ -156,7 +156,11 @@ impl<K> InformerOptions<K> {
 ///   new objects are the same;
 /// - a deletion found on relist reaches `on_delete` as a tombstone;
 /// - [`set_transform`](Self::set_transform) rewrites each object exactly once
-///   before it is cached ([`strip_managed_fields`] is ready-made).
+///   before it is cached ([`strip_managed_fields`] is ready-made);
+/// - a panicking callback is contained, and an informer that can no longer
+///   keep its cache in step says so: [`run`](Self::run) returns
+///   [`InformerError::Failed`] and [`has_synced`](Self::has_synced) turns
+///   false (see the module documentation).
 ///
 /// The informer is a cheap handle; clones share it.
 pub struct SharedIndexInformer<K> {
