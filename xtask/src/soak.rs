@@ -1,8 +1,12 @@
 //! `cargo xtask soak --minutes N`: steady churn of Pods with a fault every
 //! 30 s (connections cut, a silent network, an apiserver restart, an etcd
 //! compaction, in turn), checking after each that the informer's cache and
-//! its handler's view equal the server's. Reports events, relists,
-//! divergences and resident memory over time; writes docs/reliability.md.
+//! its handler's view equal the server's, and that the handler got no
+//! notification out of sequence (an add of a key it had, an update whose old
+//! is not what it saw last, a delete of a key it did not have). Reports
+//! events, relists, divergences, sequence violations and resident memory over
+//! time; writes docs/reliability.md. Fails on any divergence, violation, or
+//! informer failure.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,10 +69,10 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let seen = LastSeen::default();
     informer.add_event_handler(seen.clone())?;
     let shutdown = CancellationToken::new();
-    {
+    let informer_task = {
         let (i, s) = (informer.clone(), shutdown.clone());
-        tokio::spawn(async move { i.run(s).await });
-    }
+        tokio::spawn(async move { i.run(s).await })
+    };
 
     // Churn: about 40 writes a second over at most 300 Pods.
     let paused = Arc::new(AtomicBool::new(false));
@@ -174,6 +178,7 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
             let handler = diff(&server_versions(&api).await?, &seen.snapshot());
             if cache.is_empty() && handler.is_empty() {
                 converged = true;
+                last.clear();
                 break;
             }
             last = format!(
@@ -186,14 +191,21 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
         if !converged {
             divergences += 1;
         }
+        if let Some(e) = informer.failure() {
+            last = format!("informer failed: {e}");
+        }
+        let violations = seen.violations();
+        if let Some(v) = violations.last() {
+            last = format!("{} sequence violations, last: {v}", violations.len());
+        }
         let pods = api.list(&ListParams::default()).await?.items.len();
         let row = format!(
             "| {:>4} | {fault} | {pods} | {} | {} |",
             started.elapsed().as_secs(),
-            if converged {
-                format!("{:.1} s", t.elapsed().as_secs_f64())
-            } else {
-                format!("no ({last})")
+            match (converged, last.is_empty()) {
+                (true, true) => format!("{:.1} s", t.elapsed().as_secs_f64()),
+                (true, false) => format!("{:.1} s ({last})", t.elapsed().as_secs_f64()),
+                (false, _) => format!("no ({last})"),
             },
             memory
                 .last()
@@ -205,10 +217,12 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
         paused.store(false, Ordering::SeqCst);
     }
     shutdown.cancel();
+    let run_result = informer_task.await.context("the informer task")?;
+    let violations = seen.violations();
     let stats = informer.reflector_stats().context("no reflector stats")?;
     let lists = stats.lists_completed.load(Ordering::Relaxed);
     let summary = format!(
-        "{} s, {} writes (plus {} that hit a missing or existing Pod, {} failed during faults), {} events processed, {} lists ({} relists), {} watches, {} errors reported, {} divergences",
+        "{} s, {} writes (plus {} that hit a missing or existing Pod, {} failed during faults), {} events processed, {} lists ({} relists), {} watches, {} errors reported, {} divergences, {} sequence violations",
         started.elapsed().as_secs(),
         writes.load(Ordering::Relaxed),
         noop_writes.load(Ordering::Relaxed),
@@ -218,13 +232,21 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
         lists.saturating_sub(1),
         stats.watches.load(Ordering::Relaxed),
         stats.errors.load(Ordering::Relaxed),
-        divergences
+        divergences,
+        violations.len()
     );
     println!("soak: {summary}");
     env.stop();
     write_report(root, minutes, &summary, &rows, &memory)?;
-    if divergences > 0 {
-        anyhow::bail!("{divergences} divergences");
+    for v in violations.iter().take(20) {
+        println!("soak: sequence violation: {v}");
+    }
+    run_result.context("the informer failed")?;
+    if divergences > 0 || !violations.is_empty() {
+        anyhow::bail!(
+            "{divergences} divergences, {} sequence violations",
+            violations.len()
+        );
     }
     Ok(())
 }
@@ -247,7 +269,7 @@ fn write_report(
         .join(", ");
     let section = format!(
         "{BEGIN}\n## Latest soak: `cargo xtask soak --minutes {minutes}`\n\n{summary}.\n\n\
-         After each fault the writer pauses and the informer must catch up within 30 s (a divergence otherwise).\n\n\
+         After each fault the writer pauses and the informer must catch up within 30 s (a divergence otherwise); the handler must get no notification out of sequence (a sequence violation otherwise).\n\n\
          | t (s) | fault | pods | caught up | RSS (MiB) |\n|---|---|---|---|---|\n{}\n\n\
          Resident memory of the soak process (informer, writer and checker) over time, MiB: {series}.\n{END}\n",
         rows.join("\n")

@@ -78,8 +78,9 @@ impl From<kube_client::Error> for ListWatchError {
     }
 }
 
-/// Using an informer failed.
-#[derive(Debug, Error)]
+/// Using an informer failed, or a running informer could no longer keep
+/// its cache in step with the server.
+#[derive(Debug, Clone, Error)]
 pub enum InformerError {
     /// The informer was already started, so this can no longer be changed.
     #[error("{0} must be set before the informer starts")]
@@ -90,4 +91,17 @@ pub enum InformerError {
     /// The informer has stopped; no handler can be added.
     #[error("the informer has stopped")]
     Stopped,
+    /// The informer stopped keeping its cache in step with the server before
+    /// its shutdown token fired: its Reflector died (panicked), applying
+    /// deltas to the cache panicked, or `run` was dropped. The cache is
+    /// frozen; the informer no longer reports itself synced.
+    #[error(
+        "the informer of {what} failed: {reason}; its cache is no longer kept in step with the server"
+    )]
+    Failed {
+        /// What the informer lists and watches.
+        what: String,
+        /// What happened.
+        reason: String,
+    },
 }

@@ -1,16 +1,38 @@
 //! SharedIndexInformer: one list+watch, one cache, any number of handlers.
+//!
+//! No silent freeze: a user callback that panics cannot stop the informer,
+//! and an informer that can no longer keep its cache equal to the server
+//! says so.
+//! - Handlers: a panic is caught on the handler's thread, logged with the
+//!   object's key and counted ([`ResourceEventHandlerRegistration::panics`]);
+//!   the handler gets the next notification.
+//! - Index functions: the object is cached and left out of that index only,
+//!   logged with key and index, counted ([`SharedIndexInformer::index_failures`]).
+//! - The transform and the watch error handler: caught by the Reflector (see
+//!   its module): a transform panic treats that object as undecodable.
+//! - The Reflector runs as a task of its own, so that decoding and applying
+//!   deltas use two threads, but it never outlives [`SharedIndexInformer::run`]:
+//!   it is aborted when `run` returns, unwinds or is dropped. If the Reflector
+//!   dies before the shutdown (a panic in it or in the [`ListerWatcher`]), or
+//!   applying deltas to the cache panics, `run` stops the handlers and returns
+//!   [`InformerError::Failed`], logged at error level; from then on
+//!   `has_synced` is false and [`SharedIndexInformer::failure`] says why. The
+//!   same holds when `run`'s future is dropped before the shutdown.
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
 use kinformer_store::{Indexer, Indexers, KnownObjects, Object};
 use parking_lot::{Mutex, RwLock};
+use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::panics::{AbortOnDrop, panic_message};
 use crate::processor::{Listener, ListenerState, Notification, Processor};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
 use crate::{InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler};
@@ -134,7 +156,11 @@ impl<K> InformerOptions<K> {
 ///   new objects are the same;
 /// - a deletion found on relist reaches `on_delete` as a tombstone;
 /// - [`set_transform`](Self::set_transform) rewrites each object exactly once
-///   before it is cached ([`strip_managed_fields`] is ready-made).
+///   before it is cached ([`strip_managed_fields`] is ready-made);
+/// - a panicking callback is contained, and an informer that can no longer
+///   keep its cache in step says so: [`run`](Self::run) returns
+///   [`InformerError::Failed`] and [`has_synced`](Self::has_synced) turns
+///   false (see the module documentation).
 ///
 /// The informer is a cheap handle; clones share it.
 pub struct SharedIndexInformer<K> {
@@ -170,6 +196,10 @@ struct Inner<K> {
     stopped: AtomicBool,
     last_sync_rv: Arc<RwLock<String>>,
     stats: Mutex<Option<Arc<ReflectorStats>>>,
+    /// Set once the cache is no longer kept in step; `failure` says why.
+    failed: Arc<AtomicBool>,
+    failure: Mutex<Option<InformerError>>,
+    index_failures: AtomicU64,
 }
 
 struct Settings<K> {
@@ -215,6 +245,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 stopped: AtomicBool::new(false),
                 last_sync_rv: Arc::new(RwLock::new(String::new())),
                 stats: Mutex::new(None),
+                failed: Arc::new(AtomicBool::new(false)),
+                failure: Mutex::new(None),
+                index_failures: AtomicU64::new(0),
             }),
         }
     }
@@ -282,10 +315,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             listeners.push(listener);
         }
         let fifo = Arc::clone(&self.inner.fifo);
+        let failed = Arc::clone(&self.inner.failed);
         Ok(ResourceEventHandlerRegistration {
             id,
             state,
-            informer_synced: Arc::new(move || fifo.has_synced()),
+            informer_synced: Arc::new(move || !failed.load(Ordering::SeqCst) && fifo.has_synced()),
         })
     }
 
@@ -332,9 +366,22 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         Ok(())
     }
 
-    /// True once the first list has been fully delivered to the cache.
+    /// True once the first list has been fully delivered to the cache, and
+    /// false again for good if the informer failed (see [`failure`](Self::failure)).
     pub fn has_synced(&self) -> bool {
-        self.inner.fifo.has_synced()
+        !self.inner.failed.load(Ordering::SeqCst) && self.inner.fifo.has_synced()
+    }
+
+    /// Why the informer stopped keeping its cache in step with the server
+    /// before its shutdown; `None` while it works (or after a clean shutdown).
+    pub fn failure(&self) -> Option<InformerError> {
+        self.inner.failure.lock().clone()
+    }
+
+    /// Index function calls that failed or panicked: each left one object
+    /// out of one index (the object is cached all the same).
+    pub fn index_failures(&self) -> u64 {
+        self.inner.index_failures.load(Ordering::Relaxed)
     }
 
     /// The resource version last seen from the server ("" before the first list).
@@ -374,10 +421,16 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     }
 
     /// Lists, watches and dispatches until `shutdown` fires; then stops the
-    /// handlers. A second call returns at once.
-    pub async fn run(&self, shutdown: CancellationToken) {
+    /// handlers and returns `Ok`. A second call returns `Ok` at once.
+    ///
+    /// [`InformerError::Failed`] when the cache can no longer be kept in step
+    /// with the server before `shutdown` fires: the Reflector died or applying
+    /// deltas panicked. The handlers are stopped, [`has_synced`](Self::has_synced)
+    /// turns false and [`failure`](Self::failure) keeps the error. The
+    /// Reflector task never outlives this call, even when its future is dropped.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), InformerError> {
         if self.inner.started.swap(true, Ordering::SeqCst) {
-            return;
+            return Ok(());
         }
         let reflector = {
             let settings = self.inner.settings.lock();
@@ -400,29 +453,126 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             reflector
         };
         *self.inner.stats.lock() = Some(reflector.stats());
-        let reflector_task = tokio::spawn(reflector.run(shutdown.clone()));
+        // Declared before the guard, so dropped after it: either way the
+        // Reflector is aborted when this future ends, however it ends.
+        let mut reflector_task = AbortOnDrop(tokio::spawn(reflector.run(shutdown.clone())));
+        let mut guard = RunGuard {
+            inner: &self.inner,
+            done: false,
+        };
         let span = info_span!("informer", what = %self.inner.description);
-        async {
+        let inner = &self.inner;
+        let end = async {
             loop {
-                let inner = &self.inner;
+                let mut panicked = None;
                 let popped = tokio::select! {
-                    _ = shutdown.cancelled() => break,
+                    _ = shutdown.cancelled() => break End::Shutdown,
+                    ended = &mut reflector_task.0 => break End::Reflector(ended),
                     popped = inner.fifo.pop_with_key(|key, deltas, initial| {
-                        inner.handle_deltas(key, deltas, initial);
+                        let applied = catch_unwind(AssertUnwindSafe(|| {
+                            inner.handle_deltas(key, deltas, initial)
+                        }));
+                        if let Err(panic) = applied {
+                            panicked = Some(format!(
+                                "applying the deltas of {key} to the cache panicked: {}",
+                                panic_message(panic.as_ref())
+                            ));
+                        }
                         Ok::<_, Requeue<()>>(())
                     }) => popped,
                 };
+                if let Some(reason) = panicked {
+                    break End::Failed(reason);
+                }
                 if let Err(PopError::Closed) = popped {
-                    break;
+                    break End::Shutdown;
                 }
             }
         }
         .instrument(span)
         .await;
         self.inner.fifo.close();
-        let _ = reflector_task.await;
-        self.inner.stopped.store(true, Ordering::SeqCst);
-        self.inner.processor.stop_all();
+        let failure = match end {
+            End::Shutdown => {
+                // The Reflector ends on the same token.
+                let _ = (&mut reflector_task.0).await;
+                None
+            }
+            End::Reflector(Ok(())) if shutdown.is_cancelled() => None,
+            End::Reflector(Ok(())) => Some("the reflector stopped before shutdown".to_owned()),
+            End::Reflector(Err(e)) => Some(reflector_death(e)),
+            End::Failed(reason) => {
+                reflector_task.0.abort();
+                let _ = (&mut reflector_task.0).await;
+                Some(reason)
+            }
+        };
+        guard.done = true;
+        self.inner.stop();
+        match failure {
+            Some(reason) => Err(self.inner.fail(reason)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why the informer's delta loop ended.
+enum End {
+    Shutdown,
+    Reflector(Result<(), JoinError>),
+    Failed(String),
+}
+
+fn reflector_death(e: JoinError) -> String {
+    if e.is_panic() {
+        format!(
+            "the reflector panicked: {}",
+            panic_message(e.into_panic().as_ref())
+        )
+    } else {
+        "the reflector task was cancelled".to_owned()
+    }
+}
+
+/// Marks the informer failed if `run` ends without finishing (its future
+/// dropped, or unwinding).
+struct RunGuard<'a, K> {
+    inner: &'a Inner<K>,
+    done: bool,
+}
+
+impl<K> Drop for RunGuard<'_, K> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.inner.fifo.close();
+            self.inner.stop();
+            self.inner
+                .fail("run() was dropped or unwound before its shutdown token fired".to_owned());
+        }
+    }
+}
+
+impl<K> Inner<K> {
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.processor.stop_all();
+    }
+
+    /// Records the failure (the first one wins) and logs it.
+    fn fail(&self, reason: String) -> InformerError {
+        let e = InformerError::Failed {
+            what: self.description.clone(),
+            reason,
+        };
+        self.failed.store(true, Ordering::SeqCst);
+        let mut failure = self.failure.lock();
+        if failure.is_none() {
+            error!(error = %e, "informer failed");
+            *failure = Some(e.clone());
+        } else {
+            info!(error = %e, "informer failed again");
+        }
+        e
     }
 }
 
@@ -449,14 +599,13 @@ impl<K: Object> Inner<K> {
                     // The DeltaFifo and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
                     // One write both stores the object and says what it replaced.
-                    let old = match self.indexer.update_by_key(key, Arc::clone(&obj)) {
-                        Ok(old) => old,
-                        Err(e) => {
-                            warn!(error = %e, "cannot store the object in the cache");
-                            continue;
-                        }
-                    };
-                    match old {
+                    let upserted = self.indexer.update_by_key(key, Arc::clone(&obj));
+                    for e in &upserted.unindexed {
+                        // Stored, and missing from this one index.
+                        self.index_failures.fetch_add(1, Ordering::Relaxed);
+                        error!(key = %e.key, index = %e.index, error = %e.source, "index function failed; the object is cached but left out of the index");
+                    }
+                    match upserted.previous {
                         Some(old) => {
                             let is_sync = match delta.kind {
                                 DeltaType::Sync => true,

@@ -43,6 +43,7 @@ mod handler;
 mod informer;
 mod lister;
 mod lister_watcher;
+mod panics;
 mod processor;
 mod reflector;
 mod strip;

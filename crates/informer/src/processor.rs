@@ -17,12 +17,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use kinformer_store::ObjectOrTombstone;
+use kinformer_store::{
+    Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
+};
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 use tracing::error;
 
 use crate::ResourceEventHandler;
+use crate::panics::panic_message;
 
 pub(crate) enum Notification<K> {
     Add { obj: Arc<K>, initial: bool },
@@ -69,7 +72,7 @@ pub(crate) struct Listener<K> {
     resync_due: AtomicBool,
 }
 
-impl<K: Send + Sync + 'static> Listener<K> {
+impl<K: Object> Listener<K> {
     pub(crate) fn spawn(
         id: u64,
         handler: Arc<dyn ResourceEventHandler<K>>,
@@ -94,7 +97,9 @@ impl<K: Send + Sync + 'static> Listener<K> {
             resync_due: AtomicBool::new(false),
         }
     }
+}
 
+impl<K> Listener<K> {
     pub(crate) fn send(&self, n: Notification<K>) {
         if let Notification::Add { initial: true, .. } = n {
             self.state.pending_initial.fetch_add(1, Ordering::SeqCst);
@@ -106,7 +111,7 @@ impl<K: Send + Sync + 'static> Listener<K> {
     }
 }
 
-fn run_listener<K: 'static>(
+fn run_listener<K: Object>(
     rx: mpsc::Receiver<Notification<K>>,
     handler: Arc<dyn ResourceEventHandler<K>>,
     state: Arc<ListenerState>,
@@ -123,12 +128,13 @@ fn run_listener<K: 'static>(
         }));
         if let Err(panic) = result {
             state.panics.fetch_add(1, Ordering::Relaxed);
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic".into());
-            error!(panic = %message, "event handler panicked; continuing with the next notification");
+            let (what, key) = match &n {
+                Notification::Add { obj, .. } => ("add", meta_namespace_key(obj.as_ref())),
+                Notification::Update { new, .. } => ("update", meta_namespace_key(new.as_ref())),
+                Notification::Delete(obj) => ("delete", deletion_handling_meta_namespace_key(obj)),
+            };
+            let key = key.unwrap_or_else(|e| e.to_string());
+            error!(key = %key, notification = what, panic = %panic_message(panic.as_ref()), "event handler panicked; continuing with the next notification");
         }
         state.handled.fetch_add(1, Ordering::Relaxed);
         if initial {
@@ -189,7 +195,9 @@ impl<K: Send + Sync + 'static> Processor<K> {
         }
         any
     }
+}
 
+impl<K> Processor<K> {
     pub(crate) fn stop_all(&self) {
         for l in self.listeners.write().drain(..) {
             l.state.stopped.store(true, Ordering::SeqCst);

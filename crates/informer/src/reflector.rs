@@ -15,22 +15,42 @@
 //!   (800 ms doubling to 30 s, reset after 2 minutes of health).
 //! - A watch that sees nothing, not even a bookmark, for the idle timeout is
 //!   taken for a dead (half-open) connection and reopened.
+//! - An object of a list that cannot be decoded is left out of the list (and
+//!   reported): the cache then lacks it, and a relist deletes it from the
+//!   cache (a tombstone to the handlers) if it was there. A watch event that
+//!   cannot be decoded ends the watch and relists, as client-go does: skipping
+//!   it would let later events move the resource version past it, and an
+//!   undecodable DELETED would leave a ghost in the cache for good. The list
+//!   leaves the object out, so list and watch agree; the next watch starts
+//!   after it, so an object that stays undecodable costs one relist per
+//!   change of it, not a relist loop.
+//!
+//! User callbacks cannot kill the Reflector; their panics are caught:
+//! - A transform that panics for an object means that object cannot be
+//!   cached faithfully: it is treated exactly like an undecodable object
+//!   (left out of a list; a watch event ends the watch and relists), logged
+//!   with the object's key and counted in [`ReflectorStats::transform_panics`].
+//! - A watch error handler that panics is logged with the error it was
+//!   handed and counted in [`ReflectorStats::error_handler_panics`]; the
+//!   Reflector goes on (the handler only reports, the cache is not at stake).
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use kinformer_fifo::DeltaFifo;
-use kinformer_store::Object;
+use kinformer_store::{Object, meta_namespace_key, object_description};
 use kube_client::core::WatchEvent;
 use parking_lot::RwLock;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::lister_watcher::{ListRequest, ListerWatcher, WatchRequest, WatchStream};
+use crate::panics::{AbortOnDrop, panic_message};
 use crate::{ListWatchError, Transform, WatchErrorHandler};
 
 /// The page size used when the Reflector pages a list, as client-go's pager.
@@ -89,6 +109,10 @@ pub struct ReflectorStats {
     pub events: AtomicU64,
     /// Errors reported to the watch error handler.
     pub errors: AtomicU64,
+    /// Objects the transform panicked on (each left out, as undecodable).
+    pub transform_panics: AtomicU64,
+    /// Panics of the watch error handler, caught.
+    pub error_handler_panics: AtomicU64,
 }
 
 impl ReflectorStats {
@@ -203,7 +227,7 @@ impl<K: Object + Clone> Reflector<K> {
             let resync_task = self.resync.clone().map(|(period, should)| {
                 let fifo = Arc::clone(&self.fifo);
                 let shutdown = shutdown.clone();
-                tokio::spawn(async move {
+                AbortOnDrop(tokio::spawn(async move {
                     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
                     loop {
                         tokio::select! {
@@ -217,7 +241,7 @@ impl<K: Object + Clone> Reflector<K> {
                             }
                         }
                     }
-                })
+                }))
             });
             let mut backoff = Backoff::new(self.options.backoff);
             let mut state = ListState {
@@ -251,9 +275,9 @@ impl<K: Object + Clone> Reflector<K> {
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            if let Some(task) = resync_task {
-                task.abort();
-            }
+            // Dropping the guard aborts the resync task (also when this
+            // future is dropped before it gets here).
+            drop(resync_task);
             debug!("reflector stopped");
         }
         .instrument(span)
@@ -262,7 +286,10 @@ impl<K: Object + Clone> Reflector<K> {
 
     fn report(&self, e: &ListWatchError) {
         ReflectorStats::bump(&self.stats.errors);
-        (self.error_handler)(e);
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.error_handler)(e))) {
+            ReflectorStats::bump(&self.stats.error_handler_panics);
+            error!(error = %e, panic = %panic_message(panic.as_ref()), "the watch error handler panicked on this error; going on");
+        }
     }
 
     /// Lists, then watches until the watch must be given up. `Ok` only on
@@ -440,7 +467,11 @@ impl<K: Object + Clone> Reflector<K> {
                     )));
                 }
                 Some(Err(e)) => return Err(e),
-                Some(Ok(WatchEvent::Added(obj))) => items.push(Arc::new(self.transform(obj))),
+                Some(Ok(WatchEvent::Added(obj))) => match self.transform(obj) {
+                    Ok(obj) => items.push(Arc::new(obj)),
+                    // Left out of the list, as an undecodable object.
+                    Err(e) => self.report(&e),
+                },
                 Some(Ok(WatchEvent::Bookmark(b))) => {
                     let ended = b
                         .metadata
@@ -509,7 +540,14 @@ impl<K: Object + Clone> Reflector<K> {
         let count = items.len();
         let items: Vec<Arc<K>> = items
             .into_iter()
-            .map(|obj| Arc::new(self.transform(obj)))
+            .filter_map(|obj| match self.transform(obj) {
+                Ok(obj) => Some(Arc::new(obj)),
+                // Left out of the list, as an undecodable object.
+                Err(e) => {
+                    self.report(&e);
+                    None
+                }
+            })
             .collect();
         self.fifo.replace(items, &list_rv).map_err(|e| {
             ListWatchError::Decode(format!("the list holds an object without a key: {e}"))
@@ -600,11 +638,21 @@ impl<K: Object + Clone> Reflector<K> {
         }
     }
 
-    fn transform(&self, obj: K) -> K {
-        match &self.transform {
-            Some(t) => t(obj),
-            None => obj,
-        }
+    /// The object through the transform; a panic of the transform is a
+    /// [`ListWatchError::Decode`] naming the object (it cannot be cached
+    /// faithfully, like an object that cannot be decoded).
+    fn transform(&self, obj: K) -> Result<K, ListWatchError> {
+        let Some(transform) = &self.transform else {
+            return Ok(obj);
+        };
+        // Taken first: the transform consumes the object.
+        let key = meta_namespace_key(&obj).unwrap_or_else(|_| object_description(&obj));
+        catch_unwind(AssertUnwindSafe(|| transform(obj))).map_err(|panic| {
+            ReflectorStats::bump(&self.stats.transform_panics);
+            let panic = panic_message(panic.as_ref());
+            error!(key = %key, panic = %panic, "the transform panicked; the object is treated as undecodable");
+            ListWatchError::Decode(format!("the transform panicked on {key}: {panic}"))
+        })
     }
 
     async fn watch_handler(
@@ -629,26 +677,35 @@ impl<K: Object + Clone> Reflector<K> {
                 }
                 Ok(Some(Ok(event))) => event,
                 Ok(Some(Err(ListWatchError::Decode(e)))) => {
-                    // One undecodable event is skipped; the watch goes on.
-                    self.report(&ListWatchError::Decode(format!(
-                        "skipped one watch event: {e}"
+                    // Skipping it would move the resource version past a
+                    // change the cache never got: relist instead.
+                    return WatchEnd::Failed(ListWatchError::Decode(format!(
+                        "undecodable watch event: {e}"
                     )));
-                    continue;
                 }
                 Ok(Some(Err(e))) => return WatchEnd::Failed(e),
             };
             let (rv, result) = match event {
                 WatchEvent::Added(obj) => {
                     let rv = obj.resource_version().map(str::to_owned);
-                    (rv, self.fifo.add(Arc::new(self.transform(obj))))
+                    match self.transform(obj) {
+                        Ok(obj) => (rv, self.fifo.add(Arc::new(obj))),
+                        Err(e) => return WatchEnd::Failed(e),
+                    }
                 }
                 WatchEvent::Modified(obj) => {
                     let rv = obj.resource_version().map(str::to_owned);
-                    (rv, self.fifo.update(Arc::new(self.transform(obj))))
+                    match self.transform(obj) {
+                        Ok(obj) => (rv, self.fifo.update(Arc::new(obj))),
+                        Err(e) => return WatchEnd::Failed(e),
+                    }
                 }
                 WatchEvent::Deleted(obj) => {
                     let rv = obj.resource_version().map(str::to_owned);
-                    (rv, self.fifo.delete(Arc::new(self.transform(obj))))
+                    match self.transform(obj) {
+                        Ok(obj) => (rv, self.fifo.delete(Arc::new(obj))),
+                        Err(e) => return WatchEnd::Failed(e),
+                    }
                 }
                 WatchEvent::Bookmark(bookmark) => {
                     *self.last_sync_rv.write() = bookmark.metadata.resource_version;

@@ -67,10 +67,20 @@ async fn a_thousand_pods_created_updated_and_deleted_end_with_the_cache_equal_to
     let (informer, seen, shutdown) = start(client, &ns, ReflectorOptions::default());
     wait_synced(&informer).await;
     create_pods(&api, (100..1000).map(|i| format!("p{i}"))).await;
+    // A handler added mid-churn: the cache replayed as adds, then every
+    // change, with no add, update or delete out of sequence.
+    let late = LastSeen::default();
+    informer.add_event_handler(late.clone()).unwrap();
     label_pods(&api, (0..1000).step_by(2).map(|i| format!("p{i}")), 1).await;
     delete_pods(&api, (0..1000).step_by(3).map(|i| format!("p{i}"))).await;
     label_pods(&api, (1..1000).step_by(3).map(|i| format!("p{i}")), 2).await;
-    no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;
+    no_difference(
+        &api,
+        &informer,
+        seen.iter().chain([&late]),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(informer.indexer().len(), 666);
     let stats = informer.reflector_stats().unwrap();
     assert_eq!(
@@ -130,12 +140,28 @@ async fn a_compaction_forces_410_and_the_relist_delivers_missed_deletes_as_tombs
 
     // The informer loses its connection; meanwhile pods are deleted and
     // created, and etcd forgets the history it would need to catch up.
+    let errors_before = informer
+        .reflector_stats()
+        .unwrap()
+        .errors
+        .load(Ordering::SeqCst);
     proxy.refuse(true);
     proxy.cut_all();
     delete_pods(&api, (0..25).map(|i| format!("p{i}"))).await;
     create_pods(&api, (60..70).map(|i| format!("p{i}"))).await;
     env.compact_etcd().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Until the Reflector has noticed that the server is gone.
+    for _ in 0..300 {
+        let errors = informer
+            .reflector_stats()
+            .unwrap()
+            .errors
+            .load(Ordering::SeqCst);
+        if errors > errors_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     proxy.refuse(false);
 
     no_difference(&api, &informer, &seen, Duration::from_secs(60)).await;

@@ -10,9 +10,11 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_informer::{
-    CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError, ListerWatcher,
-    ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest, WatchStream,
+    CancellationToken, InformerError, InformerOptions, ListPage, ListRequest, ListWatchError,
+    ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
+    WatchStream,
 };
+use kinformer_store::Indexers;
 use kube_client::core::WatchEvent;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -39,6 +41,8 @@ struct Script {
     /// Whether streaming lists (sendInitialEvents) are served; refused
     /// (400, not recorded) otherwise, as by an older server.
     watch_list: bool,
+    /// Once the scripted lists are used up, the next list call panics.
+    panic_when_out_of_lists: bool,
 }
 
 #[derive(Clone)]
@@ -55,6 +59,9 @@ impl ListerWatcher<ConfigMap> for Fake {
     ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
         let mut s = self.script.lock();
         s.list_requests.push(request);
+        if s.lists.is_empty() && s.panic_when_out_of_lists {
+            panic!("the lister watcher broke");
+        }
         let next = s
             .lists
             .pop_front()
@@ -154,10 +161,24 @@ fn harness_with(
 }
 
 impl Harness {
-    fn start(&self) {
+    fn start(&self) -> tokio::task::JoinHandle<Result<(), InformerError>> {
         let informer = self.informer.clone();
         let shutdown = self.shutdown.clone();
-        tokio::spawn(async move { informer.run(shutdown).await });
+        tokio::spawn(async move { informer.run(shutdown).await })
+    }
+
+    /// Waits (up to 5 s) until the cache holds exactly `keys`.
+    async fn wait_for_keys(&self, keys: &[&str]) -> Vec<String> {
+        let mut cached = Vec::new();
+        for _ in 0..500 {
+            cached = self.informer.indexer().list_keys();
+            cached.sort();
+            if cached == keys {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cached
     }
 
     async fn next_watch(&mut self) -> WatchTx {
@@ -212,7 +233,7 @@ impl Log {
     }
 
     async fn wait_for(&self, n: usize) -> Vec<String> {
-        for _ in 0..500 {
+        for _ in 0..1000 {
             if self.0.lock().len() >= n {
                 break;
             }
@@ -310,7 +331,7 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
         .unwrap(),
     )))
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Same stream: the bookmark is handled before the error.
     w.send(Err(ListWatchError::Gone(
         "too old resource version: 6 (8)".into(),
     )))
@@ -352,7 +373,7 @@ async fn a_watch_closed_by_the_server_is_reopened_from_the_last_version_without_
     h.start();
     let w = h.next_watch().await;
     w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The server ends the watch after that event.
     drop(w);
     let _w2 = h.next_watch().await;
     let s = h.script.lock();
@@ -391,13 +412,24 @@ async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
     let quiet = Log::default();
     h.informer.add_event_handler(quiet.handler()).unwrap();
     h.start();
-    let _w = h.next_watch().await;
-    let seen = log.wait_for(2).await;
-    assert_eq!(seen, ["add a 1 initial", "update a 1->1 same"]);
-    // The handler without a resync period gets no resync.
-    assert_eq!(quiet.wait_for(1).await, ["add a 1 initial"]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(quiet.0.lock().len(), 1);
+    let w = h.next_watch().await;
+    let seen = log.wait_for(3).await;
+    assert_eq!(
+        seen[..3],
+        [
+            "add a 1 initial",
+            "update a 1->1 same",
+            "update a 1->1 same"
+        ]
+    );
+    // The handler without a resync period gets no resync: a change after
+    // the second resync reaches it right after the initial add (each
+    // handler gets its notifications in order).
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        quiet.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
     h.shutdown.cancel();
 }
 
@@ -477,29 +509,45 @@ async fn the_transform_runs_once_per_object_before_caching() {
 }
 
 #[tokio::test]
-async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
-    let mut h = harness(vec![page(vec![], 1)], InformerOptions::new());
+async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_object_it_was() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 2),
+            // The relist: b (the undecodable DELETED) is gone, c came meanwhile.
+            page(vec![cm("a", 1), cm("c", 4)], 5),
+        ],
+        InformerOptions::new(),
+    );
     let errors = Arc::new(Mutex::new(Vec::new()));
     let e = Arc::clone(&errors);
     h.informer
         .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
         .unwrap();
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Added(cm("a", 2)))).unwrap();
+    // What was b's DELETED, and a later event that would move the version past it.
     w.send(Err(ListWatchError::Decode(
         "invalid type: integer, expected a string".into(),
     )))
     .unwrap();
-    w.send(Ok(WatchEvent::Added(cm("b", 3)))).unwrap();
-    for _ in 0..200 {
-        if h.informer.indexer().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    w.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    let w2 = h.next_watch().await;
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
+    let seen = log.wait_for(4).await;
+    // Per key in order; the relist's add of c may come before b's delete.
+    assert_eq!(
+        sorted(seen[2..].to_vec()),
+        ["add c 4", "delete b 2 tombstone"]
+    );
+    {
+        let s = h.script.lock();
+        assert_eq!(s.list_requests.len(), 2, "one relist");
+        // From the last version before the undecodable event, not past it.
+        assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("2"));
+        assert_eq!(s.watch_requests[1].resource_version, "5");
     }
-    assert_eq!(h.informer.indexer().len(), 2);
-    assert_eq!(h.script.lock().list_requests.len(), 1);
     assert!(
         errors
             .lock()
@@ -508,6 +556,10 @@ async fn an_undecodable_event_is_skipped_and_the_watch_goes_on() {
         "{:?}",
         errors.lock()
     );
+    // The next watch goes on normally: no relist loop.
+    w2.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
+    assert_eq!(log.wait_for(5).await[4], "update c 4->6");
+    assert_eq!(h.script.lock().list_requests.len(), 2);
     h.shutdown.cancel();
 }
 
@@ -630,4 +682,180 @@ async fn a_streaming_list_without_its_end_bookmark_falls_back_to_list_and_watch(
     drop(s);
     assert!(informer.has_synced());
     shutdown.cancel();
+}
+
+fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_watching() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("boom", 2)], 2),
+            page(vec![cm("a", 1), cm("boom", 3)], 3),
+        ],
+        InformerOptions::new(),
+    );
+    h.informer
+        .set_transform(|obj: ConfigMap| {
+            assert_ne!(
+                obj.metadata.name.as_deref(),
+                Some("boom"),
+                "cannot transform"
+            );
+            obj
+        })
+        .unwrap();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let e = Arc::clone(&errors);
+    h.informer
+        .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
+        .unwrap();
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    // Left out of the list, as an undecodable object would be.
+    assert_eq!(h.wait_for_keys(&["ns/a"]).await, ["ns/a"]);
+    assert!(h.informer.has_synced());
+    let stats = h.informer.reflector_stats().unwrap();
+    assert_eq!(count(&stats.transform_panics), 1);
+    assert!(
+        errors
+            .lock()
+            .iter()
+            .any(|e| e.contains("ns/boom") && e.contains("cannot transform")),
+        "reported with the key: {:?}",
+        errors.lock()
+    );
+    // A watch event it cannot transform ends the watch: a relist.
+    w.send(Ok(WatchEvent::Modified(cm("boom", 3)))).unwrap();
+    let w2 = h.next_watch().await;
+    assert_eq!(h.script.lock().list_requests.len(), 2);
+    w2.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
+    assert_eq!(count(&stats.transform_panics), 3);
+    assert!(h.informer.has_synced());
+    assert_eq!(log.wait_for(2).await, ["add a 1 initial", "add c 4"]);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_panicking_watch_error_handler_is_contained_and_the_reflector_goes_on() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    h.script
+        .lock()
+        .watch_errors
+        .push_back(ListWatchError::Connect("connection refused".into()));
+    h.informer
+        .set_watch_error_handler(|err| panic!("the error handler broke on {err}"))
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
+    let stats = h.informer.reflector_stats().unwrap();
+    assert_eq!(count(&stats.error_handler_panics), 1);
+    assert!(h.informer.has_synced());
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_counted() {
+    let mut indexers: Indexers<ConfigMap> = kinformer_store::namespace_indexers();
+    indexers.insert(
+        "by-name".into(),
+        Arc::new(|c: &ConfigMap| {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            assert_ne!(name, "boom", "cannot index");
+            Ok(vec![name])
+        }),
+    );
+    let mut h = harness(
+        vec![page(vec![cm("a", 1), cm("boom", 2)], 2)],
+        InformerOptions::new().indexers(indexers),
+    );
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Modified(cm("boom", 3)))).unwrap();
+    let seen = log.wait_for(3).await;
+    assert_eq!(
+        sorted(seen),
+        ["add a 1 initial", "add boom 2 initial", "update boom 2->3"]
+    );
+    let cached = h.informer.indexer().get_by_key("ns/boom").unwrap();
+    assert_eq!(cached.metadata.resource_version.as_deref(), Some("3"));
+    assert!(
+        h.informer
+            .indexer()
+            .by_index("by-name", "boom")
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        h.informer
+            .indexer()
+            .index_keys("namespace", "ns")
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(h.informer.index_failures(), 2);
+    assert!(h.informer.has_synced());
+    assert!(h.informer.failure().is_none());
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_reflector_that_dies_makes_run_return_an_error_and_has_synced_false() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    h.script.lock().panic_when_out_of_lists = true;
+    let reg = h
+        .informer
+        .add_event_handler(Log::default().handler())
+        .unwrap();
+    let run = h.start();
+    let w = h.next_watch().await;
+    assert!(h.informer.has_synced());
+    // A relist, which the lister watcher answers with a panic.
+    w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run() must end when its reflector dies")
+        .unwrap();
+    let err = ended.unwrap_err();
+    assert!(
+        matches!(&err, InformerError::Failed { reason, .. } if reason.contains("the lister watcher broke")),
+        "{err}"
+    );
+    assert!(!h.informer.has_synced());
+    assert!(!reg.has_synced());
+    assert!(h.informer.failure().is_some());
+    assert!(
+        h.informer
+            .add_event_handler(Log::default().handler())
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn dropping_run_aborts_the_reflector_and_the_informer_no_longer_reports_synced() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let run = h.start();
+    let w = h.next_watch().await;
+    assert!(h.informer.has_synced());
+    run.abort();
+    // The Reflector held the watch; once it is gone, so is the watch.
+    for _ in 0..500 {
+        if w.is_closed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(w.is_closed(), "the reflector outlived run()");
+    assert!(!h.informer.has_synced());
+    assert!(h.informer.failure().is_some());
 }

@@ -24,8 +24,32 @@ pub enum KeyError {
     },
 }
 
+/// An index function failed for one object: it returned an error or panicked.
+///
+/// On a write (add, update, replace) the object is stored all the same and
+/// left out of this one index, so the store keeps the newest object and every
+/// other index stays complete; the error says which object is missing from
+/// which index.
+#[derive(Debug, Error)]
+#[error("index function {index:?} failed for object {key:?}: {source}")]
+pub struct IndexError {
+    /// The index whose function failed.
+    pub index: String,
+    /// The key of the object it failed on.
+    pub key: String,
+    /// What the index function reported (or how it panicked).
+    #[source]
+    pub source: BoxError,
+}
+
+/// The source of an [`IndexError`] for an index function that panicked.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("the index function panicked: {0}")]
+pub struct IndexFuncPanic(pub String);
+
 /// An operation on a [`ThreadSafeStore`](crate::ThreadSafeStore) or
-/// [`Indexer`](crate::Indexer) was refused; the store is left unchanged.
+/// [`Indexer`](crate::Indexer) failed. Every variant but
+/// [`Unindexed`](Self::Unindexed) leaves the store unchanged.
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The object's key could not be computed.
@@ -41,15 +65,25 @@ pub enum StoreError {
     /// client-go, indexes cannot be added to a running store).
     #[error("cannot add indexers to a store that already holds {0} items")]
     IndexersAfterItems(usize),
-    /// An index function failed; the object was not stored.
-    #[error("index function {index:?} failed for object {key:?}: {source}")]
-    IndexFunc {
-        /// The index whose function failed.
-        index: String,
-        /// The key of the object it failed on.
-        key: String,
-        /// What the index function reported.
-        #[source]
-        source: BoxError,
-    },
+    /// An index function failed on the object of a query (`index`).
+    #[error(transparent)]
+    IndexFunc(IndexError),
+    /// The write was done, but index functions failed: each object named is
+    /// stored and left out of the index named (and only of that one).
+    #[error("stored, but {} index function call(s) failed: {}", .0.len(), join(.0))]
+    Unindexed(Vec<IndexError>),
+}
+
+fn join(errors: &[IndexError]) -> String {
+    const SHOWN: usize = 3;
+    let mut s = errors
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if errors.len() > SHOWN {
+        s.push_str(&format!("; and {} more", errors.len() - SHOWN));
+    }
+    s
 }

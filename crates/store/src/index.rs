@@ -8,7 +8,9 @@ use crate::{BoxError, Object};
 /// Computes the values under which an object is indexed (none, one or many).
 ///
 /// Unlike client-go, a failing index function returns an error, which the
-/// store reports with the object's key instead of panicking.
+/// store reports with the object's key instead of panicking. A failing (or
+/// panicking) index function keeps the object out of that index only; the
+/// object is stored all the same.
 pub type IndexFunc<K> = Arc<dyn Fn(&K) -> Result<Vec<String>, BoxError> + Send + Sync>;
 
 /// Index functions by index name.

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{Indexers, KeyError, Object, StoreError, ThreadSafeStore, meta_namespace_key};
+use crate::{
+    Indexers, KeyError, Object, StoreError, ThreadSafeStore, Upserted, meta_namespace_key,
+};
 
 /// Computes an object's key; [`meta_namespace_key`] by default.
 pub type KeyFunc<K> = Arc<dyn Fn(&K) -> Result<String, KeyError> + Send + Sync>;
@@ -23,9 +25,11 @@ pub trait KnownObjects<K>: Send + Sync {
 /// Semantics are client-go's `Indexer`: `add` and `update` both upsert,
 /// `delete` of an absent object is not an error, `replace` swaps the whole
 /// content atomically and rebuilds the indexes, and indexes can only be added
-/// while the store is empty. Unlike client-go, an object without a key or an
-/// index function that fails is an error naming the object, and the store is
-/// left unchanged.
+/// while the store is empty. Unlike client-go, an object without a key is an
+/// error naming the object (and the store is left unchanged), and an index
+/// function that fails or panics does not panic the caller: the object is
+/// stored, left out of that index only, and the write returns
+/// [`StoreError::Unindexed`] naming the index and the key.
 pub struct Indexer<K> {
     store: ThreadSafeStore<K>,
     key_func: KeyFunc<K>,
@@ -90,9 +94,9 @@ impl<K> Indexer<K> {
     }
 
     /// Inserts or replaces the object under `key`, which the caller computed
-    /// with this indexer's key function (saves computing it again); returns
-    /// the object it replaced.
-    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Result<Option<Arc<K>>, StoreError> {
+    /// with this indexer's key function (saves computing it again); says what
+    /// it replaced and which index functions failed for it.
+    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
         self.store.upsert(key, obj)
     }
 
@@ -139,7 +143,9 @@ impl<K> Indexer<K> {
     }
 
     /// Swaps the whole content for `list` at once. The resource version is
-    /// the list's; the store does not keep it (client-go parity).
+    /// the list's; the store does not keep it (client-go parity). An object
+    /// without a key refuses the whole list (the store is left unchanged);
+    /// failing index functions give [`StoreError::Unindexed`] after the swap.
     pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), StoreError> {
         let items = list
             .into_iter()

@@ -10,7 +10,10 @@
 //!   [`deletion_handling_meta_namespace_key`] also accepts the tombstones
 //!   ([`DeletedFinalStateUnknown`]) that a relist produces.
 //! - [`ThreadSafeStore`] is a keyed map with named secondary indexes that
-//!   stay consistent on every add, update, delete and replace.
+//!   stay consistent on every add, update, delete and replace. An index
+//!   function that fails or panics for an object leaves that object out of
+//!   that index only: the object itself is stored, and the write reports an
+//!   [`IndexError`] naming the index and the key.
 //! - [`Indexer`] is the store most callers want: a [`ThreadSafeStore`] plus a
 //!   key function, the cache behind every informer and Lister.
 //!
@@ -41,7 +44,7 @@ mod key;
 mod object;
 mod thread_safe_store;
 
-pub use error::{BoxError, KeyError, StoreError};
+pub use error::{BoxError, IndexError, IndexFuncPanic, KeyError, StoreError};
 pub use index::{
     IndexFunc, Indexers, NAMESPACE_INDEX, meta_namespace_index_func, namespace_indexers,
 };
@@ -51,4 +54,4 @@ pub use key::{
     split_meta_namespace_key,
 };
 pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
-pub use thread_safe_store::ThreadSafeStore;
+pub use thread_safe_store::{ThreadSafeStore, Upserted};

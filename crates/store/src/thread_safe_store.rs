@@ -6,13 +6,22 @@
 //! delete removes exactly those entries, so an object moving from one index
 //! value to another leaves nothing stale behind, whatever its index function
 //! would say now, and an update whose values did not change touches no index.
+//!
+//! Index functions are user code. One that returns an error or panics for an
+//! object does not stop the write: the object is stored (the store must hold
+//! what the server has, or it silently serves a stale object) and it is left
+//! out of that one index; the write reports an [`IndexError`] naming the index
+//! and the key. A later write of the same key whose index function succeeds
+//! indexes it again. A panic is caught before it can unwind through the lock.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::{IndexFunc, Indexers, StoreError};
+use crate::{BoxError, IndexError, IndexFunc, IndexFuncPanic, Indexers, StoreError};
 
 type Hasher = foldhash::fast::RandomState;
 type Map<K, V> = HashMap<K, V, Hasher>;
@@ -23,10 +32,35 @@ type IndexValues = Box<[Box<[Arc<str>]>]>;
 /// A thread-safe keyed store with named indexes: client-go's `ThreadSafeStore`.
 ///
 /// Keys are given by the caller; [`Indexer`](crate::Indexer) wraps this with a
-/// key function. Every mutating call is atomic: when an index function fails,
-/// the error names the index and key and nothing is changed.
+/// key function. Every mutating call is atomic. When an index function fails
+/// (or panics) for an object, the object is stored anyway, left out of that
+/// index, and the call reports it ([`StoreError::Unindexed`], or
+/// [`Upserted::unindexed`]).
 pub struct ThreadSafeStore<K> {
     inner: RwLock<Inner<K>>,
+}
+
+/// What [`ThreadSafeStore::upsert`] did.
+#[derive(Debug)]
+#[must_use = "index functions may have failed: check `unindexed`"]
+pub struct Upserted<K> {
+    /// The object the new one replaced, if the key was taken.
+    pub previous: Option<Arc<K>>,
+    /// The indexes the new object was left out of, because their index
+    /// function failed or panicked for it; empty normally.
+    pub unindexed: Vec<IndexError>,
+}
+
+impl<K> Upserted<K> {
+    /// `Ok(previous)` when every index function succeeded, otherwise
+    /// [`StoreError::Unindexed`] (the object is stored all the same).
+    pub fn into_result(self) -> Result<Option<Arc<K>>, StoreError> {
+        if self.unindexed.is_empty() {
+            Ok(self.previous)
+        } else {
+            Err(StoreError::Unindexed(self.unindexed))
+        }
+    }
 }
 
 struct Entry<K> {
@@ -100,21 +134,28 @@ impl<K> ThreadSafeStore<K> {
     }
 
     /// Inserts or replaces the object under `key`, updating every index.
+    /// [`StoreError::Unindexed`] when index functions failed: the object is
+    /// stored, but missing from those indexes.
     pub fn add(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
         self.update(key, obj)
     }
 
     /// Inserts or replaces the object under `key`, updating every index.
+    /// [`StoreError::Unindexed`] when index functions failed: the object is
+    /// stored, but missing from those indexes.
     pub fn update(&self, key: &str, obj: Arc<K>) -> Result<(), StoreError> {
-        self.upsert(key, obj).map(|_| ())
+        self.upsert(key, obj).into_result().map(|_| ())
     }
 
     /// Inserts or replaces the object under `key`, updating every index;
-    /// returns the object it replaced.
-    pub fn upsert(&self, key: &str, obj: Arc<K>) -> Result<Option<Arc<K>>, StoreError> {
+    /// says what it replaced and which index functions failed for it.
+    pub fn upsert(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
         let mut inner = self.inner.write();
-        let values = inner.index_values(key, &obj)?;
-        Ok(inner.put(key, obj, values))
+        let (values, unindexed) = compute_index_values(&inner.indexers, key, &obj);
+        Upserted {
+            previous: inner.put(key, obj, values),
+            unindexed,
+        }
     }
 
     /// Removes the object under `key` and its index entries; returns it.
@@ -167,6 +208,8 @@ impl<K> ThreadSafeStore<K> {
 
     /// Swaps the whole content for `items` at once and rebuilds the indexes.
     /// When a key appears twice, the later object wins.
+    /// [`StoreError::Unindexed`] when index functions failed: the content is
+    /// swapped all the same, with those objects missing from those indexes.
     pub fn replace<I>(&self, items: I) -> Result<(), StoreError>
     where
         I: IntoIterator<Item = (String, Arc<K>)>,
@@ -177,8 +220,12 @@ impl<K> ThreadSafeStore<K> {
         let items = items.into_iter();
         let mut entries: Map<Arc<str>, Entry<K>> =
             Map::with_capacity_and_hasher(items.size_hint().0, Hasher::default());
+        let mut unindexed = Vec::new();
         for (key, obj) in items {
-            let values = compute_index_values(&indexers, &key, &obj)?;
+            let (values, failed) = compute_index_values(&indexers, &key, &obj);
+            // A key given twice: only the last object's failures count.
+            unindexed.retain(|e: &IndexError| e.key != key);
+            unindexed.extend(failed);
             entries.insert(
                 Arc::from(key),
                 Entry {
@@ -211,17 +258,23 @@ impl<K> ThreadSafeStore<K> {
         }
         inner.items = entries;
         inner.indices = indices;
-        Ok(())
+        if unindexed.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unindexed(unindexed))
+        }
     }
 
     /// Objects that share at least one value of index `index_name` with `obj`.
     pub fn index(&self, index_name: &str, obj: &K) -> Result<Vec<Arc<K>>, StoreError> {
         let inner = self.inner.read();
         let i = inner.index_position(index_name)?;
-        let values = (inner.indexers[i].1)(obj).map_err(|source| StoreError::IndexFunc {
-            index: index_name.to_owned(),
-            key: String::from("<query object>"),
-            source,
+        let values = call_index_func(&inner.indexers[i].1, obj).map_err(|source| {
+            StoreError::IndexFunc(IndexError {
+                index: index_name.to_owned(),
+                key: String::from("<query object>"),
+                source,
+            })
         })?;
         let index = &inner.indices[i];
         let objects = if values.len() == 1 {
@@ -275,24 +328,49 @@ impl<K> ThreadSafeStore<K> {
     pub fn resync(&self) {}
 }
 
+/// Calls one index function; a panic becomes an [`IndexFuncPanic`] error.
+fn call_index_func<K>(func: &IndexFunc<K>, obj: &K) -> Result<Vec<String>, BoxError> {
+    match catch_unwind(AssertUnwindSafe(|| func(obj))) {
+        Ok(result) => result,
+        Err(panic) => Err(Box::new(IndexFuncPanic(panic_message(panic.as_ref())))),
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The values of every index for `obj`; an index whose function fails gets
+/// no values (the object is left out of it) and an [`IndexError`].
 fn compute_index_values<K>(
     indexers: &[(String, IndexFunc<K>)],
     key: &str,
     obj: &K,
-) -> Result<IndexValues, StoreError> {
-    indexers
+) -> (IndexValues, Vec<IndexError>) {
+    let mut failed = Vec::new();
+    let values = indexers
         .iter()
-        .map(|(name, func)| {
-            let mut values = func(obj).map_err(|source| StoreError::IndexFunc {
-                index: name.clone(),
-                key: key.to_owned(),
-                source,
-            })?;
-            values.sort_unstable();
-            values.dedup();
-            Ok(values.into_iter().map(Arc::from).collect())
+        .map(|(name, func)| match call_index_func(func, obj) {
+            Ok(mut values) => {
+                values.sort_unstable();
+                values.dedup();
+                values.into_iter().map(Arc::from).collect()
+            }
+            Err(source) => {
+                failed.push(IndexError {
+                    index: name.clone(),
+                    key: key.to_owned(),
+                    source,
+                });
+                Box::default()
+            }
         })
-        .collect()
+        .collect();
+    (values, failed)
 }
 
 impl<K> Inner<K> {
@@ -301,10 +379,6 @@ impl<K> Inner<K> {
             .iter()
             .position(|(n, _)| n == index_name)
             .ok_or_else(|| StoreError::IndexNotFound(index_name.to_owned()))
-    }
-
-    fn index_values(&self, key: &str, obj: &K) -> Result<IndexValues, StoreError> {
-        compute_index_values(&self.indexers, key, obj)
     }
 
     fn objects<'a>(&self, keys: impl Iterator<Item = &'a Arc<str>>) -> Vec<Arc<K>> {

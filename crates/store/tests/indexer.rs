@@ -1,6 +1,6 @@
 //! Black-box tests of the Indexer, named after the client-go behaviour they pin.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -193,24 +193,40 @@ fn querying_an_unknown_index_is_an_error_naming_it() {
     assert!(idx.list_index_func_values("nope").is_empty());
 }
 
-#[test]
-fn failing_index_function_is_an_error_and_the_object_is_not_stored() {
-    let mut indexers: Indexers<Pod> = HashMap::new();
+/// The "strict" index refuses pods labelled `bad` (an error) and panics on
+/// pods labelled `boom`; the namespace index always works.
+fn strict_indexers() -> Indexers<Pod> {
+    let mut indexers = namespace_indexers();
     indexers.insert(
         "strict".into(),
         Arc::new(|p: &Pod| {
-            if p.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key("bad"))
-            {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            if labels.contains_key("boom") {
+                panic!("index function exploded");
+            }
+            if labels.contains_key("bad") {
                 Err("label \"bad\" is not allowed".into())
             } else {
                 Ok(vec!["ok".into()])
             }
         }),
     );
-    let idx = Indexer::with_indexers(indexers);
+    indexers
+}
+
+fn unindexed(err: StoreError) -> Vec<(String, String, String)> {
+    match err {
+        StoreError::Unindexed(errors) => errors
+            .into_iter()
+            .map(|e| (e.index, e.key, e.source.to_string()))
+            .collect(),
+        other => panic!("expected Unindexed, got {other}"),
+    }
+}
+
+#[test]
+fn an_index_function_that_fails_stores_the_new_object_and_leaves_it_out_of_that_index_only() {
+    let idx = Indexer::with_indexers(strict_indexers());
     idx.add(pod("n", "p", &[])).unwrap();
     let err = idx.update(pod("n", "p", &[("bad", "1")])).unwrap_err();
     let msg = err.to_string();
@@ -218,11 +234,90 @@ fn failing_index_function_is_an_error_and_the_object_is_not_stored() {
         msg.contains("strict") && msg.contains("n/p") && msg.contains("not allowed"),
         "{msg}"
     );
-    // The earlier state is intact.
     assert_eq!(
-        idx.index_keys("strict", "ok").unwrap(),
-        vec!["n/p".to_string()]
+        unindexed(err),
+        [(
+            "strict".to_string(),
+            "n/p".to_string(),
+            "label \"bad\" is not allowed".to_string()
+        )]
     );
+    // The cache holds the new object, not the old one.
+    let stored = idx.get_by_key("n/p").unwrap();
+    assert!(stored.metadata.labels.as_ref().unwrap().contains_key("bad"));
+    // Out of the failing index (its old entry gone too), in every other.
+    assert!(idx.index_keys("strict", "ok").unwrap().is_empty());
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "n").unwrap(), ["n/p"]);
+    // Once the function succeeds again, the object is indexed again.
+    idx.update(pod("n", "p", &[])).unwrap();
+    assert_eq!(idx.index_keys("strict", "ok").unwrap(), ["n/p"]);
+}
+
+#[test]
+fn a_panicking_index_function_is_caught_and_reported_with_the_key_and_the_index() {
+    let idx = Indexer::with_indexers(strict_indexers());
+    idx.add(pod("n", "q", &[])).unwrap();
+    let upserted = idx.update_by_key("n/q", pod("n", "q", &[("boom", "1")]));
+    assert!(upserted.previous.is_some());
+    let failures: Vec<_> = upserted
+        .unindexed
+        .iter()
+        .map(|e| (e.index.as_str(), e.key.as_str(), e.source.to_string()))
+        .collect();
+    assert_eq!(
+        failures,
+        [(
+            "strict",
+            "n/q",
+            "the index function panicked: index function exploded".to_string()
+        )]
+    );
+    assert!(
+        idx.get_by_key("n/q")
+            .unwrap()
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key("boom")
+    );
+    assert!(idx.index_keys("strict", "ok").unwrap().is_empty());
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "n").unwrap(), ["n/q"]);
+    // The store is still usable: the panic did not unwind through its lock.
+    idx.delete_by_key("n/q");
+    assert!(idx.is_empty());
+    // A query whose object makes the function panic is an error, not a panic.
+    let err = idx
+        .index("strict", &pod("n", "x", &[("boom", "1")]))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::IndexFunc(_)), "{err}");
+}
+
+#[test]
+fn replace_stores_every_object_and_leaves_the_failing_ones_out_of_the_failing_index() {
+    let idx = Indexer::with_indexers(strict_indexers());
+    let err = idx
+        .replace(
+            vec![
+                pod("n", "a", &[]),
+                pod("n", "b", &[("bad", "1")]),
+                pod("n", "c", &[("boom", "1")]),
+            ],
+            "7",
+        )
+        .unwrap_err();
+    let mut failures: Vec<_> = unindexed(err).into_iter().map(|(i, k, _)| (i, k)).collect();
+    failures.sort();
+    assert_eq!(
+        failures,
+        [
+            ("strict".to_string(), "n/b".to_string()),
+            ("strict".to_string(), "n/c".to_string())
+        ]
+    );
+    assert_eq!(idx.len(), 3);
+    assert_eq!(idx.index_keys("strict", "ok").unwrap(), ["n/a"]);
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "n").unwrap().len(), 3);
 }
 
 #[test]

@@ -56,7 +56,8 @@ pub async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
 }
 
 /// Waits until the cache and every handler agree with the server; panics
-/// with the differences otherwise.
+/// with the differences otherwise, and if any handler got a notification
+/// that did not follow from the one before it (a sequence violation).
 pub async fn no_difference<'a>(
     api: &Api<Pod>,
     informer: &SharedIndexInformer<Pod>,
@@ -73,6 +74,7 @@ pub async fn no_difference<'a>(
             .flat_map(|s| diff(&server, &s.snapshot()))
             .collect();
         if cache.is_empty() && handler.is_empty() {
+            assert_no_violations(&seen);
             return;
         }
         if tokio::time::Instant::now() > deadline {
@@ -93,4 +95,24 @@ pub async fn no_difference<'a>(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Panics with the sequence violations any of the handlers recorded.
+pub fn assert_no_violations(seen: &[&LastSeen]) {
+    let violations: Vec<String> = seen
+        .iter()
+        .flat_map(|s| s.violations())
+        .map(|v| v.to_string())
+        .collect();
+    assert!(
+        violations.is_empty(),
+        "{} sequence violations: {}",
+        violations.len(),
+        violations
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
 }
