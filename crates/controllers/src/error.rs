@@ -8,6 +8,10 @@ pub enum ControllerError {
     /// The informer refused the controller's event handler.
     #[error("cannot register with the informer: {0}")]
     Informer(#[from] kinformer_informer::InformerError),
+    /// The controller's informer failed: its cache no longer follows the
+    /// server, so the controller stopped.
+    #[error("the controller's informer failed: {0}")]
+    InformerFailed(kinformer_informer::InformerError),
     /// A reconcile panicked and the panic policy is `Crash`.
     #[error("reconcile of {key:?} panicked: {message}")]
     ReconcilePanicked {

@@ -279,13 +279,24 @@ impl<K: Object + Clone> Controller<K> {
         if !self.informer.is_started() {
             let informer = self.informer.clone();
             let informer_stop = informer_stop.clone();
-            tokio::spawn(async move { informer.run(informer_stop).await });
+            let (fatal, stop) = (Arc::clone(&self.fatal), stop.clone());
+            // An informer that can no longer follow the server stops the
+            // controller: reconciling from a frozen cache would be wrong.
+            tokio::spawn(async move {
+                if let Err(e) = informer.run(informer_stop).await {
+                    error!(error = %e, "the informer failed; stopping the controller");
+                    fatal
+                        .lock()
+                        .get_or_insert(ControllerError::InformerFailed(e));
+                    stop.cancel();
+                }
+            });
         }
         info!("waiting for the cache to sync");
         let synced: [&dyn HasSynced; 1] = [&self.informer];
         if !wait_for_cache_sync(&stop, &synced).await {
             self.stopping();
-            return Ok(());
+            return self.fatal.lock().take().map_or(Ok(()), Err);
         }
         info!(cached = self.informer.indexer().len(), "cache synced");
         if let Some(m) = &self.options.metrics {
