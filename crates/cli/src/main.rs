@@ -291,7 +291,6 @@ fn options<K>(
 fn informer<K>(client: &Client, namespace: Option<&str>) -> Result<SharedIndexInformer<K>>
 where
     K: kube_client::Resource<DynamicType = ()>
-        + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug

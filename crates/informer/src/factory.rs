@@ -1,5 +1,10 @@
-//! SharedInformerFactory: one informer per type, namespace and selectors,
-//! however many callers ask for it.
+//! SharedInformerFactory: one informer per type, kind, namespace and
+//! selectors, however many callers ask for it.
+//!
+//! Informers are shared by (Rust type, API group/version and plural, scope):
+//! two callers asking for `DynamicObject`s of the same `ApiResource` get one
+//! informer and one watch; a typed informer and a dynamic one of the same
+//! kind are two (their caches hold different types).
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -8,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinformer_store::{Object, namespace_indexers};
+use kube_client::core::{ApiResource, ClusterResourceScope, DynamicObject, PartialObjectMeta};
 use kube_client::{Client, Resource};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -55,6 +61,16 @@ struct Entry {
     startable: Arc<dyn Startable>,
 }
 
+/// What makes two informers the same: the Rust type, the kind (API
+/// group/version and plural, from the dynamic type) and the scope.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct InformerKey {
+    type_id: TypeId,
+    api_version: String,
+    plural: String,
+    scope: InformerScope,
+}
+
 /// Hands out shared informers: client-go's `SharedInformerFactory`.
 ///
 /// Asking twice for the same type with the same scope returns the same
@@ -66,7 +82,7 @@ pub struct SharedInformerFactory {
     default_namespace: Option<String>,
     default_resync: Option<Duration>,
     drop_managed_fields: bool,
-    informers: Mutex<HashMap<(TypeId, InformerScope), Entry>>,
+    informers: Mutex<HashMap<InformerKey, Entry>>,
 }
 
 impl Debug for SharedInformerFactory {
@@ -109,30 +125,92 @@ impl SharedInformerFactory {
         self
     }
 
-    /// The shared informer for `K` in the factory's namespace.
+    /// The shared informer for `K` in the factory's namespace (in all, for
+    /// a cluster-scoped `K` such as `Node`).
     pub fn informer<K>(&self) -> SharedIndexInformer<K>
     where
-        K: Resource<DynamicType = ()> + Object + Clone + DeserializeOwned + Debug,
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+        K::DynamicType: Default,
+        K::Scope: 'static,
     {
-        self.informer_for(InformerScope {
-            namespace: self.default_namespace.clone(),
-            ..InformerScope::default()
-        })
+        self.informer_with(&K::DynamicType::default(), self.default_scope::<K>())
     }
 
     /// The shared informer for `K` in `scope`.
     pub fn informer_for<K>(&self, scope: InformerScope) -> SharedIndexInformer<K>
     where
-        K: Resource<DynamicType = ()> + Object + Clone + DeserializeOwned + Debug,
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+        K::DynamicType: Default,
     {
-        let key = (TypeId::of::<K>(), scope.clone());
+        self.informer_with(&K::DynamicType::default(), scope)
+    }
+
+    /// The shared metadata-only informer for `K` in the factory's namespace:
+    /// its cache holds `PartialObjectMeta<K>` (the server sends no spec or
+    /// status), with the same Lister, indexes and handlers as any other.
+    pub fn metadata<K>(&self) -> SharedIndexInformer<PartialObjectMeta<K>>
+    where
+        K: Resource + Clone + Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+        K::Scope: 'static,
+    {
+        self.informer_with(&K::DynamicType::default(), self.default_scope::<K>())
+    }
+
+    /// The shared informer for `DynamicObject`s of the kind `resource`
+    /// names, in the factory's namespace. For a cluster-scoped kind use
+    /// [`dynamic_for`](Self::dynamic_for) with a scope without namespace.
+    pub fn dynamic(&self, resource: &ApiResource) -> SharedIndexInformer<DynamicObject> {
+        self.dynamic_for(resource, self.default_scope::<DynamicObject>())
+    }
+
+    /// The shared informer for `DynamicObject`s of `resource` in `scope`.
+    pub fn dynamic_for(
+        &self,
+        resource: &ApiResource,
+        scope: InformerScope,
+    ) -> SharedIndexInformer<DynamicObject> {
+        self.informer_with(resource, scope)
+    }
+
+    /// The factory's namespace, or none for a cluster-scoped `K`.
+    fn default_scope<K: Resource>(&self) -> InformerScope
+    where
+        K::Scope: 'static,
+    {
+        let cluster_scoped = TypeId::of::<K::Scope>() == TypeId::of::<ClusterResourceScope>();
+        InformerScope {
+            namespace: self.default_namespace.clone().filter(|_| !cluster_scoped),
+            ..InformerScope::default()
+        }
+    }
+
+    /// The shared informer for `K` of the kind `dyntype` names, in `scope`.
+    pub fn informer_with<K>(
+        &self,
+        dyntype: &K::DynamicType,
+        scope: InformerScope,
+    ) -> SharedIndexInformer<K>
+    where
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+    {
+        let key = InformerKey {
+            type_id: TypeId::of::<K>(),
+            api_version: K::api_version(dyntype).into_owned(),
+            plural: K::plural(dyntype).into_owned(),
+            scope: scope.clone(),
+        };
         let mut informers = self.informers.lock();
         if let Some(entry) = informers.get(&key)
             && let Some(informer) = entry.any.downcast_ref::<SharedIndexInformer<K>>()
         {
             return informer.clone();
         }
-        let mut lw = ApiListerWatcher::<K>::new(self.client.clone(), scope.namespace.as_deref());
+        let mut lw = ApiListerWatcher::<K>::new_with(
+            self.client.clone(),
+            scope.namespace.as_deref(),
+            dyntype,
+        );
         if let Some(l) = &scope.label_selector {
             lw = lw.labels(l);
         }

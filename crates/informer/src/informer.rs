@@ -48,11 +48,8 @@ pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 
 /// A transform that drops `metadata.managedFields`, which most controllers
 /// never read and which often is the largest part of an object.
-pub fn strip_managed_fields<K>(mut obj: K) -> K
-where
-    K: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-{
-    obj.metadata_mut().managed_fields = None;
+pub fn strip_managed_fields<K: kube_client::Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
     obj
 }
 
@@ -576,12 +573,7 @@ impl<K> Inner<K> {
     }
 }
 
-impl<K> SharedIndexInformer<K>
-where
-    K: k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
-        + Object
-        + Clone,
-{
+impl<K: kube_client::Resource + Object + Clone> SharedIndexInformer<K> {
     /// A Lister over the cache.
     pub fn lister(&self) -> Lister<K> {
         Lister::new(Arc::clone(&self.inner.indexer))

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::Metadata;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_store::{Indexer, NAMESPACE_INDEX, StoreError};
+use kube_client::Resource;
 use kube_client::core::{Selector, SelectorExt};
 
 /// Lists and gets objects from a cache: client-go's generated Listers, for
-/// any k8s-openapi type. Objects come out as `Arc<K>`: shared, and immutable
+/// any [`Resource`](kube_client::Resource): k8s-openapi types, custom
+/// resources, `DynamicObject`, `PartialObjectMeta<K>`. Objects come out as `Arc<K>`: shared, and immutable
 /// by type.
 ///
 /// ```
@@ -47,15 +47,15 @@ impl<K> std::fmt::Debug for Lister<K> {
     }
 }
 
-fn matches<K: Metadata<Ty = ObjectMeta>>(obj: &K, selector: &Selector) -> bool {
+fn matches<K: Resource>(obj: &K, selector: &Selector) -> bool {
     if selector.selects_all() {
         return true;
     }
     static EMPTY: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
-    selector.matches(obj.metadata().labels.as_ref().unwrap_or(&EMPTY))
+    selector.matches(obj.meta().labels.as_ref().unwrap_or(&EMPTY))
 }
 
-impl<K: Metadata<Ty = ObjectMeta> + Send + Sync + 'static> Lister<K> {
+impl<K: Resource + Send + Sync + 'static> Lister<K> {
     /// A Lister over `indexer`.
     pub fn new(indexer: Arc<Indexer<K>>) -> Self {
         Self { indexer }
@@ -93,7 +93,7 @@ pub struct NamespaceLister<K> {
     namespace: String,
 }
 
-impl<K: Metadata<Ty = ObjectMeta> + Send + Sync + 'static> NamespaceLister<K> {
+impl<K: Resource + Send + Sync + 'static> NamespaceLister<K> {
     /// The objects of the namespace whose labels match `selector`. Uses the
     /// namespace index when the cache has one.
     pub fn list(&self, selector: &Selector) -> Vec<Arc<K>> {
@@ -101,7 +101,7 @@ impl<K: Metadata<Ty = ObjectMeta> + Send + Sync + 'static> NamespaceLister<K> {
             Ok(objs) => objs,
             Err(_) => {
                 let mut all = self.indexer.list();
-                all.retain(|o| o.metadata().namespace.as_deref() == Some(self.namespace.as_str()));
+                all.retain(|o| o.meta().namespace.as_deref() == Some(self.namespace.as_str()));
                 all
             }
         };

@@ -1,9 +1,13 @@
 //! The seam between the Reflector and the API server.
 //!
 //! [`ListerWatcher`] lists one page or opens one watch; [`ApiListerWatcher`]
-//! implements it on kube-client for any k8s-openapi resource, namespaced or
-//! cluster-scoped, with label and field selectors. Tests drive the Reflector
-//! with an in-memory implementation instead.
+//! implements it on kube-client for any [`Resource`]: k8s-openapi types,
+//! `#[derive(CustomResource)]` types, `DynamicObject` (with its
+//! `ApiResource`) and `PartialObjectMeta<K>` (metadata only: the server is
+//! asked for `PartialObjectMetadataList` and `PartialObjectMetadata`, as
+//! kube-client does), namespaced or cluster-scoped, with label and field
+//! selectors. Tests drive the Reflector with an in-memory implementation
+//! instead.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
@@ -82,12 +86,20 @@ pub trait ListerWatcher<K>: Send + Sync + 'static {
 /// # fn demo(client: kube_client::Client) {
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kinformer_informer::ApiListerWatcher;
-/// let lw = ApiListerWatcher::<Pod>::namespaced(client, "web").labels("app=frontend");
+/// use kube_client::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+///
+/// let pods = ApiListerWatcher::<Pod>::namespaced(client.clone(), "web").labels("app=frontend");
+/// // Metadata only: the server sends no spec or status.
+/// let metas = ApiListerWatcher::<PartialObjectMeta<Pod>>::all(client.clone());
+/// // Any kind, known at run time.
+/// let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
+/// let widgets = ApiListerWatcher::<DynamicObject>::all_with(client, &ApiResource::from_gvk(&gvk));
 /// # }
 /// ```
 pub struct ApiListerWatcher<K> {
     client: Client,
     url_path: String,
+    plural: String,
     namespace: Option<String>,
     label_selector: Option<String>,
     field_selector: Option<String>,
@@ -100,6 +112,7 @@ impl<K> Clone for ApiListerWatcher<K> {
         Self {
             client: self.client.clone(),
             url_path: self.url_path.clone(),
+            plural: self.plural.clone(),
             namespace: self.namespace.clone(),
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
@@ -111,7 +124,8 @@ impl<K> Clone for ApiListerWatcher<K> {
 
 impl<K> ApiListerWatcher<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
 {
     /// Objects in every namespace (or cluster-scoped objects).
     pub fn all(client: Client) -> Self {
@@ -125,9 +139,32 @@ where
 
     /// Objects in `namespace`, or in all namespaces for `None`.
     pub fn new(client: Client, namespace: Option<&str>) -> Self {
+        Self::new_with(client, namespace, &K::DynamicType::default())
+    }
+}
+
+impl<K> ApiListerWatcher<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Objects of the kind `dyntype` names (an `ApiResource` for
+    /// `DynamicObject`) in every namespace, or cluster-scoped ones.
+    pub fn all_with(client: Client, dyntype: &K::DynamicType) -> Self {
+        Self::new_with(client, None, dyntype)
+    }
+
+    /// Objects of the kind `dyntype` names in `namespace`.
+    pub fn namespaced_with(client: Client, namespace: &str, dyntype: &K::DynamicType) -> Self {
+        Self::new_with(client, Some(namespace), dyntype)
+    }
+
+    /// Objects of the kind `dyntype` names in `namespace`, or in all
+    /// namespaces for `None`.
+    pub fn new_with(client: Client, namespace: Option<&str>, dyntype: &K::DynamicType) -> Self {
         Self {
             client,
-            url_path: K::url_path(&(), namespace),
+            url_path: K::url_path(dyntype, namespace),
+            plural: K::plural(dyntype).into_owned(),
             namespace: namespace.map(str::to_owned),
             label_selector: None,
             field_selector: None,
@@ -167,6 +204,26 @@ where
         self.field_selector.as_deref()
     }
 
+    /// A 404 names what is not served: typically a custom resource whose
+    /// CustomResourceDefinition is not (or no longer) installed.
+    fn explain(&self, e: ListWatchError) -> ListWatchError {
+        match e {
+            ListWatchError::Api {
+                code: 404,
+                reason,
+                message,
+            } => ListWatchError::Api {
+                code: 404,
+                reason,
+                message: format!(
+                    "{message}: the server does not serve {} (is its CustomResourceDefinition installed and Established, and are the group and version right?)",
+                    self.url_path
+                ),
+            },
+            e => e,
+        }
+    }
+
     fn watch_request(&self, req: &WatchRequest) -> Result<http::Request<Vec<u8>>, ListWatchError> {
         // Built by hand rather than with kube's WatchParams, which caps the
         // server-side timeout below 295 s; client-go uses 5-10 minutes.
@@ -187,11 +244,56 @@ where
             qp.append_pair("resourceVersionMatch", "NotOlderThan");
         }
         qp.append_pair("resourceVersion", &req.resource_version);
-        http::Request::get(qp.finish())
+        let mut request = http::Request::get(qp.finish());
+        if K::metadata_api() {
+            request = request.header(http::header::ACCEPT, METADATA_MIME);
+        }
+        request
             .body(Vec::new())
             .map_err(|e| ListWatchError::Connect(format!("building the watch request: {e}")))
     }
 }
+
+/// `namespace/name` (or `name`) of an object that does not decode as `K`,
+/// read from its JSON as far as it goes.
+pub(crate) fn object_name(json: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(default)]
+        metadata: Meta,
+    }
+    #[derive(serde::Deserialize, Default)]
+    struct Meta {
+        name: Option<String>,
+        namespace: Option<String>,
+    }
+    match serde_json::from_str::<Named>(json).map(|n| n.metadata) {
+        Ok(Meta {
+            name: Some(name),
+            namespace: Some(ns),
+        }) if !ns.is_empty() => format!("{ns}/{name}"),
+        Ok(Meta {
+            name: Some(name), ..
+        }) => name,
+        _ => "an object without a readable name".to_owned(),
+    }
+}
+
+/// The name of the object inside a watch event's JSON.
+fn event_object_name(json: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        object: &'a serde_json::value::RawValue,
+    }
+    match serde_json::from_slice::<Event<'_>>(json) {
+        Ok(event) => object_name(event.object.get()),
+        Err(_) => "an event without a readable object".to_owned(),
+    }
+}
+
+/// What a metadata-only watch asks for (kube-client's value).
+const METADATA_MIME: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
 /// A list response, decoded object by object: one object that does not
 /// decode is skipped (and named in `skipped`), not the whole page.
@@ -213,7 +315,7 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
             Err(e) => {
                 let text = item.get();
                 let head: String = text.chars().take(160).collect();
-                skipped.push(format!("{e} in {head}"));
+                skipped.push(format!("{}: {e} in {head}", object_name(text)));
             }
         }
     }
@@ -232,14 +334,17 @@ fn decode_event<K: DeserializeOwned>(json: &[u8]) -> Result<WatchEvent<K>, ListW
         Ok(event) => Ok(event),
         Err(e) => match serde_json::from_slice::<kube_client::core::Status>(json) {
             Ok(status) if status.code != 0 => Err(ListWatchError::from_status(&status)),
-            _ => Err(ListWatchError::Decode(e.to_string())),
+            _ => Err(ListWatchError::Decode(format!(
+                "{}: {e}",
+                event_object_name(json)
+            ))),
         },
     }
 }
 
 impl<K> ListerWatcher<K> for ApiListerWatcher<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     fn list(&self, request: ListRequest) -> BoxFuture<'_, Result<ListPage<K>, ListWatchError>> {
         Box::pin(async move {
@@ -261,10 +366,19 @@ where
                     rv => lp.at(rv).matching(VersionMatch::NotOlderThan),
                 };
             }
-            let req = Request::new(&self.url_path)
-                .list(&lp)
+            let request = Request::new(&self.url_path);
+            let req = if K::metadata_api() {
+                request.list_metadata(&lp)
+            } else {
+                request.list(&lp)
+            };
+            let req = req
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
-            let text = self.client.request_text(req).await?;
+            let text = self
+                .client
+                .request_text(req)
+                .await
+                .map_err(|e| self.explain(e.into()))?;
             let json = if self.drop_managed_fields {
                 crate::strip_managed_fields_json(text.as_bytes())
             } else {
@@ -281,17 +395,18 @@ where
     ) -> BoxFuture<'_, Result<WatchStream<K>, ListWatchError>> {
         Box::pin(async move {
             let req = self.watch_request(&request)?;
-            if !self.drop_managed_fields {
-                let stream = self.client.request_events::<K>(req).await?;
-                return Ok(stream
-                    .map(|event| event.map_err(ListWatchError::from))
-                    .boxed());
-            }
-            // One JSON event a line, stripped before it is decoded.
-            let body = self.client.request_stream(req).await?;
+            // One JSON event a line, decoded here rather than by kube-client,
+            // so that an event that does not decode is named, and so that
+            // managedFields can be dropped before decoding.
+            let body = self
+                .client
+                .request_stream(req)
+                .await
+                .map_err(|e| self.explain(e.into()))?;
             let lines = futures::io::AsyncBufReadExt::lines(body);
+            let drop_managed_fields = self.drop_managed_fields;
             Ok(lines
-                .filter_map(|line| async move {
+                .filter_map(move |line| async move {
                     let line = match line {
                         Ok(line) => line,
                         // A watch the server or the network ended: resumable.
@@ -301,7 +416,11 @@ where
                     if line.trim().is_empty() {
                         return None;
                     }
-                    let json = crate::strip_managed_fields_json(line.as_bytes());
+                    let json = if drop_managed_fields {
+                        crate::strip_managed_fields_json(line.as_bytes())
+                    } else {
+                        std::borrow::Cow::Borrowed(line.as_bytes())
+                    };
                     Some(decode_event::<K>(&json))
                 })
                 .boxed())
@@ -309,7 +428,10 @@ where
     }
 
     fn describe(&self) -> String {
-        let mut s = K::plural(&()).into_owned();
+        let mut s = self.plural.clone();
+        if K::metadata_api() {
+            s.push_str(" (metadata only)");
+        }
         match &self.namespace {
             Some(ns) => s.push_str(&format!(" in namespace {ns:?}")),
             None => s.push_str(" in all namespaces"),

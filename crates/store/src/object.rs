@@ -2,13 +2,12 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
 /// Anything with Kubernetes object metadata: the store needs its name,
 /// namespace and resource version; the uid helps consistency checks.
 ///
-/// Every k8s-openapi resource implements it through [`k8s_openapi::Metadata`];
-/// implement it by hand for types of your own.
+/// Every [`kube_core::Resource`] implements it: k8s-openapi types,
+/// `#[derive(CustomResource)]` types, `DynamicObject` and
+/// `PartialObjectMeta<K>`. Implement it by hand for types of your own.
 pub trait Object: Send + Sync + 'static {
     /// `metadata.name`.
     fn name(&self) -> Option<&str>;
@@ -24,19 +23,19 @@ pub trait Object: Send + Sync + 'static {
 
 impl<K> Object for K
 where
-    K: k8s_openapi::Metadata<Ty = ObjectMeta> + Send + Sync + 'static,
+    K: kube_core::Resource + Send + Sync + 'static,
 {
     fn name(&self) -> Option<&str> {
-        self.metadata().name.as_deref()
+        self.meta().name.as_deref()
     }
     fn namespace(&self) -> Option<&str> {
-        self.metadata().namespace.as_deref()
+        self.meta().namespace.as_deref()
     }
     fn resource_version(&self) -> Option<&str> {
-        self.metadata().resource_version.as_deref()
+        self.meta().resource_version.as_deref()
     }
     fn uid(&self) -> Option<&str> {
-        self.metadata().uid.as_deref()
+        self.meta().uid.as_deref()
     }
 }
 

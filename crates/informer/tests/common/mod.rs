@@ -7,7 +7,10 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_informer::SharedIndexInformer;
 use kinformer_informer::consistency::{Difference, LastSeen, diff, diff_cache, server_versions};
+use kinformer_store::Object;
+use kube_client::Resource;
 use kube_client::api::{Api, DeleteParams, PostParams};
+use serde::de::DeserializeOwned;
 
 /// A Pod that the API server accepts without nodes.
 pub fn pod(name: &str) -> Pod {
@@ -45,7 +48,7 @@ pub async fn delete_pods(api: &Api<Pod>, names: impl Iterator<Item = String>) {
 }
 
 /// Waits up to 30 s for the informer to sync.
-pub async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
+pub async fn wait_synced<K: Object + Clone>(informer: &SharedIndexInformer<K>) {
     for _ in 0..300 {
         if informer.has_synced() {
             return;
@@ -58,12 +61,14 @@ pub async fn wait_synced(informer: &SharedIndexInformer<Pod>) {
 /// Waits until the cache and every handler agree with the server; panics
 /// with the differences otherwise, and if any handler got a notification
 /// that did not follow from the one before it (a sequence violation).
-pub async fn no_difference<'a>(
-    api: &Api<Pod>,
-    informer: &SharedIndexInformer<Pod>,
+pub async fn no_difference<'a, K>(
+    api: &Api<K>,
+    informer: &SharedIndexInformer<K>,
     seen: impl IntoIterator<Item = &'a LastSeen>,
     within: Duration,
-) {
+) where
+    K: Resource + Object + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let seen: Vec<&LastSeen> = seen.into_iter().collect();
     let deadline = tokio::time::Instant::now() + within;
     loop {

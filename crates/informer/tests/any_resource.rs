@@ -1,0 +1,478 @@
+//! Informers for any resource, against the real API server: a custom
+//! resource seen by a typed and a dynamic informer, metadata-only Pods,
+//! cluster-scoped kinds, a CustomResourceDefinition that goes away and comes
+//! back, and custom resources that do not fit their Rust type.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{no_difference, wait_synced};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kinformer_envtest::TestEnv;
+use kinformer_informer::consistency::{LastSeen, versions};
+use kinformer_informer::{
+    ApiListerWatcher, CancellationToken, InformerOptions, ListWatchError, SharedIndexInformer,
+    SharedInformerFactory,
+};
+use kube::{CustomResource, CustomResourceExt};
+use kube_client::Client;
+use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_client::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use parking_lot::Mutex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A namespaced custom resource with a status subresource, as users write it.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "any.kinformer.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus"
+)]
+pub struct WidgetSpec {
+    size: i32,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+pub struct WidgetStatus {
+    ready: bool,
+}
+
+/// A custom resource whose CRD schema accepts any spec: `size` may be a
+/// string on the server, which this type cannot hold.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "any.kinformer.dev",
+    version = "v1",
+    kind = "Gizmo",
+    namespaced
+)]
+pub struct GizmoSpec {
+    size: i32,
+}
+
+async fn setup(prefix: &str) -> (&'static TestEnv, Client, String) {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace(prefix).await.unwrap();
+    (env, env.client().unwrap(), ns)
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..300 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Creates the CRD (or finds it there) and waits until it is Established.
+async fn install(client: &Client, crd: &CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap();
+    match crds.create(&PostParams::default(), crd).await {
+        Ok(_) => {}
+        Err(kube_client::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating CRD {name}: {e}"),
+    }
+    eventually(&format!("CRD {name} Established"), async || {
+        let Ok(Some(crd)) = crds.get_opt(&name).await else {
+            return false;
+        };
+        crd.status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    })
+    .await;
+}
+
+fn widget(name: &str, size: i32) -> Widget {
+    let mut w = Widget::new(name, WidgetSpec { size });
+    w.metadata.labels = Some([("size".to_owned(), size.to_string())].into());
+    w
+}
+
+fn errors_into(
+    informer: &SharedIndexInformer<impl kinformer_store::Object + Clone>,
+) -> Arc<Mutex<Vec<(Instant, String)>>> {
+    let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let sink = Arc::clone(&errors);
+    informer
+        .set_watch_error_handler(move |e: &ListWatchError| {
+            sink.lock().push((Instant::now(), e.to_string()))
+        })
+        .unwrap();
+    errors
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_objects() {
+    let (_, client, ns) = setup("widgets").await;
+    install(&client, &Widget::crd()).await;
+    let resource = ApiResource::erase::<Widget>(&());
+    let typed = SharedIndexInformer::new(
+        ApiListerWatcher::<Widget>::namespaced(client.clone(), &ns),
+        InformerOptions::new(),
+    );
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let dynamic = factory.dynamic(&resource);
+    // Asked for again, by GVK this time: the same informer, one watch.
+    let gvk = GroupVersionKind::gvk("any.kinformer.dev", "v1", "Widget");
+    let again = factory.dynamic(&ApiResource::from_gvk(&gvk));
+    assert!(Arc::ptr_eq(dynamic.indexer(), again.indexer()));
+    let (seen_typed, seen_dynamic) = (LastSeen::default(), LastSeen::default());
+    typed.add_event_handler(seen_typed.clone()).unwrap();
+    dynamic.add_event_handler(seen_dynamic.clone()).unwrap();
+
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    let shutdown = CancellationToken::new();
+    let run_typed = {
+        let (typed, shutdown) = (typed.clone(), shutdown.clone());
+        tokio::spawn(async move { typed.run(shutdown).await })
+    };
+    factory.start(&shutdown);
+    wait_synced(&typed).await;
+    wait_synced(&dynamic).await;
+
+    // Creates, a spec update, a status update through the subresource, deletes.
+    for i in 3..6 {
+        widgets
+            .create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
+    }
+    let spec = serde_json::json!({"spec": {"size": 42}});
+    widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(spec))
+        .await
+        .unwrap();
+    let status = serde_json::json!({"status": {"ready": true}});
+    widgets
+        .patch_status("w2", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    for name in ["w0", "w4"] {
+        widgets
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    let dynamic_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    no_difference(&widgets, &typed, [&seen_typed], Duration::from_secs(30)).await;
+    no_difference(
+        &dynamic_api,
+        &dynamic,
+        [&seen_dynamic],
+        Duration::from_secs(30),
+    )
+    .await;
+    let typed_cache = typed.indexer().list();
+    let dynamic_cache = dynamic.indexer().list();
+    assert_eq!(
+        versions(typed_cache.iter().map(|o| o.as_ref())),
+        versions(dynamic_cache.iter().map(|o| o.as_ref())),
+        "the typed and the dynamic caches hold the same objects at the same versions"
+    );
+    assert_eq!(typed_cache.len(), 4);
+    let w1 = typed.lister().namespaced(&ns).get("w1").unwrap();
+    assert_eq!(w1.spec.size, 42);
+    let w2 = dynamic.lister().namespaced(&ns).get("w2").unwrap();
+    assert_eq!(w2.data["status"]["ready"], serde_json::json!(true));
+    shutdown.cancel();
+    run_typed.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_only_pod_informer_caches_the_servers_metadata_and_nothing_else() {
+    let (_, client, ns) = setup("metaonly").await;
+    let owner = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "owner"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..4 {
+        let mut pod = common::pod(&format!("p{i}"));
+        pod.metadata.annotations = Some([("note".to_owned(), format!("pod {i}"))].into());
+        pod.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: "owner".into(),
+                uid: owner.metadata.uid.clone().unwrap(),
+                ..Default::default()
+            },
+        ]);
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let informer = factory.metadata::<Pod>();
+    let seen = LastSeen::default();
+    informer.add_event_handler(seen.clone()).unwrap();
+    let shutdown = CancellationToken::new();
+    factory.start(&shutdown);
+    wait_synced(&informer).await;
+    // A change after the sync reaches the cache through the watch.
+    let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
+    pods.patch("p3", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let metas: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), &ns);
+    no_difference(&metas, &informer, [&seen], Duration::from_secs(30)).await;
+
+    let cached = informer.indexer().list();
+    assert_eq!(cached.len(), 4);
+    for meta in &cached {
+        // The server sent PartialObjectMetadata, not Pods.
+        let kind = meta.types.as_ref().map(|t| t.kind.as_str());
+        assert_eq!(kind, Some("PartialObjectMetadata"), "{meta:?}");
+        let name = meta.metadata.name.clone().unwrap();
+        let full = pods.get(&name).await.unwrap().metadata;
+        let m = &meta.metadata;
+        assert_eq!(m.uid, full.uid, "{name}");
+        assert_eq!(m.resource_version, full.resource_version, "{name}");
+        assert_eq!(m.labels, full.labels, "{name}");
+        assert_eq!(m.annotations, full.annotations, "{name}");
+        assert_eq!(m.owner_references, full.owner_references, "{name}");
+    }
+    let p3 = informer.lister().namespaced(&ns).get("p3").unwrap();
+    assert_eq!(p3.metadata.labels.as_ref().unwrap()["gen"], "1");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_scoped_kinds_are_watched_across_the_cluster_even_from_a_namespaced_factory() {
+    let (_, client, ns) = setup("cluster").await;
+    install(&client, &Widget::crd()).await;
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let namespaces = factory.informer::<Namespace>();
+    let crds = factory.informer::<CustomResourceDefinition>();
+    let shutdown = CancellationToken::new();
+    factory.start(&shutdown);
+    let synced = factory.wait_for_cache_sync(&shutdown).await;
+    assert!(synced.iter().all(|(_, ok)| *ok), "{synced:?}");
+    let lister = namespaces.lister();
+    for name in [ns.as_str(), "default", "kube-system"] {
+        assert!(lister.get(name).is_some(), "namespace {name} is cached");
+    }
+    assert!(crds.lister().get("widgets.any.kinformer.dev").is_some());
+    shutdown.cancel();
+}
+
+fn gadget_crd() -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gadgets.any.kinformer.dev"},
+        "spec": {
+            "group": "any.kinformer.dev",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+fn gadget(name: &str) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "any.kinformer.dev/v1", "kind": "Gadget",
+        "metadata": {"name": name}, "spec": {"on": true}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_once_it_is_back() {
+    let (_, client, ns) = setup("gadgets").await;
+    install(&client, &gadget_crd()).await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("any.kinformer.dev", "v1", "Gadget"),
+        "gadgets",
+    );
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
+        InformerOptions::new(),
+    );
+    let errors = errors_into(&informer);
+    let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    gadgets
+        .create(&PostParams::default(), &gadget("before"))
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (informer, shutdown) = (informer.clone(), shutdown.clone());
+        tokio::spawn(async move { informer.run(shutdown).await })
+    };
+    wait_synced(&informer).await;
+    assert_eq!(informer.indexer().len(), 1);
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.delete("gadgets.any.kinformer.dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the CRD gone", async || {
+        crds.get_opt("gadgets.any.kinformer.dev")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    eventually("six failed requests", async || {
+        errors
+            .lock()
+            .iter()
+            .filter(|(_, e)| e.contains("404"))
+            .count()
+            >= 6
+    })
+    .await;
+    {
+        let errors = errors.lock();
+        let not_found: Vec<_> = errors.iter().filter(|(_, e)| e.contains("404")).collect();
+        let message = &not_found[0].1;
+        assert!(
+            message.contains("gadgets") && message.contains("CustomResourceDefinition"),
+            "the error names what is not served: {message}"
+        );
+        // One attempt is a streaming list and, when it fails, the plain list
+        // it falls back to at once: errors within 100 ms are one attempt.
+        let mut attempts: Vec<Instant> = Vec::new();
+        for (at, _) in &not_found {
+            if attempts
+                .last()
+                .is_none_or(|last| *at - *last > Duration::from_millis(100))
+            {
+                attempts.push(*at);
+            }
+        }
+        // Backed off: every retry waited at least the initial 800 ms (a hot
+        // loop would retry within milliseconds), and the waits grow.
+        let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 2, "{not_found:?}");
+        assert!(
+            gaps.iter().all(|g| *g >= Duration::from_millis(700)),
+            "retries without backoff: {gaps:?}"
+        );
+        assert!(gaps.last() > gaps.first(), "the backoff grows: {gaps:?}");
+    }
+    // The CRD's objects went with it.
+    assert_eq!(informer.indexer().len(), 0);
+
+    install(&client, &gadget_crd()).await;
+    gadgets
+        .create(&PostParams::default(), &gadget("after"))
+        .await
+        .unwrap();
+    eventually("the informer watching again", async || {
+        informer
+            .indexer()
+            .get_by_key(&format!("{ns}/after"))
+            .is_some()
+    })
+    .await;
+    assert!(informer.failure().is_none());
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+fn gizmo_crd() -> CustomResourceDefinition {
+    let mut crd = Gizmo::crd();
+    // The server accepts any spec; the Rust type wants an integer size.
+    crd.spec.versions[0].schema = Some(
+        serde_json::from_value(serde_json::json!({
+            "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+        }))
+        .unwrap(),
+    );
+    crd
+}
+
+fn gizmo(name: &str, size: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "any.kinformer.dev/v1", "kind": "Gizmo",
+        "metadata": {"name": name}, "spec": {"size": size}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_resources_that_do_not_fit_the_rust_type_are_reported_by_name_and_the_rest_cached() {
+    let (_, client, ns) = setup("gizmos").await;
+    install(&client, &gizmo_crd()).await;
+    let resource = ApiResource::erase::<Gizmo>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    for (name, size) in [
+        ("ok-1", serde_json::json!(1)),
+        ("bad-listed", serde_json::json!("big")),
+        ("ok-2", serde_json::json!(2)),
+    ] {
+        raw.create(&PostParams::default(), &gizmo(name, size))
+            .await
+            .unwrap();
+    }
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Gizmo>::namespaced(client.clone(), &ns),
+        InformerOptions::new(),
+    );
+    let errors = errors_into(&informer);
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (informer, shutdown) = (informer.clone(), shutdown.clone());
+        tokio::spawn(async move { informer.run(shutdown).await })
+    };
+    wait_synced(&informer).await;
+    let reported = |name: &str| errors.lock().iter().any(|(_, e)| e.contains(name));
+    assert!(reported(&format!("{ns}/bad-listed")), "{:?}", errors.lock());
+    // One that arrives through the watch, then a good one after it.
+    raw.create(
+        &PostParams::default(),
+        &gizmo("bad-watched", serde_json::json!("huge")),
+    )
+    .await
+    .unwrap();
+    raw.create(&PostParams::default(), &gizmo("ok-3", serde_json::json!(3)))
+        .await
+        .unwrap();
+    eventually("ok-3 cached", async || {
+        informer
+            .indexer()
+            .get_by_key(&format!("{ns}/ok-3"))
+            .is_some()
+    })
+    .await;
+    eventually("bad-watched reported by name", async || {
+        reported(&format!("{ns}/bad-watched"))
+    })
+    .await;
+    let mut cached: Vec<String> = informer
+        .indexer()
+        .list()
+        .iter()
+        .map(|g| g.metadata.name.clone().unwrap())
+        .collect();
+    cached.sort();
+    assert_eq!(cached, ["ok-1", "ok-2", "ok-3"]);
+    assert!(informer.failure().is_none());
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
