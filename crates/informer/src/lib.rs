@@ -5,12 +5,14 @@
 //! controller.go, listers) on kube-client and k8s-openapi:
 //!
 //! - [`ListerWatcher`] is the seam to the server; [`ApiListerWatcher`] lists
-//!   and watches any k8s-openapi resource through kube-client.
+//!   and watches any kube `Resource` through kube-client: k8s-openapi types,
+//!   custom resources (`#[derive(CustomResource)]`), `DynamicObject` with an
+//!   `ApiResource`, and `PartialObjectMeta<K>` for metadata only.
 //! - [`Reflector`] lists (paged), then watches with bookmarks, re-watches,
 //!   relists on 410 Gone, and backs off on errors, feeding a DeltaFifo.
 //! - [`SharedIndexInformer`] applies the deltas to an Indexer and fans them
 //!   out to any number of [`ResourceEventHandler`]s, each with its own buffer.
-//! - [`SharedInformerFactory`] shares informers by type and scope;
+//! - [`SharedInformerFactory`] shares informers by type, kind and scope;
 //!   [`Lister`] reads the cache; [`wait_for_cache_sync`] waits for it.
 //!
 //! ```no_run
@@ -32,6 +34,55 @@
 //! factory.start(&shutdown);
 //! factory.wait_for_cache_sync(&shutdown).await;
 //! let cached = pods.lister().namespaced("default").list(&Default::default());
+//! # }
+//! ```
+//!
+//! A custom resource needs nothing beyond kube's derive (the
+//! CustomResourceDefinition must be installed and Established):
+//!
+//! ```no_run
+//! # async fn demo(client: kube_client::Client) {
+//! use kinformer_informer::{CancellationToken, SharedInformerFactory};
+//! use kube::CustomResource;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(CustomResource, Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+//! #[kube(group = "example.com", version = "v1", kind = "Widget", namespaced)]
+//! struct WidgetSpec {
+//!     size: i32,
+//! }
+//!
+//! let factory = SharedInformerFactory::new(client).namespace("default");
+//! let widgets = factory.informer::<Widget>();
+//! let shutdown = CancellationToken::new();
+//! factory.start(&shutdown);
+//! factory.wait_for_cache_sync(&shutdown).await;
+//! for w in widgets.lister().list(&Default::default()) {
+//!     println!("{:?} has size {}", w.metadata.name, w.spec.size);
+//! }
+//! # }
+//! ```
+//!
+//! A kind known only at run time, and metadata only (the server sends no
+//! spec or status, so the cache stays small):
+//!
+//! ```no_run
+//! # async fn demo(client: kube_client::Client) {
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kinformer_informer::{CancellationToken, SharedInformerFactory};
+//! use kube_client::core::{ApiResource, GroupVersionKind};
+//!
+//! let factory = SharedInformerFactory::new(client).namespace("default");
+//! let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
+//! let widgets = factory.dynamic(&ApiResource::from_gvk(&gvk));
+//! let pod_metadata = factory.metadata::<Pod>();
+//! let shutdown = CancellationToken::new();
+//! factory.start(&shutdown);
+//! factory.wait_for_cache_sync(&shutdown).await;
+//! if let Some(w) = widgets.lister().namespaced("default").get("w1") {
+//!     println!("size {}", w.data["spec"]["size"]);
+//! }
+//! println!("{} pods", pod_metadata.indexer().len());
 //! # }
 //! ```
 
