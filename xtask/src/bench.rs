@@ -179,6 +179,84 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 );
             }
         }
+        for round in 0..sync_rounds {
+            for (i, _) in all.iter().enumerate() {
+                let system = all[(i + round) % all.len()];
+                // Each peer's default (client-go's metadata client asks for
+                // protobuf), then all on JSON: client-go forced to it,
+                // kinformer and kube-runtime (JSON only) measured once.
+                let default_wire = format!(
+                    "metadata-only informer sync of {size} pods, each peer's default wire format"
+                );
+                let json_wire = format!("metadata-only informer sync of {size} pods, JSON for all");
+                let v = harness(&harnesses, system, &["metadata-sync", &kubeconfig, &ns]).await?;
+                let mut rows = vec![default_wire];
+                if system != System::ClientGo {
+                    rows.push(json_wire.clone());
+                }
+                for scenario in &rows {
+                    results.add(
+                        scenario,
+                        "time to has_synced, ms",
+                        system,
+                        num(&v, "sync_seconds")? * 1e3,
+                    );
+                    results.add(
+                        scenario,
+                        "RSS per cached object, bytes",
+                        system,
+                        num(&v, "bytes_per_pod")?,
+                    );
+                }
+                if system == System::ClientGo {
+                    let v = harness(
+                        &harnesses,
+                        system,
+                        &["metadata-sync", &kubeconfig, &ns, "json"],
+                    )
+                    .await?;
+                    results.add(
+                        &json_wire,
+                        "time to has_synced, ms",
+                        system,
+                        num(&v, "sync_seconds")? * 1e3,
+                    );
+                    results.add(
+                        &json_wire,
+                        "RSS per cached object, bytes",
+                        system,
+                        num(&v, "bytes_per_pod")?,
+                    );
+                }
+            }
+        }
+        // Diagnostic: what the decoded metadata alone costs, without the
+        // informer, store or index.
+        let v = harness(
+            &harnesses,
+            System::Kinformer,
+            &["metadata-decode", &kubeconfig, &ns],
+        )
+        .await?;
+        let scenario = format!("metadata of {size} pods decoded offline into a Vec (no informer)");
+        results.add(
+            &scenario,
+            "RSS per object, bytes",
+            System::Kinformer,
+            num(&v, "bytes_per_pod")?,
+        );
+        results.add(
+            &scenario,
+            "inline size of PartialObjectMeta<Pod>, bytes",
+            System::Kinformer,
+            num(&v, "inline_bytes")?,
+        );
+        results.add(
+            &scenario,
+            "stripped JSON per object, bytes",
+            System::Kinformer,
+            num(&v, "json_bytes_per_object")?,
+        );
         if size == sizes[0] {
             for system in all {
                 let v = harness(

@@ -8,6 +8,13 @@
 //! - `fifo N`: N add/update/pop cycles, then a replace of N/10 objects.
 //! - `sync KUBECONFIG NAMESPACE`: informer initial sync of every Pod in
 //!   NAMESPACE (managedFields stripped): time to has_synced, RSS.
+//! - `metadata-sync KUBECONFIG NAMESPACE`: a metadata-only informer
+//!   (`PartialObjectMeta<Pod>`, managedFields dropped) of every Pod in
+//!   NAMESPACE: time to has_synced, RSS per cached object.
+//! - `metadata-decode KUBECONFIG NAMESPACE`: diagnostic: the metadata list
+//!   fetched once, then decoded offline into `PartialObjectMeta<Pod>`s held
+//!   in a Vec: the RSS of the decoded objects alone, without informer or
+//!   store, and the inline size of one.
 //! - `latency KUBECONFIG NAMESPACE SECONDS`: handler receive time minus the
 //!   write time stamped by the writer in the `bench/sent-ns` annotation.
 
@@ -24,6 +31,7 @@ use kinformer_informer::{
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
+use kube_client::core::PartialObjectMeta;
 use kube_client::{Client, Config};
 
 fn status_kb(field: &str) -> u64 {
@@ -73,6 +81,8 @@ fn main() -> Result<()> {
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
+        Some("metadata-sync") => rt.block_on(metadata_sync(&arg(1)?, &arg(2)?)),
+        Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;
     println!("{result}");
@@ -214,6 +224,63 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
         serde_json::json!({"system": "kinformer", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
         "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
+    )
+}
+
+async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).drop_managed_fields(),
+        InformerOptions::new(),
+    );
+    informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let i = informer.clone();
+    let s = shutdown.clone();
+    tokio::spawn(async move { i.run(s).await });
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sync_secs = start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_kb = status_kb("VmRSS:");
+    let hwm_kb = status_kb("VmHWM:");
+    let objects = informer.indexer().len();
+    shutdown.cancel();
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "metadata-sync", "pods": objects,
+        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
+    )
+}
+
+async fn metadata_decode(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let req = kube_client::core::Request::new(format!("/api/v1/namespaces/{ns}/pods"))
+        .list_metadata(&Default::default())?;
+    let text = client.request_text(req).await?;
+    let json = kinformer_informer::strip_managed_fields_json(text.as_bytes()).into_owned();
+    drop(text);
+    #[derive(serde::Deserialize)]
+    struct List<'a> {
+        #[serde(borrow)]
+        items: Vec<&'a serde_json::value::RawValue>,
+    }
+    let raw: List<'_> = serde_json::from_slice(&json)?;
+    let mut objects: Vec<PartialObjectMeta<Pod>> = Vec::with_capacity(raw.items.len());
+    let baseline_kb = status_kb("VmRSS:");
+    for item in &raw.items {
+        objects.push(serde_json::from_str(item.get())?);
+    }
+    let rss_kb = status_kb("VmRSS:");
+    let n = objects.len().max(1);
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "metadata-decode", "pods": objects.len(),
+        "json_bytes_per_object": json.len() as f64 / n as f64,
+        "inline_bytes": std::mem::size_of::<PartialObjectMeta<Pod>>(),
+        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / n as f64}),
     )
 }
 

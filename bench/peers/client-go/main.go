@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -16,8 +17,11 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
@@ -72,6 +76,8 @@ func main() {
 		runSync(args[0], args[1], len(args) < 3 || args[2] != "keep-managed-fields")
 	case "latency":
 		runLatency(args[0], args[1], atoi(args[2]))
+	case "metadata-sync":
+		runMetadataSync(args[0], args[1], len(args) > 2 && args[2] == "json")
 	default:
 		fmt.Fprintf(os.Stderr, "unknown scenario %q\n", os.Args[1])
 		os.Exit(2)
@@ -205,6 +211,67 @@ func runSync(kubeconfig, ns string, strip bool) {
 		perPod = float64((rss-baseline)*1024) / float64(pods)
 	}
 	emit(map[string]any{"scenario": "sync", "pods": pods, "strip_managed_fields": strip, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perPod})
+}
+
+// jsonOnly drops the protobuf alternatives from every Accept header, so the
+// server answers in JSON: the metadata client asks for protobuf first and
+// its ConfigFor cannot be told otherwise.
+type jsonOnly struct{ next http.RoundTripper }
+
+func (j jsonOnly) RoundTrip(req *http.Request) (*http.Response, error) {
+	var keep []string
+	for _, t := range strings.Split(req.Header.Get("Accept"), ",") {
+		if !strings.HasPrefix(strings.TrimSpace(t), "application/vnd.kubernetes.protobuf") {
+			keep = append(keep, t)
+		}
+	}
+	req = req.Clone(req.Context())
+	req.Header.Set("Accept", strings.Join(keep, ","))
+	return j.next.RoundTrip(req)
+}
+
+// runMetadataSync: client-go's metadatainformer over Pods (its defaults:
+// protobuf on the wire; JSON when json is set), managedFields stripped by
+// a transform.
+func runMetadataSync(kubeconfig, ns string, json bool) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cfg.QPS = 10000
+	cfg.Burst = 10000
+	if json {
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return jsonOnly{rt} }
+	}
+	mc := metadata.NewForConfigOrDie(cfg)
+	baseline := statusKB("VmRSS:")
+	factory := metadatainformer.NewFilteredSharedInformerFactory(mc, 0, ns, nil)
+	inf := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
+	_ = inf.SetTransform(func(obj interface{}) (interface{}, error) {
+		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			m.ManagedFields = nil
+		}
+		return obj, nil
+	})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{})
+	stop := make(chan struct{})
+	start := time.Now()
+	factory.Start(stop)
+	for !inf.HasSynced() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	syncSecs := time.Since(start).Seconds()
+	time.Sleep(2 * time.Second)
+	rss := statusKB("VmRSS:")
+	hwm := statusKB("VmHWM:")
+	objects := len(inf.GetStore().ListKeys())
+	close(stop)
+	perObject := 0.0
+	if objects > 0 && rss > baseline {
+		perObject = float64((rss-baseline)*1024) / float64(objects)
+	}
+	emit(map[string]any{"scenario": "metadata-sync", "json": json, "pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perObject})
 }
 
 func runLatency(kubeconfig, ns string, seconds int) {

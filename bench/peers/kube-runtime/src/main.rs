@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Config, ResourceExt};
 
@@ -54,6 +55,7 @@ fn main() -> Result<()> {
             args.get(3).map(String::as_str) != Some("keep-managed-fields"),
         )),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
+        Some("metadata-sync") => rt.block_on(metadata_sync(&arg(1)?, &arg(2)?)),
         other => bail!("scenario {other:?} has no kube-runtime counterpart"),
     }?;
     println!("{result}");
@@ -83,6 +85,32 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
         serde_json::json!({"system": "kube-runtime", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
         "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
+    )
+}
+
+/// Metadata-only sync with kube-runtime's watcher over `PartialObjectMeta` (its default
+/// config: paged lists of 500, no streaming list), managedFields cleared.
+async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    // kube 5's replacement for the deprecated `metadata_watcher`.
+    let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, ns);
+    let (reader, writer) = reflector::store();
+    let start = Instant::now();
+    let stream =
+        watcher(api, watcher::Config::default()).modify(|p| p.managed_fields_mut().clear());
+    let driver = tokio::spawn(reflector(writer, stream).for_each(|_| futures::future::ready(())));
+    reader.wait_until_ready().await?;
+    let sync_secs = start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_kb = status_kb("VmRSS:");
+    let hwm_kb = status_kb("VmHWM:");
+    let objects = reader.state().len();
+    driver.abort();
+    Ok(
+        serde_json::json!({"system": "kube-runtime", "scenario": "metadata-sync", "pods": objects,
+        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )
 }
 
