@@ -204,6 +204,29 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
     if strip {
         informer.set_transform(strip_managed_fields)?;
     }
+    let mut v = measure_sync(informer, baseline_kb, "sync").await?;
+    v["strip_managed_fields"] = strip.into();
+    Ok(v)
+}
+
+async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).drop_managed_fields(),
+        InformerOptions::new(),
+    );
+    measure_sync(informer, baseline_kb, "metadata-sync").await
+}
+
+/// Runs `informer` with one no-op handler until it has synced, then, 2 s
+/// later, reads the RSS: time to synced, RSS and RSS growth per object
+/// since `baseline_kb`.
+async fn measure_sync<K: kinformer_store::Object + Clone>(
+    informer: SharedIndexInformer<K>,
+    baseline_kb: u64,
+    scenario: &str,
+) -> Result<serde_json::Value> {
     informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
     let shutdown = CancellationToken::new();
     let start = Instant::now();
@@ -218,39 +241,10 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_kb = status_kb("VmRSS:");
     let hwm_kb = status_kb("VmHWM:");
-    let pods = informer.indexer().len();
-    shutdown.cancel();
-    Ok(
-        serde_json::json!({"system": "kinformer", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
-        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
-        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
-    )
-}
-
-async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
-    let client = client(kubeconfig).await?;
-    let baseline_kb = status_kb("VmRSS:");
-    let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).drop_managed_fields(),
-        InformerOptions::new(),
-    );
-    informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
-    let shutdown = CancellationToken::new();
-    let start = Instant::now();
-    let i = informer.clone();
-    let s = shutdown.clone();
-    tokio::spawn(async move { i.run(s).await });
-    while !informer.has_synced() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let sync_secs = start.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_kb = status_kb("VmRSS:");
-    let hwm_kb = status_kb("VmHWM:");
     let objects = informer.indexer().len();
     shutdown.cancel();
     Ok(
-        serde_json::json!({"system": "kinformer", "scenario": "metadata-sync", "pods": objects,
+        serde_json::json!({"system": "kinformer", "scenario": scenario, "pods": objects,
         "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )

@@ -193,24 +193,34 @@ func runSync(kubeconfig, ns string, strip bool) {
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, opts...)
 	inf := factory.Core().V1().Pods().Informer()
+	v := measureSync(inf, factory.Start, baseline)
+	v["scenario"] = "sync"
+	v["strip_managed_fields"] = strip
+	emit(v)
+}
+
+// measureSync runs the informer (through start) with one no-op handler
+// until it has synced, then, 2 s later, reads the RSS: time to synced, RSS
+// and RSS growth per object since baseline.
+func measureSync(inf cache.SharedIndexInformer, start func(<-chan struct{}), baseline uint64) map[string]any {
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{})
 	stop := make(chan struct{})
-	start := time.Now()
-	factory.Start(stop)
+	began := time.Now()
+	start(stop)
 	for !inf.HasSynced() {
 		time.Sleep(5 * time.Millisecond)
 	}
-	syncSecs := time.Since(start).Seconds()
+	syncSecs := time.Since(began).Seconds()
 	time.Sleep(2 * time.Second)
 	rss := statusKB("VmRSS:")
 	hwm := statusKB("VmHWM:")
-	pods := len(inf.GetStore().ListKeys())
+	objects := len(inf.GetStore().ListKeys())
 	close(stop)
-	perPod := 0.0
-	if pods > 0 && rss > baseline {
-		perPod = float64((rss-baseline)*1024) / float64(pods)
+	perObject := 0.0
+	if objects > 0 && rss > baseline {
+		perObject = float64((rss-baseline)*1024) / float64(objects)
 	}
-	emit(map[string]any{"scenario": "sync", "pods": pods, "strip_managed_fields": strip, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perPod})
+	return map[string]any{"pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perObject}
 }
 
 // jsonOnly drops the protobuf alternatives from every Accept header, so the
@@ -254,24 +264,10 @@ func runMetadataSync(kubeconfig, ns string, json bool) {
 		}
 		return obj, nil
 	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{})
-	stop := make(chan struct{})
-	start := time.Now()
-	factory.Start(stop)
-	for !inf.HasSynced() {
-		time.Sleep(5 * time.Millisecond)
-	}
-	syncSecs := time.Since(start).Seconds()
-	time.Sleep(2 * time.Second)
-	rss := statusKB("VmRSS:")
-	hwm := statusKB("VmHWM:")
-	objects := len(inf.GetStore().ListKeys())
-	close(stop)
-	perObject := 0.0
-	if objects > 0 && rss > baseline {
-		perObject = float64((rss-baseline)*1024) / float64(objects)
-	}
-	emit(map[string]any{"scenario": "metadata-sync", "json": json, "pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perObject})
+	v := measureSync(inf, factory.Start, baseline)
+	v["scenario"] = "metadata-sync"
+	v["json"] = json
+	emit(v)
 }
 
 func runLatency(kubeconfig, ns string, seconds int) {

@@ -66,6 +66,39 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let api: Api<Pod> = Api::namespaced(client, ns);
+    let mut v = measure_sync(api, strip, baseline_kb, "sync").await?;
+    v["strip_managed_fields"] = strip.into();
+    Ok(v)
+}
+
+/// Metadata-only sync with kube-runtime's watcher over `PartialObjectMeta`
+/// (kube 5's replacement for the deprecated `metadata_watcher`; its default
+/// config: paged lists of 500, no streaming list), managedFields cleared.
+async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, ns);
+    measure_sync(api, true, baseline_kb, "metadata-sync").await
+}
+
+/// Watcher + reflector over `api` until the store is ready, then, 2 s later,
+/// the RSS: time to ready, RSS and RSS growth per object since `baseline_kb`.
+async fn measure_sync<K>(
+    api: Api<K>,
+    strip: bool,
+    baseline_kb: u64,
+    scenario: &str,
+) -> Result<serde_json::Value>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
     let (reader, writer) = reflector::store();
     let start = Instant::now();
     let stream = watcher(api, watcher::Config::default()).modify(move |p| {
@@ -79,36 +112,10 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_kb = status_kb("VmRSS:");
     let hwm_kb = status_kb("VmHWM:");
-    let pods = reader.state().len();
-    driver.abort();
-    Ok(
-        serde_json::json!({"system": "kube-runtime", "scenario": "sync", "pods": pods, "strip_managed_fields": strip,
-        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
-        "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / pods.max(1) as f64}),
-    )
-}
-
-/// Metadata-only sync with kube-runtime's watcher over `PartialObjectMeta` (its default
-/// config: paged lists of 500, no streaming list), managedFields cleared.
-async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
-    let client = client(kubeconfig).await?;
-    let baseline_kb = status_kb("VmRSS:");
-    // kube 5's replacement for the deprecated `metadata_watcher`.
-    let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, ns);
-    let (reader, writer) = reflector::store();
-    let start = Instant::now();
-    let stream =
-        watcher(api, watcher::Config::default()).modify(|p| p.managed_fields_mut().clear());
-    let driver = tokio::spawn(reflector(writer, stream).for_each(|_| futures::future::ready(())));
-    reader.wait_until_ready().await?;
-    let sync_secs = start.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_kb = status_kb("VmRSS:");
-    let hwm_kb = status_kb("VmHWM:");
     let objects = reader.state().len();
     driver.abort();
     Ok(
-        serde_json::json!({"system": "kube-runtime", "scenario": "metadata-sync", "pods": objects,
+        serde_json::json!({"system": "kube-runtime", "scenario": scenario, "pods": objects,
         "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )
