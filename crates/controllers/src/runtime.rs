@@ -103,6 +103,8 @@ type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
 ///   [`LeaderElector::lease_valid_until`] (the earliest a standby can lead),
 ///   and are then aborted; `run` returns [`ControllerError::LostLeadership`].
 ///   The same applies if the lease is lost during a drain.
+/// - **A Crash panic or a failed informer**: no drain; no key is handed out
+///   and in-flight reconciles are aborted at once, as in a crashed process.
 /// - Either way `/healthz` and `/readyz` answer 503 from the start of the stop.
 pub struct ControllerOptions<K> {
     /// Concurrent reconciles (distinct keys).
@@ -364,8 +366,11 @@ impl<K: Object + Clone> Controller<K> {
             m.set_stopping();
         }
         let mut result = Ok(());
+        // A Crash panic or a failed informer: nothing more is worked, as
+        // after a crash; in-flight reconciles are aborted below.
+        let fatal = self.fatal.lock().is_some();
         let lost = lost
-            || {
+            || (!fatal && {
                 info!(timeout = ?self.options.drain_timeout, "shutting down: draining queued and in-flight reconciles");
                 tokio::select! {
                     drained = tokio::time::timeout(self.options.drain_timeout, self.queue.shut_down_with_drain()) => {
@@ -376,7 +381,7 @@ impl<K: Object + Clone> Controller<K> {
                     }
                     _ = lost_leadership(&mut leadership) => true,
                 }
-            }
+            })
             // A loss at the very end of the drain still counts.
             || leadership.as_ref().is_some_and(|l| !l.elector.may_work());
         // Whatever the path, no key is handed out from here on.
@@ -525,9 +530,10 @@ impl Worker {
             let Some(key) = key else { return };
             // `get` may have raced the halt: a key taken after it stays
             // unworked. The elector's own flag turns false the instant the
-            // lease is lost, before the runtime gets to cancel `halt`.
+            // lease is lost, and a crash is recorded in `fatal`, both before
+            // the runtime gets to cancel `halt`.
             let leading = self.elector.as_ref().is_none_or(|e| e.may_work());
-            if self.halt.is_cancelled() || !leading {
+            if self.halt.is_cancelled() || !leading || self.fatal.lock().is_some() {
                 self.queue.done(&key);
                 return;
             }

@@ -205,6 +205,8 @@ fn calls_of(calls: &Mutex<BTreeMap<String, usize>>, name: &str, ns: &str) -> usi
 #[derive(Default)]
 struct Probe {
     calls: Mutex<BTreeMap<String, usize>>,
+    /// Keys in the order their reconciles started.
+    started: Mutex<Vec<String>>,
     in_flight: Mutex<HashSet<String>>,
     overlaps: AtomicUsize,
     panic_for: Option<String>,
@@ -216,6 +218,7 @@ impl Reconciler for Probe {
     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         Box::pin(async move {
             *self.calls.lock().entry(key.to_owned()).or_default() += 1;
+            self.started.lock().push(key.to_owned());
             if !self.in_flight.lock().insert(key.to_owned()) {
                 self.overlaps.fetch_add(1, Ordering::SeqCst);
             }
@@ -1007,4 +1010,51 @@ async fn a_reconciler_that_panics_before_returning_its_future_is_recovered_like_
     .await;
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_crash_policy_no_key_is_started_after_the_panic() {
+    let (client, ns) = setup("crashstop").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Listed in name order: the panicking key comes first, 8 wait behind it.
+    for name in ["a-bad", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"] {
+        api.create(&PostParams::default(), &config_map(name))
+            .await
+            .unwrap();
+    }
+    let probe = Arc::new(Probe {
+        panic_for: Some("a-bad".into()),
+        delay: Duration::from_millis(50),
+        ..Probe::default()
+    });
+    let options = ControllerOptions::new()
+        .workers(1)
+        .panic_policy(PanicPolicy::Crash);
+    let controller = Controller::new(
+        "crashstop",
+        informer::<ConfigMap>(&client, &ns),
+        Arc::clone(&probe),
+        options,
+    )
+    .unwrap();
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        controller.run(CancellationToken::new()),
+    )
+    .await
+    .expect("a crash ends run");
+    assert!(
+        matches!(result, Err(ControllerError::ReconcilePanicked { .. })),
+        "{result:?}"
+    );
+    let started = probe.started.lock().clone();
+    let bad = started
+        .iter()
+        .position(|k| k.ends_with("/a-bad"))
+        .expect("the panicking key ran");
+    assert_eq!(
+        &started[bad + 1..],
+        &[] as &[String],
+        "keys started after the crash"
+    );
 }
