@@ -1,7 +1,7 @@
 //! SharedInformerFactory: one informer per type, kind, namespace and
 //! selectors, however many callers ask for it.
 //!
-//! Informers are shared by (Rust type, API group/version and plural, scope):
+//! Informers are shared by (Rust type, API group/version/plural, scope):
 //! two callers asking for `DynamicObject`s of the same `ApiResource` get one
 //! informer and one watch; a typed informer and a dynamic one of the same
 //! kind are two (their caches hold different types).
@@ -61,13 +61,13 @@ struct Entry {
     startable: Arc<dyn Startable>,
 }
 
-/// What makes two informers the same: the Rust type, the kind (API
-/// group/version and plural, from the dynamic type) and the scope.
+/// What makes two informers the same: the Rust type, the kind (its URL path:
+/// API group, version and plural, from the dynamic type) and the scope.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct InformerKey {
     type_id: TypeId,
-    api_version: String,
-    plural: String,
+    /// The kind's path (group, version, plural, namespace).
+    url_path: String,
     scope: InformerScope,
 }
 
@@ -196,8 +196,7 @@ impl SharedInformerFactory {
     {
         let key = InformerKey {
             type_id: TypeId::of::<K>(),
-            api_version: K::api_version(dyntype).into_owned(),
-            plural: K::plural(dyntype).into_owned(),
+            url_path: K::url_path(dyntype, scope.namespace.as_deref()),
             scope: scope.clone(),
         };
         let mut informers = self.informers.lock();

@@ -216,7 +216,7 @@ where
                 code: 404,
                 reason,
                 message: format!(
-                    "{message}: the server does not serve {} (is its CustomResourceDefinition installed and Established, and are the group and version right?)",
+                    "{message}: the server does not serve {} (for a custom resource: is its CustomResourceDefinition installed and Established, and are the group, version and plural right? For a cluster-scoped kind, list it without a namespace)",
                     self.url_path
                 ),
             },
@@ -244,7 +244,11 @@ where
             qp.append_pair("resourceVersionMatch", "NotOlderThan");
         }
         qp.append_pair("resourceVersion", &req.resource_version);
-        let mut request = http::Request::get(qp.finish());
+        // Servers since 1.37 gzip a watch one member per event, which the
+        // client's decompression layer cannot follow past the first: ask for
+        // no compression, as kube-client's own watch does.
+        let mut request =
+            http::Request::get(qp.finish()).header(http::header::ACCEPT_ENCODING, "identity");
         if K::metadata_api() {
             request = request.header(http::header::ACCEPT, METADATA_MIME);
         }
@@ -277,6 +281,37 @@ pub(crate) fn object_name(json: &str) -> String {
         }) => name,
         _ => "an object without a readable name".to_owned(),
     }
+}
+
+/// Whether a read error is the end of a watch the server or the network
+/// ended (resumable at once), as kube-client's own watch decides: an
+/// `UnexpectedEof` anywhere in the chain (TLS stacks nest it; the body
+/// stream wraps every error in `io::Error::other`), or the chunk decoder's
+/// "unexpected EOF during chunk".
+fn is_resumable_end(e: &std::io::Error) -> bool {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof
+        || e.to_string().contains("unexpected EOF during chunk")
+    {
+        return true;
+    }
+    let mut current: Option<&(dyn std::error::Error + 'static)> = e
+        .get_ref()
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
+    // A bounded walk, in case a `source` chain cycles.
+    for _ in 0..16 {
+        let Some(err) = current else {
+            return false;
+        };
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
+            || err.to_string().contains("unexpected EOF during chunk")
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
 }
 
 /// The name of the object inside a watch event's JSON.
@@ -410,7 +445,7 @@ where
                     let line = match line {
                         Ok(line) => line,
                         // A watch the server or the network ended: resumable.
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+                        Err(e) if is_resumable_end(&e) => return None,
                         Err(e) => return Some(Err(ListWatchError::Connect(e.to_string()))),
                     };
                     if line.trim().is_empty() {

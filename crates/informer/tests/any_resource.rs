@@ -14,8 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kinformer_envtest::TestEnv;
 use kinformer_informer::consistency::{LastSeen, versions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ListWatchError, SharedIndexInformer,
-    SharedInformerFactory,
+    ApiListerWatcher, CancellationToken, InformerOptions, ListWatchError, ReflectorOptions,
+    SharedIndexInformer, SharedInformerFactory,
 };
 use kube::{CustomResource, CustomResourceExt};
 use kube_client::Client;
@@ -113,6 +113,25 @@ fn errors_into(
     errors
 }
 
+/// The informer synced through the streaming list (no fallback to a plain
+/// list, which would hide a streaming path that fails for this kind), and
+/// no list or watch error was reported.
+fn assert_streamed_without_error<K: kinformer_store::Object + Clone>(
+    informer: &SharedIndexInformer<K>,
+    errors: &Mutex<Vec<(Instant, String)>>,
+) {
+    let stats = informer.reflector_stats().unwrap();
+    let lists = stats.list_calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        lists,
+        0,
+        "{}: fell back to a plain list",
+        informer.describe()
+    );
+    let errors = errors.lock();
+    assert!(errors.is_empty(), "{}: {errors:?}", informer.describe());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_objects() {
     let (_, client, ns) = setup("widgets").await;
@@ -131,6 +150,7 @@ async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_obje
     let (seen_typed, seen_dynamic) = (LastSeen::default(), LastSeen::default());
     typed.add_event_handler(seen_typed.clone()).unwrap();
     dynamic.add_event_handler(seen_dynamic.clone()).unwrap();
+    let (typed_errors, dynamic_errors) = (errors_into(&typed), errors_into(&dynamic));
 
     let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
     for i in 0..3 {
@@ -189,6 +209,8 @@ async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_obje
         "the typed and the dynamic caches hold the same objects at the same versions"
     );
     assert_eq!(typed_cache.len(), 4);
+    assert_streamed_without_error(&typed, &typed_errors);
+    assert_streamed_without_error(&dynamic, &dynamic_errors);
     let w1 = typed.lister().namespaced(&ns).get("w1").unwrap();
     assert_eq!(w1.spec.size, 42);
     let w2 = dynamic.lister().namespaced(&ns).get("w2").unwrap();
@@ -226,9 +248,11 @@ async fn a_metadata_only_pod_informer_caches_the_servers_metadata_and_nothing_el
     let informer = factory.metadata::<Pod>();
     let seen = LastSeen::default();
     informer.add_event_handler(seen.clone()).unwrap();
+    let errors = errors_into(&informer);
     let shutdown = CancellationToken::new();
     factory.start(&shutdown);
     wait_synced(&informer).await;
+    assert_streamed_without_error(&informer, &errors);
     // A change after the sync reaches the cache through the watch.
     let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
     pods.patch("p3", &PatchParams::default(), &Patch::Merge(patch))
@@ -308,9 +332,15 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
         &GroupVersionKind::gvk("any.kinformer.dev", "v1", "Gadget"),
         "gadgets",
     );
+    // Plain lists, so that each retry is one request (a streaming list
+    // falls back to a list at once, which would make two).
+    let reflector = ReflectorOptions {
+        use_watch_list: false,
+        ..ReflectorOptions::default()
+    };
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
-        InformerOptions::new(),
+        InformerOptions::new().reflector(reflector),
     );
     let errors = errors_into(&informer);
     let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
@@ -337,13 +367,13 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
             .is_none()
     })
     .await;
-    eventually("six failed requests", async || {
+    eventually("four failed requests", async || {
         errors
             .lock()
             .iter()
             .filter(|(_, e)| e.contains("404"))
             .count()
-            >= 6
+            >= 4
     })
     .await;
     {
@@ -354,17 +384,7 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
             message.contains("gadgets") && message.contains("CustomResourceDefinition"),
             "the error names what is not served: {message}"
         );
-        // One attempt is a streaming list and, when it fails, the plain list
-        // it falls back to at once: errors within 100 ms are one attempt.
-        let mut attempts: Vec<Instant> = Vec::new();
-        for (at, _) in &not_found {
-            if attempts
-                .last()
-                .is_none_or(|last| *at - *last > Duration::from_millis(100))
-            {
-                attempts.push(*at);
-            }
-        }
+        let attempts: Vec<Instant> = not_found.iter().map(|(at, _)| *at).collect();
         // Backed off: every retry waited at least the initial 800 ms (a hot
         // loop would retry within milliseconds), and the waits grow.
         let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
