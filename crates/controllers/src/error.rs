@@ -20,6 +20,9 @@ pub enum ControllerError {
         /// The panic message.
         message: String,
     },
+    /// The controller's options cannot work.
+    #[error("invalid controller options: {0}")]
+    InvalidOptions(String),
     /// The leader election's settings cannot be safe.
     #[error("invalid leader election on Lease {lease}: {why}")]
     InvalidLeaderElection {

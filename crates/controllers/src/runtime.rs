@@ -220,6 +220,11 @@ impl<K: Object + Clone> Controller<K> {
         reconciler: impl Reconciler,
         options: ControllerOptions<K>,
     ) -> Result<Self, ControllerError> {
+        if options.workers == 0 {
+            return Err(ControllerError::InvalidOptions(format!(
+                "controller {name:?}: workers is 0, so no key would ever be reconciled"
+            )));
+        }
         if let Some(elector) = &options.leader_election {
             elector.config().validate()?;
         }

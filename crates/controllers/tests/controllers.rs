@@ -1058,3 +1058,32 @@ async fn with_the_crash_policy_no_key_is_started_after_the_panic() {
         "keys started after the crash"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
+    let (client, ns) = setup("options").await;
+    let mut options = ControllerOptions::new();
+    options.workers = 0;
+    let err = Controller::new(
+        "zero",
+        informer::<ConfigMap>(&client, &ns),
+        Probe::default(),
+        options,
+    )
+    .err()
+    .expect("0 workers is rejected");
+    assert!(err.to_string().contains("workers is 0"), "{err}");
+
+    let mut config = LeaderElectionConfig::new(&ns, "lease", "me");
+    config.renew_deadline = config.lease_duration;
+    let elector = Arc::new(LeaderElector::new(client.clone(), config));
+    let err = Controller::new(
+        "lease",
+        informer::<ConfigMap>(&client, &ns),
+        Probe::default(),
+        ControllerOptions::new().leader_election(elector),
+    )
+    .err()
+    .expect("a renew deadline equal to the lease is rejected");
+    assert!(err.to_string().contains("renew deadline"), "{err}");
+}

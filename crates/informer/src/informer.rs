@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
-use kinformer_store::{Indexer, Indexers, KnownObjects, Object};
+use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
@@ -386,9 +386,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.last_sync_rv.read().clone()
     }
 
-    /// The cache.
-    pub fn indexer(&self) -> &Arc<Indexer<K>> {
-        &self.inner.indexer
+    /// The cache, read-only: only the informer writes it.
+    pub fn indexer(&self) -> CacheReader<K> {
+        CacheReader::new(Arc::clone(&self.inner.indexer))
     }
 
     /// What this informer lists and watches.

@@ -209,9 +209,9 @@ impl<K: Object + Clone> Reflector<K> {
         self
     }
 
-    /// The last resource version seen (list, event or bookmark), shared.
-    pub fn last_sync_resource_version(&self) -> Arc<RwLock<String>> {
-        Arc::clone(&self.last_sync_rv)
+    /// The last resource version seen (list, event or bookmark).
+    pub fn last_sync_resource_version(&self) -> String {
+        self.last_sync_rv.read().clone()
     }
 
     /// The counters, shared.

@@ -146,7 +146,7 @@ async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_obje
     // Asked for again, by GVK this time: the same informer, one watch.
     let gvk = GroupVersionKind::gvk("any.kinformer.dev", "v1", "Widget");
     let again = factory.dynamic(&ApiResource::from_gvk(&gvk));
-    assert!(Arc::ptr_eq(dynamic.indexer(), again.indexer()));
+    assert!(dynamic.indexer().same_cache(&again.indexer()));
     let (seen_typed, seen_dynamic) = (LastSeen::default(), LastSeen::default());
     typed.add_event_handler(seen_typed.clone()).unwrap();
     dynamic.add_event_handler(seen_dynamic.clone()).unwrap();

@@ -42,6 +42,7 @@ mod index;
 mod indexer;
 mod key;
 mod object;
+mod reader;
 mod thread_safe_store;
 
 pub use error::{BoxError, IndexError, IndexFuncPanic, KeyError, StoreError};
@@ -54,4 +55,5 @@ pub use key::{
     split_meta_namespace_key,
 };
 pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
+pub use reader::CacheReader;
 pub use thread_safe_store::{ThreadSafeStore, Upserted};
