@@ -5,11 +5,14 @@
 //!   recovering from panics ([`PanicPolicy`]), retrying failures with backoff
 //!   up to a limit, reconciling only while leading a [`LeaderElector`]'s
 //!   Lease, and reporting [`Metrics`] with controller-runtime's names.
+//! - [`EventRecorder`] publishes events.k8s.io/v1 Events, folding repeats
+//!   into an `EventSeries` written at most every 30 s, as client-go does.
 //! - [`pod_stdout`] prints every Pod add, update and delete.
 //! - [`service_strategy`] sets a Service's `app` selector from its
 //!   `kinformer.dev/strategy` annotation.
 
 mod error;
+mod events;
 mod leader;
 mod metrics;
 pub mod pod_stdout;
@@ -17,6 +20,7 @@ mod runtime;
 pub mod service_strategy;
 
 pub use error::ControllerError;
+pub use events::{EventRecorder, EventType};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use metrics::Metrics;
 pub use runtime::{

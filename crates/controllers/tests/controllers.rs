@@ -1087,3 +1087,70 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
     .expect("a renew deadline equal to the lease is rejected");
     assert!(err.to_string().contains("renew deadline"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_event_becomes_one_event_with_a_series_instead_of_a_flood() {
+    use k8s_openapi::api::events::v1::Event as EventV1;
+    use kinformer_controllers::{EventRecorder, EventType};
+    let (client, ns) = setup("events").await;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &config_map("noisy"))
+        .await
+        .unwrap();
+    let regarding = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(ns.clone()),
+        name: Some("noisy".into()),
+        uid: cm.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let recorder = EventRecorder::new(client.clone(), "kinformer.dev/test", "test-0")
+        .series_interval(Duration::from_secs(3600));
+    // A hot loop: 100 identical failures, and one different one.
+    for _ in 0..100 {
+        recorder
+            .publish(&regarding, EventType::Warning, "SyncFailed", "Sync", "boom")
+            .await
+            .unwrap();
+    }
+    recorder
+        .publish(
+            &regarding,
+            EventType::Warning,
+            "SyncFailed",
+            "Sync",
+            "other",
+        )
+        .await
+        .unwrap();
+    assert_eq!(recorder.writes(), 2, "one create per distinct event");
+    recorder.flush().await.unwrap();
+    assert_eq!(recorder.writes(), 3, "one series write for the 99 repeats");
+
+    let events: Vec<EventV1> = Api::<EventV1>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let boom = events
+        .iter()
+        .find(|e| e.note.as_deref() == Some("boom"))
+        .unwrap();
+    assert_eq!(boom.series.as_ref().map(|s| s.count), Some(100));
+    assert_eq!(boom.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        boom.reporting_controller.as_deref(),
+        Some("kinformer.dev/test")
+    );
+    assert_eq!(
+        boom.regarding.as_ref().and_then(|r| r.uid.clone()),
+        cm.metadata.uid
+    );
+    let other = events
+        .iter()
+        .find(|e| e.note.as_deref() == Some("other"))
+        .unwrap();
+    assert!(other.series.is_none(), "a single occurrence has no series");
+}
