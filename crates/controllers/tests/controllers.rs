@@ -1154,3 +1154,78 @@ async fn a_repeated_event_becomes_one_event_with_a_series_instead_of_a_flood() {
         .unwrap();
     assert!(other.series.is_none(), "a single occurrence has no series");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_deletion() {
+    use kinformer_controllers::{FinalizerEvent, finalizer};
+    const NAME: &str = "kinformer.dev/cleanup";
+    let (client, ns) = setup("finalizer").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let mut cm = config_map("guarded");
+    // Someone else's finalizer, which must survive our writes.
+    cm.metadata.finalizers = Some(vec!["other.dev/keep".into()]);
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    let log = Mutex::new(Vec::<String>::new());
+    let step = async |log: &Mutex<Vec<String>>| {
+        let obj = Arc::new(api.get("guarded").await.unwrap());
+        finalizer(&api, NAME, obj, async |event| {
+            log.lock().push(match event {
+                FinalizerEvent::Apply(_) => "apply".into(),
+                FinalizerEvent::Cleanup(_) => "cleanup".into(),
+            });
+            Ok::<_, std::io::Error>(Action::Done)
+        })
+        .await
+        .unwrap()
+    };
+    // 1: the finalizer is added, nothing applied yet.
+    step(&log).await;
+    let finalizers = api.get("guarded").await.unwrap().metadata.finalizers;
+    assert_eq!(
+        finalizers,
+        Some(vec!["other.dev/keep".to_owned(), NAME.to_owned()])
+    );
+    assert!(log.lock().is_empty());
+    // 2: with it in place, apply.
+    step(&log).await;
+    assert_eq!(*log.lock(), ["apply"]);
+    // 3: deleted: the object stays (finalizers), cleanup runs, ours goes.
+    api.delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    step(&log).await;
+    assert_eq!(*log.lock(), ["apply", "cleanup"]);
+    let left = api.get("guarded").await.unwrap();
+    assert!(left.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        left.metadata.finalizers,
+        Some(vec!["other.dev/keep".to_owned()])
+    );
+    // 4: still being deleted, our finalizer gone: nothing more runs.
+    step(&log).await;
+    assert_eq!(log.lock().len(), 2);
+
+    // A write from a stale copy fails instead of overwriting.
+    api.create(&PostParams::default(), &config_map("stale"))
+        .await
+        .unwrap();
+    let stale = api.get("stale").await.unwrap();
+    bump(&api, "stale", 1).await;
+    let err = finalizer(&api, NAME, Arc::new(stale), async |_| {
+        Ok::<_, std::io::Error>(Action::Done)
+    })
+    .await
+    .expect_err("a stale copy conflicts");
+    assert!(
+        err.to_string().contains("cannot add finalizer") && err.to_string().contains("409"),
+        "{err}"
+    );
+    // Let the guarded object go.
+    api.patch(
+        "guarded",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+}

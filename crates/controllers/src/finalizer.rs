@@ -1,0 +1,154 @@
+//! A finalizer around a reconcile: cleanup runs before an object goes away.
+//!
+//! [`finalizer`] is the usual three-way step of a controller that owns
+//! something outside the object (controller-runtime's finalizer helpers,
+//! kube-runtime's `finalizer`):
+//! - the object is not being deleted and lacks the finalizer: add it and
+//!   return (the update it causes brings the object back for `Apply`);
+//! - the object is not being deleted and has it: [`FinalizerEvent::Apply`];
+//! - the object is being deleted and has it: [`FinalizerEvent::Cleanup`],
+//!   and once that succeeds, remove the finalizer so the server can delete
+//!   the object; an object being deleted without it is left alone.
+//!
+//! Writes are merge patches of `metadata.finalizers` carrying the object's
+//! `resourceVersion`, so a write based on a stale copy fails with 409 Conflict
+//! (and is retried by the workqueue) instead of dropping another
+//! controller's finalizer.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use kube_client::api::{Api, Patch, PatchParams};
+use kube_client::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+use crate::Action;
+
+/// What the reconcile inside [`finalizer`] is asked to do.
+#[derive(Debug)]
+pub enum FinalizerEvent<K> {
+    /// Bring the world in line with the object.
+    Apply(Arc<K>),
+    /// The object is being deleted: undo what `Apply` did.
+    Cleanup(Arc<K>),
+}
+
+/// [`finalizer`] failed.
+#[derive(Debug, Error)]
+pub enum FinalizerError<E: std::error::Error + 'static> {
+    /// The reconcile returned an error (for `Apply` or `Cleanup`).
+    #[error("reconcile failed: {0}")]
+    Reconcile(#[source] E),
+    /// Adding the finalizer failed.
+    #[error("cannot add finalizer {finalizer:?} to {object}: {source}")]
+    Add {
+        /// The finalizer.
+        finalizer: String,
+        /// `namespace/name` of the object.
+        object: String,
+        /// Why.
+        source: kube_client::Error,
+    },
+    /// Removing the finalizer after a successful cleanup failed.
+    #[error("cannot remove finalizer {finalizer:?} from {object}: {source}")]
+    Remove {
+        /// The finalizer.
+        finalizer: String,
+        /// `namespace/name` of the object.
+        object: String,
+        /// Why.
+        source: kube_client::Error,
+    },
+    /// The object has no name.
+    #[error("the object has no name")]
+    Unnamed,
+}
+
+/// Runs `reconcile` under the finalizer `name` (for example
+/// `example.com/cleanup`) for `obj`, written through `api`; see the module
+/// docs for what happens when.
+pub async fn finalizer<K, E, F, Fut>(
+    api: &Api<K>,
+    name: &str,
+    obj: Arc<K>,
+    reconcile: F,
+) -> Result<Action, FinalizerError<E>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    E: std::error::Error + 'static,
+    F: FnOnce(FinalizerEvent<K>) -> Fut,
+    Fut: Future<Output = Result<Action, E>>,
+{
+    let object = describe(obj.as_ref());
+    let object_name = obj.meta().name.clone().ok_or(FinalizerError::Unnamed)?;
+    let has = obj.finalizers().iter().any(|f| f == name);
+    let deleting = obj.meta().deletion_timestamp.is_some();
+    match (deleting, has) {
+        (false, false) => {
+            let mut finalizers = obj.finalizers().to_vec();
+            finalizers.push(name.to_owned());
+            write(api, &object_name, obj.as_ref(), finalizers)
+                .await
+                .map_err(|source| FinalizerError::Add {
+                    finalizer: name.to_owned(),
+                    object,
+                    source,
+                })?;
+            Ok(Action::Done)
+        }
+        (false, true) => reconcile(FinalizerEvent::Apply(obj))
+            .await
+            .map_err(FinalizerError::Reconcile),
+        (true, true) => {
+            let action = reconcile(FinalizerEvent::Cleanup(Arc::clone(&obj)))
+                .await
+                .map_err(FinalizerError::Reconcile)?;
+            let rest: Vec<String> = obj
+                .finalizers()
+                .iter()
+                .filter(|f| *f != name)
+                .cloned()
+                .collect();
+            write(api, &object_name, obj.as_ref(), rest)
+                .await
+                .map_err(|source| FinalizerError::Remove {
+                    finalizer: name.to_owned(),
+                    object,
+                    source,
+                })?;
+            Ok(action)
+        }
+        (true, false) => Ok(Action::Done),
+    }
+}
+
+async fn write<K>(
+    api: &Api<K>,
+    name: &str,
+    obj: &K,
+    finalizers: Vec<String>,
+) -> Result<(), kube_client::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            // A stale copy must not overwrite someone else's finalizers.
+            "resourceVersion": obj.meta().resource_version,
+        }
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+}
+
+fn describe<K: Resource>(obj: &K) -> String {
+    match (&obj.meta().namespace, &obj.meta().name) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        (None, Some(name)) => name.clone(),
+        _ => "an object without a name".to_owned(),
+    }
+}
