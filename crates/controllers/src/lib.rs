@@ -29,4 +29,5 @@ pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use metrics::Metrics;
 pub use runtime::{
     Action, Controller, ControllerOptions, Event, PanicPolicy, ReconcileError, Reconciler,
+    TerminalError,
 };

@@ -64,6 +64,7 @@ pub struct Metrics {
     reconcile_total: Family<ResultLabel, Counter>,
     reconcile_errors: Family<ControllerLabel, Counter>,
     reconcile_panics: Family<ControllerLabel, Counter>,
+    terminal_errors: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     ready: AtomicBool,
     stopping: AtomicBool,
@@ -89,6 +90,7 @@ impl Metrics {
             reconcile_total: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_panics: Family::default(),
+            terminal_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
@@ -147,6 +149,11 @@ impl Metrics {
             m.reconcile_panics.clone(),
         );
         registry.register(
+            "controller_runtime_terminal_reconcile_errors",
+            "Total number of terminal reconciliation errors per controller",
+            m.terminal_errors.clone(),
+        );
+        registry.register(
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller",
             m.reconcile_time.clone(),
@@ -175,6 +182,14 @@ impl Metrics {
 
     pub(crate) fn reconcile_error(&self, controller: &str) {
         self.reconcile_errors
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn terminal_error(&self, controller: &str) {
+        self.terminal_errors
             .get_or_create(&ControllerLabel {
                 controller: controller.to_owned(),
             })

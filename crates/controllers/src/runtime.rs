@@ -20,6 +20,8 @@ use kinformer_store::{
     Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
 };
 use kinformer_workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter};
+use kube_client::Resource;
+use kube_client::core::ClusterResourceScope;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -38,8 +40,36 @@ pub enum Action {
     RequeueAfter(Duration),
 }
 
-/// The error of a failed reconcile; the key is retried with backoff.
+/// The error of a failed reconcile; the key is retried with backoff, unless
+/// it is a [`TerminalError`].
 pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A reconcile error that retrying cannot fix (an invalid spec, say): the
+/// key is not retried until its next event, and the error is counted in
+/// `controller_runtime_terminal_reconcile_errors_total`, as
+/// controller-runtime's `reconcile.TerminalError`. Its `source()` is the
+/// error it wraps.
+#[derive(Debug)]
+pub struct TerminalError(pub ReconcileError);
+
+impl TerminalError {
+    /// Marks `error` terminal, as a [`ReconcileError`].
+    pub fn boxed(error: impl Into<ReconcileError>) -> ReconcileError {
+        Box::new(Self(error.into()))
+    }
+}
+
+impl std::fmt::Display for TerminalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "terminal: {}", self.0)
+    }
+}
+
+impl std::error::Error for TerminalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
+}
 
 /// Brings the world in line with the cached state of one object.
 ///
@@ -159,6 +189,12 @@ impl<K> ControllerOptions<K> {
         self.max_retries = n;
         self
     }
+    /// Retry a failing key for ever, with backoff (controller-runtime's
+    /// default; the seeds drop a key after 5).
+    pub fn retry_forever(mut self) -> Self {
+        self.max_retries = u32::MAX;
+        self
+    }
     /// What a panic in reconcile does.
     pub fn panic_policy(mut self, p: PanicPolicy) -> Self {
         self.panic_policy = p;
@@ -206,6 +242,9 @@ impl<K> ControllerOptions<K> {
 pub struct Controller<K> {
     name: String,
     informer: SharedIndexInformer<K>,
+    /// Informers whose events enqueue keys (`owns`, `watches`): started if
+    /// nobody did and synced before any worker starts.
+    dependencies: Vec<Box<dyn Dependency>>,
     queue: RateLimitingQueue<String>,
     reconciler: Arc<dyn Reconciler>,
     options: ControllerOptions<K>,
@@ -257,10 +296,77 @@ impl<K: Object + Clone> Controller<K> {
         Ok(Self {
             name: name.to_owned(),
             informer,
+            dependencies: Vec::new(),
             queue,
             reconciler: Arc::new(reconciler),
             options,
             fatal: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Also reconciles the keys `mapper` returns for every event of
+    /// `informer` (an add, either side of an update, a delete): typically
+    /// owners found through a secondary index. The informer is started if
+    /// nobody did, and synced before any worker starts.
+    pub fn watches<C: Object + Clone>(
+        mut self,
+        informer: SharedIndexInformer<C>,
+        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+    ) -> Result<Self, ControllerError> {
+        let mapper = Arc::new(mapper);
+        let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
+        let (qa, qu, qd) = (self.queue.clone(), self.queue.clone(), self.queue.clone());
+        let handler = ResourceEventHandlerFuncs::new()
+            .on_add(move |obj: &Arc<C>, _| ma(obj).into_iter().for_each(|k| qa.add(k)))
+            .on_update(move |old: &Arc<C>, new: &Arc<C>| {
+                let mut keys = mu(old);
+                keys.extend(mu(new));
+                keys.into_iter().for_each(|k| qu.add(k));
+            })
+            .on_delete(move |obj: &ObjectOrTombstone<C>| {
+                md(obj.object()).into_iter().for_each(|k| qd.add(k))
+            });
+        informer.add_event_handler(handler)?;
+        self.dependencies.push(Box::new(informer));
+        Ok(self)
+    }
+
+    /// Also reconciles the owner of every object of `informer` whose
+    /// controller ownerReference names a `K`: client-go's
+    /// `EnqueueRequestForOwner` with `OnlyControllerOwner`. An update that
+    /// moves the object to another owner reconciles both.
+    pub fn owns<C: Object + Clone + Resource>(
+        self,
+        informer: SharedIndexInformer<C>,
+    ) -> Result<Self, ControllerError>
+    where
+        K: Resource,
+        K::DynamicType: Default,
+        K::Scope: 'static,
+    {
+        let dt = K::DynamicType::default();
+        let kind = K::kind(&dt).into_owned();
+        let group = K::group(&dt).into_owned();
+        let cluster_scoped =
+            std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
+        self.watches(informer, move |child: &C| {
+            let namespace = child
+                .meta()
+                .namespace
+                .as_deref()
+                .filter(|_| !cluster_scoped);
+            child
+                .meta()
+                .owner_references
+                .iter()
+                .flatten()
+                .filter(|r| r.controller == Some(true) && r.kind == kind)
+                .filter(|r| r.api_version.rsplit_once('/').map_or("", |(g, _)| g) == group)
+                .map(|r| match namespace {
+                    Some(ns) => format!("{ns}/{}", r.name),
+                    None => r.name.clone(),
+                })
+                .collect()
         })
     }
 
@@ -283,24 +389,17 @@ impl<K: Object + Clone> Controller<K> {
         let stop = shutdown.child_token();
         let informer_stop = CancellationToken::new();
         let _stop_informer = informer_stop.clone().drop_guard();
-        if !self.informer.is_started() {
-            let informer = self.informer.clone();
-            let informer_stop = informer_stop.clone();
-            let (fatal, stop) = (Arc::clone(&self.fatal), stop.clone());
-            // An informer that can no longer follow the server stops the
-            // controller: reconciling from a frozen cache would be wrong.
-            tokio::spawn(async move {
-                if let Err(e) = informer.run(informer_stop).await {
-                    error!(error = %e, "the informer failed; stopping the controller");
-                    fatal
-                        .lock()
-                        .get_or_insert(ControllerError::InformerFailed(e));
-                    stop.cancel();
-                }
-            });
+        let informers: Vec<&dyn Dependency> = std::iter::once(&self.informer as &dyn Dependency)
+            .chain(self.dependencies.iter().map(|d| d.as_ref()))
+            .collect();
+        for informer in &informers {
+            informer.start_unless_running(&informer_stop, &self.fatal, &stop);
         }
-        info!("waiting for the cache to sync");
-        let synced: [&dyn HasSynced; 1] = [&self.informer];
+        info!(
+            informers = informers.len(),
+            "waiting for the caches to sync"
+        );
+        let synced: Vec<&dyn HasSynced> = informers.iter().map(|i| *i as &dyn HasSynced).collect();
         if !wait_for_cache_sync(&stop, &synced).await {
             self.stopping();
             return self.fatal.lock().take().map_or(Ok(()), Err);
@@ -451,6 +550,44 @@ impl<K: Object + Clone> Controller<K> {
     }
 }
 
+/// An informer a controller reads: started unless running, waited for.
+trait Dependency: HasSynced + Send + Sync {
+    /// Starts it on `informer_stop` unless someone runs it already; if it
+    /// fails, the controller stops with `InformerFailed`.
+    fn start_unless_running(
+        &self,
+        informer_stop: &CancellationToken,
+        fatal: &Arc<Mutex<Option<ControllerError>>>,
+        stop: &CancellationToken,
+    );
+}
+
+impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
+    fn start_unless_running(
+        &self,
+        informer_stop: &CancellationToken,
+        fatal: &Arc<Mutex<Option<ControllerError>>>,
+        stop: &CancellationToken,
+    ) {
+        if self.is_started() {
+            return;
+        }
+        let informer = self.clone();
+        let (informer_stop, fatal, stop) = (informer_stop.clone(), Arc::clone(fatal), stop.clone());
+        // An informer that can no longer follow the server stops the
+        // controller: reconciling from a frozen cache would be wrong.
+        tokio::spawn(async move {
+            if let Err(e) = informer.run(informer_stop).await {
+                error!(error = %e, "an informer failed; stopping the controller");
+                fatal
+                    .lock()
+                    .get_or_insert(ControllerError::InformerFailed(e));
+                stop.cancel();
+            }
+        });
+    }
+}
+
 /// How long aborted workers get to unwind before they are left behind.
 const ABORT_WAIT: Duration = Duration::from_secs(5);
 
@@ -590,7 +727,15 @@ impl Worker {
                 if let Some(m) = &self.metrics {
                     m.reconcile_error(&self.name);
                 }
-                self.retry_or_drop(key_owned, e.to_string());
+                if e.is::<TerminalError>() {
+                    error!(key, error = %e, "terminal reconcile error; not retrying");
+                    if let Some(m) = &self.metrics {
+                        m.terminal_error(&self.name);
+                    }
+                    self.queue.forget(&key_owned);
+                } else {
+                    self.retry_or_drop(key_owned, e.to_string());
+                }
             }
             Err(panic) => {
                 let message = panic_message(&panic);

@@ -1229,3 +1229,132 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
     .await
     .unwrap();
 }
+
+/// Reconciles ConfigMaps; records whether the owned Secret was cached at
+/// each reconcile of `parent`, and fails `bad` terminally.
+struct Owner {
+    secrets: kinformer_informer::Lister<k8s_openapi::api::core::v1::Secret>,
+    calls: Mutex<BTreeMap<String, usize>>,
+    child_seen: Mutex<Vec<bool>>,
+}
+
+impl Reconciler for Owner {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        Box::pin(async move {
+            *self.calls.lock().entry(key.to_owned()).or_default() += 1;
+            let (ns, name) = key.split_once('/').unwrap();
+            if name == "bad" {
+                return Err(kinformer_controllers::TerminalError::boxed(
+                    "the spec cannot work",
+                ));
+            }
+            if name == "parent" {
+                let seen = self.secrets.namespaced(ns).get("child").is_some();
+                self.child_seen.lock().push(seen);
+            }
+            Ok(Action::Done)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_and_watched_objects_enqueue_their_owner_after_every_cache_has_synced() {
+    use k8s_openapi::api::core::v1::Secret;
+    let (client, ns) = setup("owns").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let parent = cms
+        .create(&PostParams::default(), &config_map("parent"))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &config_map("bad"))
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let child: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "child", "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "parent",
+            "uid": parent.metadata.uid, "controller": true
+        }]},
+        "stringData": {"k": "0"}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+
+    let secret_informer = informer::<Secret>(&client, &ns);
+    let service_informer = informer::<Service>(&client, &ns);
+    let owner = Arc::new(Owner {
+        secrets: secret_informer.lister(),
+        calls: Mutex::default(),
+        child_seen: Mutex::default(),
+    });
+    let metrics = Metrics::new();
+    let controller = Controller::new(
+        "owns",
+        informer::<ConfigMap>(&client, &ns),
+        Arc::clone(&owner),
+        ControllerOptions::new().metrics(Arc::clone(&metrics)),
+    )
+    .unwrap()
+    .owns(secret_informer)
+    .unwrap()
+    .watches(service_informer, |svc: &Service| {
+        let for_ = svc.metadata.labels.as_ref().and_then(|l| l.get("for"));
+        let ns = svc.metadata.namespace.clone().unwrap_or_default();
+        for_.map(|owner| vec![format!("{ns}/{owner}")])
+            .unwrap_or_default()
+    })
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    let key = format!("{ns}/parent");
+    let calls = |k: &str| owner.calls.lock().get(k).copied().unwrap_or(0);
+    eventually("the first reconcile", async || calls(&key) >= 1).await;
+    assert!(
+        owner.child_seen.lock()[0],
+        "the owned Secret's cache had synced before the first reconcile"
+    );
+
+    // An update of the owned Secret reconciles its owner.
+    let before = calls(&key);
+    let patch = serde_json::json!({"stringData": {"k": "1"}});
+    secrets
+        .patch("child", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    eventually("the owner reconciled for its Secret", async || {
+        calls(&key) > before
+    })
+    .await;
+
+    // A watched Service maps to the owner through its label.
+    let before = calls(&key);
+    let mut svc = service("front", None);
+    svc.metadata.labels = Some([("for".to_owned(), "parent".to_owned())].into());
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    eventually("the owner reconciled for the Service", async || {
+        calls(&key) > before
+    })
+    .await;
+
+    // A terminal error is counted and not retried.
+    eventually("the terminal error counted", async || {
+        metrics
+            .encode()
+            .contains("controller_runtime_terminal_reconcile_errors_total{controller=\"owns\"} 1\n")
+    })
+    .await;
+    let text = metrics.encode();
+    assert!(
+        text.contains("workqueue_retries_total{name=\"owns\"} 0\n"),
+        "a terminal error was retried: {text}"
+    );
+    assert_eq!(calls(&format!("{ns}/bad")), 1);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
