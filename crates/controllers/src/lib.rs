@@ -12,6 +12,43 @@
 //! - [`pod_stdout`] prints every Pod add, update and delete.
 //! - [`service_strategy`] sets a Service's `app` selector from its
 //!   `kinformer.dev/strategy` annotation.
+//!
+//! A complete controller: for each ConfigMap, a Secret it owns; the Secret's
+//! changes bring its owner back, and both caches have synced before the
+//! first reconcile.
+//!
+//! ```no_run
+//! # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+//! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+//! use kinformer_controllers::{Action, Controller, ControllerOptions, Lookup, TerminalError};
+//! use kinformer_informer::{CancellationToken, SharedInformerFactory};
+//!
+//! let factory = SharedInformerFactory::new(client).namespace("default");
+//! let secrets = factory.informer::<Secret>().lister();
+//! let controller = Controller::from_fn(
+//!     "configmap-secret",
+//!     factory.informer::<ConfigMap>(),
+//!     move |lookup: Lookup<ConfigMap>| {
+//!         let secrets = secrets.clone();
+//!         async move {
+//!             let Lookup::Found(cm) = lookup else {
+//!                 return Ok(Action::Done); // deleted: garbage collection removes the Secret
+//!             };
+//!             let Some(name) = cm.metadata.name.as_deref() else {
+//!                 return Err(TerminalError::boxed("a ConfigMap without a name"));
+//!             };
+//!             if secrets.namespaced("default").get(name).is_none() {
+//!                 // ... create the Secret with a controller ownerReference to `cm` ...
+//!             }
+//!             Ok(Action::Done)
+//!         }
+//!     },
+//!     ControllerOptions::new().retry_forever(),
+//! )?
+//! .owns(factory.informer::<Secret>())?;
+//! controller.run(CancellationToken::new()).await
+//! # }
+//! ```
 
 mod error;
 mod events;
@@ -28,6 +65,6 @@ pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use metrics::Metrics;
 pub use runtime::{
-    Action, Controller, ControllerOptions, Event, PanicPolicy, ReconcileError, Reconciler,
-    TerminalError,
+    Action, Controller, ControllerOptions, Event, FnReconciler, Lookup, PanicPolicy,
+    ReconcileError, Reconciler, TerminalError,
 };

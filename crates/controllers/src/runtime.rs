@@ -17,7 +17,8 @@ use kinformer_informer::{
     HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync,
 };
 use kinformer_store::{
-    Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
+    CacheReader, Object, ObjectOrTombstone, deletion_handling_meta_namespace_key,
+    meta_namespace_key,
 };
 use kinformer_workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter};
 use kube_client::Resource;
@@ -84,6 +85,43 @@ pub trait Reconciler: Send + Sync + 'static {
 impl<R: Reconciler + ?Sized> Reconciler for Arc<R> {
     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         (**self).reconcile(key)
+    }
+}
+
+/// What a reconcile finds in the cache for its key.
+#[derive(Debug)]
+pub enum Lookup<K> {
+    /// The object as cached now.
+    Found(Arc<K>),
+    /// No such object any more: it was deleted (run cleanup here).
+    Gone {
+        /// Its `namespace/name` key.
+        key: String,
+    },
+}
+
+/// A [`Reconciler`] from an async closure that receives the object read
+/// from the cache at reconcile time (or that it is gone); see
+/// [`Controller::from_fn`].
+pub struct FnReconciler<K, F> {
+    cache: CacheReader<K>,
+    f: F,
+}
+
+impl<K, F, Fut> Reconciler for FnReconciler<K, F>
+where
+    K: Object,
+    F: Fn(Lookup<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let lookup = match self.cache.get_by_key(key) {
+            Some(obj) => Lookup::Found(obj),
+            None => Lookup::Gone {
+                key: key.to_owned(),
+            },
+        };
+        Box::pin((self.f)(lookup))
     }
 }
 
@@ -302,6 +340,23 @@ impl<K: Object + Clone> Controller<K> {
             options,
             fatal: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// A controller whose reconcile is the async closure `f`: it receives
+    /// the object read from `informer`'s cache at reconcile time, or
+    /// [`Lookup::Gone`] once it was deleted.
+    pub fn from_fn<F, Fut>(
+        name: &str,
+        informer: SharedIndexInformer<K>,
+        f: F,
+        options: ControllerOptions<K>,
+    ) -> Result<Self, ControllerError>
+    where
+        F: Fn(Lookup<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+    {
+        let cache = informer.indexer();
+        Self::new(name, informer, FnReconciler { cache, f }, options)
     }
 
     /// Also reconciles the keys `mapper` returns for every event of

@@ -1358,3 +1358,42 @@ async fn owned_and_watched_objects_enqueue_their_owner_after_every_cache_has_syn
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closure_reconciler_gets_the_cached_object_and_then_that_it_is_gone() {
+    use kinformer_controllers::Lookup;
+    let (client, ns) = setup("fn").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &config_map("c"))
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = Arc::clone(&seen);
+    let controller = Controller::from_fn(
+        "fn",
+        informer::<ConfigMap>(&client, &ns),
+        move |lookup: Lookup<ConfigMap>| {
+            let log = Arc::clone(&log);
+            async move {
+                log.lock().push(match lookup {
+                    Lookup::Found(cm) => format!("found {}", cm.metadata.name.as_deref().unwrap()),
+                    Lookup::Gone { key } => format!("gone {key}"),
+                });
+                Ok(Action::Done)
+            }
+        },
+        ControllerOptions::new(),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    eventually("found", async || {
+        seen.lock().contains(&"found c".to_owned())
+    })
+    .await;
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    let gone = format!("gone {ns}/c");
+    eventually("gone", async || seen.lock().contains(&gone)).await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
