@@ -337,13 +337,23 @@ async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached
     shutdown.cancel();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a_tombstone() {
+/// An informer through an `AnsweringProxy` that has synced five Pods and
+/// `victim`, whose later events the test garbles.
+struct Garbled {
+    ns: String,
+    api: Api<Pod>,
+    proxy: AnsweringProxy,
+    informer: SharedIndexInformer<Pod>,
+    seen: LastSeen,
+    shutdown: CancellationToken,
+}
+
+async fn cached_then_garbled(prefix: &str, victim: &str) -> Garbled {
     let env = TestEnv::shared().await.unwrap();
-    let ns = env.create_namespace("garbled-mod").await.unwrap();
+    let ns = env.create_namespace(prefix).await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
-    api.create(&PostParams::default(), &garbled_pod("m"))
+    api.create(&PostParams::default(), &garbled_pod(victim))
         .await
         .unwrap();
     let proxy = AnsweringProxy::start(env).await.unwrap();
@@ -353,7 +363,27 @@ async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a
     );
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
-    assert!(cached(&informer).contains_key(&format!("{ns}/m")));
+    assert!(cached(&informer).contains_key(&format!("{ns}/{victim}")));
+    Garbled {
+        ns,
+        api,
+        proxy,
+        informer,
+        seen,
+        shutdown,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a_tombstone() {
+    let Garbled {
+        ns,
+        api,
+        proxy,
+        informer,
+        seen,
+        shutdown,
+    } = cached_then_garbled("garbled-mod", "m").await;
     // From now on m cannot be decoded; it changes on the server.
     garble(&proxy);
     let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
@@ -380,21 +410,14 @@ async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_deleted_event_relists_and_leaves_no_ghost_in_the_cache() {
-    let env = TestEnv::shared().await.unwrap();
-    let ns = env.create_namespace("garbled-del").await.unwrap();
-    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
-    create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
-    api.create(&PostParams::default(), &garbled_pod("victim"))
-        .await
-        .unwrap();
-    let proxy = AnsweringProxy::start(env).await.unwrap();
-    let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
-    );
-    let (seen, shutdown) = run(&informer);
-    wait_synced(&informer).await;
-    assert!(cached(&informer).contains_key(&format!("{ns}/victim")));
+    let Garbled {
+        api,
+        proxy,
+        informer,
+        seen,
+        shutdown,
+        ..
+    } = cached_then_garbled("garbled-del", "victim").await;
     // Its DELETED event cannot be decoded; later events move the version on.
     garble(&proxy);
     api.delete("victim", &DeleteParams::default())
