@@ -5,23 +5,21 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{no_difference, wait_synced};
+use common::{Reported, errors_seen, no_difference, wait_synced};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kinformer_envtest::TestEnv;
 use kinformer_informer::consistency::{LastSeen, versions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ListWatchError, ReflectorOptions,
-    SharedIndexInformer, SharedInformerFactory,
+    ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions, SharedIndexInformer,
+    SharedInformerFactory,
 };
 use kube::{CustomResource, CustomResourceExt};
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_client::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
-use parking_lot::Mutex;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -100,25 +98,12 @@ fn widget(name: &str, size: i32) -> Widget {
     w
 }
 
-fn errors_into(
-    informer: &SharedIndexInformer<impl kinformer_store::Object + Clone>,
-) -> Arc<Mutex<Vec<(Instant, String)>>> {
-    let errors: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-    let sink = Arc::clone(&errors);
-    informer
-        .set_watch_error_handler(move |e: &ListWatchError| {
-            sink.lock().push((Instant::now(), e.to_string()))
-        })
-        .unwrap();
-    errors
-}
-
 /// The informer synced through the streaming list (no fallback to a plain
 /// list, which would hide a streaming path that fails for this kind), and
 /// no list or watch error was reported.
 fn assert_streamed_without_error<K: kinformer_store::Object + Clone>(
     informer: &SharedIndexInformer<K>,
-    errors: &Mutex<Vec<(Instant, String)>>,
+    errors: &Reported,
 ) {
     let stats = informer.reflector_stats().unwrap();
     let lists = stats.list_calls.load(std::sync::atomic::Ordering::Relaxed);
@@ -128,7 +113,7 @@ fn assert_streamed_without_error<K: kinformer_store::Object + Clone>(
         "{}: fell back to a plain list",
         informer.describe()
     );
-    let errors = errors.lock();
+    let errors = errors.messages();
     assert!(errors.is_empty(), "{}: {errors:?}", informer.describe());
 }
 
@@ -150,7 +135,7 @@ async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_obje
     let (seen_typed, seen_dynamic) = (LastSeen::default(), LastSeen::default());
     typed.add_event_handler(seen_typed.clone()).unwrap();
     dynamic.add_event_handler(seen_dynamic.clone()).unwrap();
-    let (typed_errors, dynamic_errors) = (errors_into(&typed), errors_into(&dynamic));
+    let (typed_errors, dynamic_errors) = (errors_seen(&typed), errors_seen(&dynamic));
 
     let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
     for i in 0..3 {
@@ -248,7 +233,7 @@ async fn a_metadata_only_pod_informer_caches_the_servers_metadata_and_nothing_el
     let informer = factory.metadata::<Pod>();
     let seen = LastSeen::default();
     informer.add_event_handler(seen.clone()).unwrap();
-    let errors = errors_into(&informer);
+    let errors = errors_seen(&informer);
     let shutdown = CancellationToken::new();
     factory.start(&shutdown);
     wait_synced(&informer).await;
@@ -342,7 +327,7 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
         ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
         InformerOptions::new().reflector(reflector),
     );
-    let errors = errors_into(&informer);
+    let errors = errors_seen(&informer);
     let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
     gadgets
         .create(&PostParams::default(), &gadget("before"))
@@ -369,15 +354,15 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
     .await;
     eventually("four failed requests", async || {
         errors
-            .lock()
+            .messages()
             .iter()
-            .filter(|(_, e)| e.contains("404"))
+            .filter(|e| e.contains("404"))
             .count()
             >= 4
     })
     .await;
     {
-        let errors = errors.lock();
+        let errors = errors.all();
         let not_found: Vec<_> = errors.iter().filter(|(_, e)| e.contains("404")).collect();
         let message = &not_found[0].1;
         assert!(
@@ -454,15 +439,19 @@ async fn custom_resources_that_do_not_fit_the_rust_type_are_reported_by_name_and
         ApiListerWatcher::<Gizmo>::namespaced(client.clone(), &ns),
         InformerOptions::new(),
     );
-    let errors = errors_into(&informer);
+    let errors = errors_seen(&informer);
     let shutdown = CancellationToken::new();
     let run = {
         let (informer, shutdown) = (informer.clone(), shutdown.clone());
         tokio::spawn(async move { informer.run(shutdown).await })
     };
     wait_synced(&informer).await;
-    let reported = |name: &str| errors.lock().iter().any(|(_, e)| e.contains(name));
-    assert!(reported(&format!("{ns}/bad-listed")), "{:?}", errors.lock());
+    let reported = |name: &str| errors.any(name);
+    assert!(
+        reported(&format!("{ns}/bad-listed")),
+        "{:?}",
+        errors.messages()
+    );
     // One that arrives through the watch, then a good one after it.
     raw.create(
         &PostParams::default(),

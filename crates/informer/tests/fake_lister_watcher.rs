@@ -1,6 +1,8 @@
 //! Informer logic against an in-memory ListerWatcher: the delta-to-handler
 //! rules of client-go's shared_informer.go, without the wire.
 
+mod common;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -518,11 +520,7 @@ async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_ob
         ],
         InformerOptions::new(),
     );
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e = Arc::clone(&errors);
-    h.informer
-        .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
-        .unwrap();
+    let errors = common::errors_seen(&h.informer);
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
@@ -548,14 +546,7 @@ async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_ob
         assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("2"));
         assert_eq!(s.watch_requests[1].resource_version, "5");
     }
-    assert!(
-        errors
-            .lock()
-            .iter()
-            .any(|e| e.contains("expected a string")),
-        "{:?}",
-        errors.lock()
-    );
+    assert!(errors.any("expected a string"), "{:?}", errors.messages());
     // The next watch goes on normally: no relist loop.
     w2.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
     assert_eq!(log.wait_for(5).await[4], "update c 4->6");
@@ -707,11 +698,7 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
             obj
         })
         .unwrap();
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let e = Arc::clone(&errors);
-    h.informer
-        .set_watch_error_handler(move |err| e.lock().push(err.to_string()))
-        .unwrap();
+    let errors = common::errors_seen(&h.informer);
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
@@ -721,13 +708,12 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
     assert!(h.informer.has_synced());
     let stats = h.informer.reflector_stats().unwrap();
     assert_eq!(count(&stats.transform_panics), 1);
+    let messages = errors.messages();
     assert!(
-        errors
-            .lock()
+        messages
             .iter()
             .any(|e| e.contains("ns/boom") && e.contains("cannot transform")),
-        "reported with the key: {:?}",
-        errors.lock()
+        "reported with the key: {messages:?}"
     );
     // A watch event it cannot transform ends the watch: a relist.
     w.send(Ok(WatchEvent::Modified(cm("boom", 3)))).unwrap();

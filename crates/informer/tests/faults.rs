@@ -19,7 +19,9 @@ use kinformer_store::ObjectOrTombstone;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 mod common;
-use common::{assert_no_violations, create_pods, delete_pods, no_difference, pod, wait_synced};
+use common::{
+    assert_no_violations, create_pods, delete_pods, errors_seen, no_difference, pod, wait_synced,
+};
 
 fn fast(idle: Duration) -> ReflectorOptions {
     let mut o = ReflectorOptions {
@@ -64,7 +66,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     // Reflector has given the silent watch up.
     proxy.blackhole(true);
     create_pods(&api, (10..20).map(|i| format!("p{i}"))).await;
-    let idle_reported = || errors.lock().unwrap().iter().any(|e| e.contains("idle"));
+    let idle_reported = || errors.any("idle");
     for _ in 0..300 {
         if idle_reported() {
             break;
@@ -74,7 +76,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     assert!(
         idle_reported(),
         "the idle watch was reported: {:?}",
-        errors.lock().unwrap()
+        errors.messages()
     );
     proxy.blackhole(false);
     no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
@@ -282,15 +284,6 @@ fn lists(informer: &SharedIndexInformer<Pod>) -> u64 {
         .load(Ordering::SeqCst)
 }
 
-fn errors_seen(informer: &SharedIndexInformer<Pod>) -> Arc<std::sync::Mutex<Vec<String>>> {
-    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let e = Arc::clone(&errors);
-    informer
-        .set_watch_error_handler(move |err| e.lock().unwrap().push(err.to_string()))
-        .unwrap();
-    errors
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached() {
     let env = TestEnv::shared().await.unwrap();
@@ -318,8 +311,7 @@ async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached
         lists(&informer) >= 2,
         "the undecodable event made it relist"
     );
-    let errors = errors.lock().unwrap().clone();
-    assert!(errors.iter().any(|e| e.contains("decode")), "{errors:?}");
+    assert!(errors.any("decode"), "{:?}", errors.messages());
     shutdown.cancel();
 
     // A list, not a watch, holding the undecodable object: the same.

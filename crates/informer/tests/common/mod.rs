@@ -1,7 +1,8 @@
 //! Helpers shared by the tests that run against the real API server.
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
@@ -11,6 +12,37 @@ use kinformer_store::Object;
 use kube_client::Resource;
 use kube_client::api::{Api, DeleteParams, PostParams};
 use serde::de::DeserializeOwned;
+
+/// Every list and watch error an informer reported, with when.
+#[derive(Clone, Default)]
+pub struct Reported(Arc<parking_lot::Mutex<Vec<(Instant, String)>>>);
+
+impl Reported {
+    /// Whether any reported error contains `needle`.
+    pub fn any(&self, needle: &str) -> bool {
+        self.0.lock().iter().any(|(_, e)| e.contains(needle))
+    }
+
+    /// The messages so far.
+    pub fn messages(&self) -> Vec<String> {
+        self.0.lock().iter().map(|(_, e)| e.clone()).collect()
+    }
+
+    /// The errors so far, with when they were reported.
+    pub fn all(&self) -> Vec<(Instant, String)> {
+        self.0.lock().clone()
+    }
+}
+
+/// Collects the errors `informer` reports (set before it starts).
+pub fn errors_seen<K: Object + Clone>(informer: &SharedIndexInformer<K>) -> Reported {
+    let reported = Reported::default();
+    let sink = Arc::clone(&reported.0);
+    informer
+        .set_watch_error_handler(move |e| sink.lock().push((Instant::now(), e.to_string())))
+        .unwrap();
+    reported
+}
 
 /// A Pod that the API server accepts without nodes.
 pub fn pod(name: &str) -> Pod {
