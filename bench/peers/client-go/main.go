@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
@@ -165,16 +166,21 @@ func runFifo(n int) {
 	emit(map[string]any{"scenario": "fifo", "n": n, "add_update_pop_seconds": addUpdatePop, "ops_per_sec": float64(3*n) / addUpdatePop, "replace_seconds": replace, "replace_objects": n / 10})
 }
 
-func clientset(kubeconfig string) *kubernetes.Clientset {
+// restConfig reads the kubeconfig, with no client-side throttling, as for
+// the Rust harnesses.
+func restConfig(kubeconfig string) *rest.Config {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// No client-side throttling, as for the Rust harnesses.
 	cfg.QPS = 10000
 	cfg.Burst = 10000
-	return kubernetes.NewForConfigOrDie(cfg)
+	return cfg
+}
+
+func clientset(kubeconfig string) *kubernetes.Clientset {
+	return kubernetes.NewForConfigOrDie(restConfig(kubeconfig))
 }
 
 func stripManagedFields(obj interface{}) (interface{}, error) {
@@ -244,13 +250,7 @@ func (j jsonOnly) RoundTrip(req *http.Request) (*http.Response, error) {
 // protobuf on the wire; JSON when json is set), managedFields stripped by
 // a transform.
 func runMetadataSync(kubeconfig, ns string, json bool) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cfg.QPS = 10000
-	cfg.Burst = 10000
+	cfg := restConfig(kubeconfig)
 	if json {
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return jsonOnly{rt} }
 	}
