@@ -349,7 +349,16 @@ async fn spawn_controller(
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--namespace", ns, "--workers", "2"])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+        // Metrics and probes on one listener of a free port: the two
+        // controllers run side by side.
+        .args([
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
+        .args([
+            "--health-probe-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
         .args(extra)
         .arg(name)
         .env("RUST_LOG", "info")

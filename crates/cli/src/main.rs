@@ -4,20 +4,16 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kinformer_controllers::{
-    Controller, ControllerOptions, LeaderElectionConfig, LeaderElector, Metrics, PanicPolicy,
-    pod_stdout, service_strategy,
+    ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy, pod_stdout,
+    service_strategy, shutdown_on_signal,
 };
-use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, SharedIndexInformer, strip_managed_fields,
-};
-use kinformer_store::namespace_indexers;
+use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_client::{Client, Config};
 use tracing::{error, info};
@@ -51,14 +47,23 @@ struct Cli {
     #[arg(long, global = true)]
     leader_elect: bool,
     /// Name of the Lease (default: `kinformer-<controller>`).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, visible_alias = "leader-election-id")]
     lease_name: Option<String>,
-    /// Namespace of the Lease (default: --namespace, or "default" with --all-namespaces).
+    /// Namespace of the Lease (default: the pod's own namespace in-cluster,
+    /// else --namespace, or "default" with --all-namespaces).
+    #[arg(long, global = true, alias = "lease-namespace")]
+    leader_election_namespace: Option<String>,
+    /// Serve /metrics on this address ("0" disables it; ":8080" is every interface).
+    #[arg(long, global = true, alias = "metrics-addr", default_value = ":8080", value_parser = bind_address)]
+    metrics_bind_address: BindAddress,
+    /// Serve /healthz, /livez and /readyz on this address ("0" disables
+    /// them; the metrics address serves all four on one listener).
+    #[arg(long, global = true, default_value = ":8081", value_parser = bind_address)]
+    health_probe_bind_address: BindAddress,
+    /// Log level (error, warn, info, debug, trace, or a RUST_LOG-style
+    /// filter); default: $RUST_LOG, else info.
     #[arg(long, global = true)]
-    lease_namespace: Option<String>,
-    /// Serve /metrics, /healthz and /readyz on this address (for example 127.0.0.1:8080).
-    #[arg(long, global = true)]
-    metrics_addr: Option<SocketAddr>,
+    log_level: Option<String>,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -67,6 +72,32 @@ struct Cli {
     fatal_panics: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// A listen address, or none ("0").
+#[derive(Clone, Copy, Debug)]
+struct BindAddress(Option<SocketAddr>);
+
+/// kubebuilder's address syntax: "0" for none, ":PORT" for every
+/// interface, `localhost:PORT`, or an IP address with a port.
+fn bind_address(value: &str) -> Result<BindAddress, String> {
+    if value == "0" {
+        return Ok(BindAddress(None));
+    }
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{value:?} is not HOST:PORT, :PORT or 0"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{port:?} in {value:?} is not a port number"))?;
+    let ip = match host.trim_start_matches('[').trim_end_matches(']') {
+        "" => std::net::IpAddr::from([0, 0, 0, 0]),
+        "localhost" => std::net::IpAddr::from([127, 0, 0, 1]),
+        ip => ip
+            .parse()
+            .map_err(|_| format!("{host:?} in {value:?} is not an IP address or localhost"))?,
+    };
+    Ok(BindAddress(Some(SocketAddr::new(ip, port))))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -94,7 +125,10 @@ impl Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    if let Err(e) = init_logging(cli.log_format, cli.log_level.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -118,9 +152,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_logging(format: LogFormat, level: Option<&str>) -> Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::try_new(level)
+            .map_err(|e| anyhow!("--log-level {level:?} is not a level or filter: {e}"))?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -128,6 +166,15 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
+}
+
+/// The namespace of the pod we run in, when in a cluster.
+fn own_namespace() -> Option<String> {
+    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .ok()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
 }
 
 async fn client(cli: &Cli) -> Result<Client> {
@@ -185,54 +232,31 @@ fn identity() -> String {
 async fn run(cli: Cli) -> Result<()> {
     let client = client(&cli).await?;
     let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            info!("signal received; shutting down (a second signal exits at once)");
-            shutdown.cancel();
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            error!("second signal received; exiting now without finishing the drain");
-            eprintln!("error: second signal received; exiting now without finishing the drain");
-            std::process::exit(130);
-        });
-    }
+    shutdown_on_signal(shutdown.clone()).context("installing the signal handlers")?;
 
     let name = cli.command.name();
-    let metrics = Metrics::new();
-    // Probes keep answering (503 once stopping) until the process exits.
-    let serving = CancellationToken::new();
-    let _stop_serving = serving.clone().drop_guard();
-    if let Some(addr) = cli.metrics_addr {
-        metrics
-            .serve(addr, serving.clone())
-            .await
-            .with_context(|| format!("cannot serve metrics on {addr}"))?;
-    }
     let namespace = (!cli.all_namespaces).then_some(cli.namespace.as_str());
-    let elector = cli.leader_elect.then(|| {
+    let mut manager_options = ManagerOptions::new();
+    manager_options.metrics_bind_address = cli.metrics_bind_address.0;
+    manager_options.health_probe_bind_address = cli.health_probe_bind_address.0;
+    if cli.leader_elect {
         let lease_ns = cli
-            .lease_namespace
+            .leader_election_namespace
             .clone()
+            .or_else(own_namespace)
             .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
         let lease = cli
             .lease_name
             .clone()
             .unwrap_or_else(|| format!("kinformer-{name}"));
-        Arc::new(LeaderElector::new(
-            client.clone(),
-            LeaderElectionConfig::new(&lease_ns, &lease, &identity()),
-        ))
-    });
+        manager_options.leader_election =
+            Some(LeaderElectionConfig::new(&lease_ns, &lease, &identity()));
+    }
+    let mut factory = SharedInformerFactory::new(client.clone()).drop_managed_fields();
+    if let Some(ns) = namespace {
+        factory = factory.namespace(ns);
+    }
+    let mut manager = Manager::with_factory(factory, client.clone(), manager_options)?;
 
     info!(
         controller = name,
@@ -242,66 +266,39 @@ async fn run(cli: Cli) -> Result<()> {
     );
     match cli.command {
         Command::PodStdout => {
-            let informer = informer::<Pod>(&client, namespace)?;
-            let reconciler = pod_stdout::PodStdout::new(informer.lister());
-            Controller::new(
-                name,
-                informer,
-                reconciler,
-                options(&cli, &metrics, &elector),
-            )?
-            .run(shutdown)
-            .await?;
+            let lister = manager.factory().informer::<Pod>().lister();
+            let controller = manager
+                .controller::<Pod>(name)
+                .options(options(&cli, &manager))
+                .reconciler(pod_stdout::PodStdout::new(lister))?;
+            manager.add(controller);
         }
         Command::ServiceStrategy => {
-            let informer = informer::<Service>(&client, namespace)?;
-            let reconciler =
-                service_strategy::ServiceStrategy::new(informer.lister(), client.clone());
-            let options =
-                options(&cli, &metrics, &elector).event_filter(service_strategy::event_filter);
-            Controller::new(name, informer, reconciler, options)?
-                .run(shutdown)
-                .await?;
+            let lister = manager.factory().informer::<Service>().lister();
+            let controller = manager
+                .controller::<Service>(name)
+                .options(options(&cli, &manager))
+                .with_event_filter(service_strategy::event_filter)
+                .reconciler(service_strategy::ServiceStrategy::new(
+                    lister,
+                    client.clone(),
+                ))?;
+            manager.add(controller);
         }
     }
+    manager.run(shutdown).await?;
     info!("stopped cleanly");
     Ok(())
 }
 
-fn options<K>(
-    cli: &Cli,
-    metrics: &Arc<Metrics>,
-    elector: &Option<Arc<LeaderElector>>,
-) -> ControllerOptions<K> {
-    let mut o = ControllerOptions::new()
+fn options<K>(cli: &Cli, manager: &Manager) -> ControllerOptions<K> {
+    manager
+        .controller_options()
         .workers(cli.workers)
         .max_retries(cli.max_retries)
-        .metrics(Arc::clone(metrics))
         .panic_policy(if cli.fatal_panics {
             PanicPolicy::Crash
         } else {
             PanicPolicy::Recover
-        });
-    if let Some(e) = elector {
-        o = o.leader_election(Arc::clone(e));
-    }
-    o
-}
-
-fn informer<K>(client: &Client, namespace: Option<&str>) -> Result<SharedIndexInformer<K>>
-where
-    K: kube_client::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<K>::new(client.clone(), namespace).drop_managed_fields(),
-        InformerOptions::new().indexers(namespace_indexers()),
-    );
-    informer.set_transform(strip_managed_fields)?;
-    Ok(informer)
+        })
 }

@@ -11,6 +11,15 @@ use kube_client::api::{Api, Patch, PatchParams, PostParams};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kinformer");
 
+/// Several controllers run side by side in these tests: none binds
+/// kubebuilder's default :8080 and :8081.
+const NO_ADMIN_SERVER: [&str; 4] = [
+    "--metrics-bind-address",
+    "0",
+    "--health-probe-bind-address",
+    "0",
+];
+
 fn run_expecting_failure(args: &[&str]) -> String {
     let out = Command::new(BIN)
         .args(args)
@@ -84,6 +93,144 @@ fn a_context_that_does_not_exist_is_reported() {
     assert!(err.contains("kubeconfig is not usable"), "{err}");
 }
 
+#[test]
+fn a_bind_address_that_is_not_one_is_named_in_the_error() {
+    for (flag, value, says) in [
+        (
+            "--metrics-bind-address",
+            "8080",
+            "is not HOST:PORT, :PORT or 0",
+        ),
+        (
+            "--health-probe-bind-address",
+            ":http",
+            "is not a port number",
+        ),
+        (
+            "--metrics-bind-address",
+            "example.com:80",
+            "is not an IP address or localhost",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args([flag, value, "pod-stdout"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_log_level_that_is_not_one_is_reported() {
+    let out = Command::new(BIN)
+        .args(["--log-level", "info,=[", "pod-stdout"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--log-level"), "{err}");
+}
+
+/// GETs `path` on `addr`; the status line and the body.
+fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_probes_are_served_on_their_own_addresses() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("admin").await.unwrap();
+    let (metrics, probes) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .args(["--namespace", &ns, "--metrics-bind-address", &metrics])
+        .args(["--health-probe-bind-address", &probes, "pod-stdout"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Ready once the Pod cache has synced.
+    let mut ready = String::new();
+    for _ in 0..600 {
+        ready = http_get(&probes, "/readyz").unwrap_or_default();
+        if ready.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let scraped = http_get(&metrics, "/metrics").unwrap();
+    assert!(
+        scraped.starts_with("HTTP/1.1 200")
+            && scraped.contains("workqueue_adds_total{name=\"pod-stdout\"}"),
+        "{scraped}"
+    );
+    // Each listener serves its own paths only.
+    assert!(
+        http_get(&metrics, "/readyz")
+            .unwrap()
+            .starts_with("HTTP/1.1 404")
+    );
+    assert!(
+        http_get(&probes, "/metrics")
+            .unwrap()
+            .starts_with("HTTP/1.1 404")
+    );
+    assert!(
+        http_get(&probes, "/healthz")
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_address_in_use_is_named_in_the_error() {
+    let env = TestEnv::shared().await.unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .args(["--metrics-bind-address", &addr])
+        .args(["--health-probe-bind-address", "0", "pod-stdout"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
+    );
+}
+
 fn tempfile_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "kinformer-cli-test-{}-{:?}",
@@ -137,6 +284,7 @@ async fn a_controller_killed_mid_work_converges_after_a_restart() {
             .arg("--kubeconfig")
             .arg(env.kubeconfig_path())
             .args(["--namespace", &ns, "service-strategy"])
+            .args(NO_ADMIN_SERVER)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -233,6 +381,7 @@ async fn a_second_sigterm_exits_at_once_while_the_first_still_waits_for_the_serv
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--namespace", &ns, "--leader-elect", "service-strategy"])
+        .args(NO_ADMIN_SERVER)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -41,4 +41,26 @@ pub enum ControllerError {
     /// The leader lease was lost; only a leader may reconcile.
     #[error("lost the leader lease")]
     LostLeadership,
+    /// The admin server could not listen on its address.
+    #[error("cannot serve {what} on {addr} (choose another address, or none): {source}")]
+    Bind {
+        /// What was to be served there.
+        what: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// SIGTERM and SIGINT could not be handled.
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    /// A controller's task ended abnormally (a bug in kinformer: panics in
+    /// reconciles are caught).
+    #[error("controller {name:?} ended abnormally: {why}")]
+    Aborted {
+        /// The controller.
+        name: String,
+        /// What happened.
+        why: String,
+    },
 }

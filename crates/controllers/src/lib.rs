@@ -7,64 +7,75 @@
 //!   Lease, and reporting [`Metrics`] with controller-runtime's names.
 //! - [`EventRecorder`] publishes events.k8s.io/v1 Events, folding repeats
 //!   into an `EventSeries` written at most every 30 s, as client-go does.
+//! - [`apply_status`] writes an object's status through server-side apply.
 //! - [`finalizer`] wraps a reconcile in a finalizer: add it, run cleanup
 //!   when the object is deleted, then remove it.
 //! - [`pod_stdout`] prints every Pod add, update and delete.
 //! - [`service_strategy`] sets a Service's `app` selector from its
 //!   `kinformer.dev/strategy` annotation.
 //!
+//! - [`Manager`] runs several controllers on one informer factory, with one
+//!   leader election, one admin server (`/metrics`, `/healthz`, `/readyz`,
+//!   with your own metrics and checks) and one shutdown order;
+//!   [`Controller::builder`] (or [`Manager::controller`]) wires a
+//!   controller's primary resource, what it [`owns`](ControllerBuilder::owns)
+//!   and [`watches`](ControllerBuilder::watches), and its
+//!   [`predicate`]s.
+//!
 //! A complete controller: for each ConfigMap, a Secret it owns; the Secret's
-//! changes bring its owner back, and both caches have synced before the
-//! first reconcile.
+//! changes bring its owner back, both caches have synced before the first
+//! reconcile, and a terminal error is not retried.
 //!
 //! ```no_run
-//! # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+//! use std::sync::Arc;
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-//! use kinformer_controllers::{Action, Controller, ControllerOptions, Lookup, TerminalError};
-//! use kinformer_informer::{CancellationToken, SharedInformerFactory};
+//! use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, TerminalError};
 //!
-//! let factory = SharedInformerFactory::new(client).namespace("default");
-//! let secrets = factory.informer::<Secret>().lister();
-//! let controller = Controller::from_fn(
-//!     "configmap-secret",
-//!     factory.informer::<ConfigMap>(),
-//!     move |lookup: Lookup<ConfigMap>| {
-//!         let secrets = secrets.clone();
-//!         async move {
-//!             let Lookup::Found(cm) = lookup else {
-//!                 return Ok(Action::Done); // deleted: garbage collection removes the Secret
-//!             };
-//!             let Some(name) = cm.metadata.name.as_deref() else {
-//!                 return Err(TerminalError::boxed("a ConfigMap without a name"));
-//!             };
-//!             if secrets.namespaced("default").get(name).is_none() {
-//!                 // ... create the Secret with a controller ownerReference to `cm` ...
-//!             }
-//!             Ok(Action::Done)
+//! # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+//! let mut manager = Manager::new(client, ManagerOptions::kubebuilder())?;
+//! let secrets = manager.factory().informer::<Secret>().lister();
+//! let controller = manager
+//!     .controller::<ConfigMap>("configmap-secret")
+//!     .owns::<Secret>()
+//!     .reconcile(Arc::new(secrets), |cm, secrets| async move {
+//!         let Lookup::Found(cm) = cm else {
+//!             return Ok(Action::Done); // deleted: garbage collection removes the Secret
+//!         };
+//!         let (Some(ns), Some(name)) = (&cm.metadata.namespace, &cm.metadata.name) else {
+//!             return Err(TerminalError::boxed("a ConfigMap without a name"));
+//!         };
+//!         if secrets.namespaced(ns).get(name).is_none() {
+//!             // ... create the Secret with a controller ownerReference to `cm` ...
 //!         }
-//!     },
-//!     ControllerOptions::new().retry_forever(),
-//! )?
-//! .owns(factory.informer::<Secret>())?;
-//! controller.run(CancellationToken::new()).await
+//!         Ok(Action::Done)
+//!     })?;
+//! manager.add(controller);
+//! manager.run_until_signal().await
 //! # }
 //! ```
 
+mod builder;
 mod error;
 mod events;
 mod finalizer;
 mod leader;
+mod manager;
 mod metrics;
 pub mod pod_stdout;
+pub mod predicate;
 mod runtime;
 pub mod service_strategy;
+mod status;
 
+pub use builder::ControllerBuilder;
 pub use error::ControllerError;
 pub use events::{EventRecorder, EventType};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
-pub use metrics::Metrics;
+pub use manager::{Manager, ManagerOptions, shutdown_on_signal};
+pub use metrics::{Check, Metrics};
 pub use runtime::{
     Action, Controller, ControllerOptions, Event, FnReconciler, Lookup, PanicPolicy,
     ReconcileError, Reconciler, TerminalError,
 };
+pub use status::apply_status;

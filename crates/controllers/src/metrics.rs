@@ -1,5 +1,7 @@
-//! Prometheus metrics with controller-runtime's names, and the HTTP endpoint
-//! serving them with `/healthz` and `/readyz`.
+//! Prometheus metrics with controller-runtime's names, the health and
+//! readiness checks, and the HTTP endpoints serving them: `/metrics`, and
+//! `/healthz`, `/livez` and `/readyz`, on one address or on two (as
+//! kubebuilder's `--metrics-bind-address` and `--health-probe-bind-address`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,9 +53,23 @@ fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
 }
 
-/// The metrics of the controllers and their workqueues, in one registry.
+/// A user health or readiness check: `Err` says why it fails.
+pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Which endpoints a listener serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoints {
+    Metrics,
+    Probes,
+    All,
+}
+
+/// The metrics of the controllers and their workqueues, in one registry,
+/// with the user's own metrics and health checks beside them.
 pub struct Metrics {
-    registry: Registry,
+    registry: parking_lot::Mutex<Registry>,
+    health_checks: parking_lot::Mutex<Vec<(String, Check)>>,
+    ready_checks: parking_lot::Mutex<Vec<(String, Check)>>,
     depth: Family<NameLabel, Gauge>,
     adds: Family<NameLabel, Counter>,
     queue_duration: HistogramFamily<NameLabel>,
@@ -66,6 +82,7 @@ pub struct Metrics {
     reconcile_panics: Family<ControllerLabel, Counter>,
     terminal_errors: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
+    leader: Family<NameLabel, Gauge>,
     ready: AtomicBool,
     stopping: AtomicBool,
 }
@@ -92,11 +109,14 @@ impl Metrics {
             reconcile_panics: Family::default(),
             terminal_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
+            leader: Family::default(),
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            registry: Registry::default(),
+            registry: parking_lot::Mutex::new(Registry::default()),
+            health_checks: parking_lot::Mutex::new(Vec::new()),
+            ready_checks: parking_lot::Mutex::new(Vec::new()),
         };
-        let registry = &mut m.registry;
+        let registry = m.registry.get_mut();
         // Counters get their `_total` suffix from the encoder.
         registry.register(
             "workqueue_depth",
@@ -158,7 +178,55 @@ impl Metrics {
             "Length of time per reconciliation per controller",
             m.reconcile_time.clone(),
         );
+        registry.register(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            m.leader.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Reports whether this process leads the election on Lease `lease`
+    /// (client-go's `leader_election_master_status`).
+    pub fn set_leader(&self, lease: &str, leading: bool) {
+        self.leader
+            .get_or_create(&label(lease))
+            .set(i64::from(leading));
+    }
+
+    /// Registers a metric of the user's own in the same registry, served on
+    /// `/metrics` with the controllers' (counters get their `_total` suffix
+    /// from the encoder).
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.registry.lock().register(name, help, metric);
+    }
+
+    /// Adds a liveness check, run on every `/healthz` and `/livez`.
+    pub fn add_health_check(
+        &self,
+        name: &str,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) {
+        self.health_checks
+            .lock()
+            .push((name.to_owned(), Arc::new(check)));
+    }
+
+    /// Adds a readiness check, run on every `/readyz` (besides the caches
+    /// having synced).
+    pub fn add_ready_check(
+        &self,
+        name: &str,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) {
+        self.ready_checks
+            .lock()
+            .push((name.to_owned(), Arc::new(check)));
     }
 
     /// The workqueue metrics provider for queues of this registry.
@@ -228,7 +296,7 @@ impl Metrics {
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock()) {
             warn!(error = %e, "encoding metrics failed");
         }
         out
@@ -241,9 +309,44 @@ impl Metrics {
         addr: SocketAddr,
         shutdown: CancellationToken,
     ) -> std::io::Result<SocketAddr> {
+        self.serve_endpoints(addr, shutdown, Endpoints::All).await
+    }
+
+    /// Serves `/metrics` alone on `addr` until `shutdown` fires.
+    pub async fn serve_metrics(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<SocketAddr> {
+        self.serve_endpoints(addr, shutdown, Endpoints::Metrics)
+            .await
+    }
+
+    /// Serves `/healthz`, `/livez` and `/readyz` alone on `addr` until
+    /// `shutdown` fires.
+    pub async fn serve_probes(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<SocketAddr> {
+        self.serve_endpoints(addr, shutdown, Endpoints::Probes)
+            .await
+    }
+
+    async fn serve_endpoints(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+        endpoints: Endpoints,
+    ) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
-        info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+        let what = match endpoints {
+            Endpoints::Metrics => "/metrics",
+            Endpoints::Probes => "/healthz, /livez and /readyz",
+            Endpoints::All => "/metrics, /healthz, /livez and /readyz",
+        };
+        info!(addr = %bound, "serving {what}");
         let metrics = Arc::clone(self);
         tokio::spawn(async move {
             loop {
@@ -262,7 +365,9 @@ impl Metrics {
                     let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let metrics = Arc::clone(&metrics);
                         async move {
-                            Ok::<_, std::convert::Infallible>(metrics.respond(req.uri().path()))
+                            Ok::<_, std::convert::Infallible>(
+                                metrics.respond(req.uri().path(), endpoints),
+                            )
                         }
                     });
                     if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -277,25 +382,53 @@ impl Metrics {
         Ok(bound)
     }
 
-    fn respond(&self, path: &str) -> Response<Full<Bytes>> {
+    /// Runs `checks`; the failures as `[-]name failed: why` lines, as the
+    /// Kubernetes components' verbose health output.
+    fn failed_checks(checks: &parking_lot::Mutex<Vec<(String, Check)>>) -> Vec<String> {
+        let checks: Vec<(String, Check)> = checks.lock().clone();
+        checks
+            .iter()
+            .filter_map(|(name, check)| {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check()))
+                    .unwrap_or_else(|_| Err("the check panicked".to_owned()));
+                outcome.err().map(|why| format!("[-]{name} failed: {why}"))
+            })
+            .collect()
+    }
+
+    fn respond(&self, path: &str, endpoints: Endpoints) -> Response<Full<Bytes>> {
+        let probes = endpoints != Endpoints::Metrics;
+        let metrics = endpoints != Endpoints::Probes;
+        let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, "text/plain", why);
         let (status, content_type, body) = match path {
-            "/metrics" => (
+            "/metrics" if metrics => (
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 self.encode(),
             ),
-            "/healthz" | "/livez" | "/readyz" if self.is_stopping() => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "shutting down".to_owned(),
-            ),
-            "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok".to_owned()),
-            "/readyz" if self.is_ready() => (StatusCode::OK, "text/plain", "ok".to_owned()),
-            "/readyz" => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "caches not synced yet".to_owned(),
-            ),
+            "/healthz" | "/livez" | "/readyz" if probes && self.is_stopping() => {
+                unavailable("shutting down".to_owned())
+            }
+            "/healthz" | "/livez" if probes => {
+                let failed = Self::failed_checks(&self.health_checks);
+                if failed.is_empty() {
+                    (StatusCode::OK, "text/plain", "ok".to_owned())
+                } else {
+                    unavailable(failed.join("\n"))
+                }
+            }
+            "/readyz" if probes => {
+                let mut failed = Vec::new();
+                if !self.is_ready() {
+                    failed.push("[-]caches failed: not synced yet".to_owned());
+                }
+                failed.extend(Self::failed_checks(&self.ready_checks));
+                if failed.is_empty() {
+                    (StatusCode::OK, "text/plain", "ok".to_owned())
+                } else {
+                    unavailable(failed.join("\n"))
+                }
+            }
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",

@@ -104,8 +104,8 @@ pub enum Lookup<K> {
 /// from the cache at reconcile time (or that it is gone); see
 /// [`Controller::from_fn`].
 pub struct FnReconciler<K, F> {
-    cache: CacheReader<K>,
-    f: F,
+    pub(crate) cache: CacheReader<K>,
+    pub(crate) f: F,
 }
 
 impl<K, F, Fut> Reconciler for FnReconciler<K, F>
@@ -152,7 +152,15 @@ pub enum Event<'a, K> {
     Delete(&'a ObjectOrTombstone<K>),
 }
 
-type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
+impl<K> Clone for Event<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Event<'_, K> {}
+
+pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
 
 /// How a [`Controller`] runs. Defaults: 2 workers, 5 retries, recover from
 /// panics, 30 s to drain on shutdown, 1 s of grace after a lost lease, no
@@ -434,16 +442,45 @@ impl<K: Object + Clone> Controller<K> {
     /// for its cache, waits for leadership if elected, then reconciles with
     /// `workers` workers. See [`ControllerOptions`] for how it stops.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
-        let span = info_span!("controller", name = %self.name);
-        self.run_inner(shutdown).instrument(span).await
+        self.run_managed(shutdown, None).await
     }
 
-    async fn run_inner(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
+    /// The controller's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn options(&self) -> &ControllerOptions<K> {
+        &self.options
+    }
+
+    /// Runs as [`run`](Self::run) does, or as one of a [`Manager`](crate::Manager)'s
+    /// controllers when `managed` is given.
+    pub(crate) async fn run_managed(
+        self,
+        shutdown: CancellationToken,
+        managed: Option<Managed>,
+    ) -> Result<(), ControllerError> {
+        let span = info_span!("controller", name = %self.name);
+        self.run_inner(shutdown, managed).instrument(span).await
+    }
+
+    async fn run_inner(
+        self,
+        shutdown: CancellationToken,
+        managed: Option<Managed>,
+    ) -> Result<(), ControllerError> {
         // A Crash panic cancels `stop` as shutdown does; the informer we start
-        // and the elector have tokens of their own, cancelled last.
+        // and the elector have tokens of their own, cancelled last (by the
+        // Manager, for its controllers: after all of them have ended).
         let stop = shutdown.child_token();
-        let informer_stop = CancellationToken::new();
-        let _stop_informer = informer_stop.clone().drop_guard();
+        let informer_stop = managed
+            .as_ref()
+            .map_or_else(CancellationToken::new, |m| m.informer_stop.clone());
+        let _stop_informer = managed
+            .is_none()
+            .then(|| informer_stop.clone().drop_guard());
+        let external_election = managed.as_ref().is_some_and(|m| m.external_election);
         let informers: Vec<&dyn Dependency> = std::iter::once(&self.informer as &dyn Dependency)
             .chain(self.dependencies.iter().map(|d| d.as_ref()))
             .collect();
@@ -460,25 +497,33 @@ impl<K: Object + Clone> Controller<K> {
             return self.fatal.lock().take().map_or(Ok(()), Err);
         }
         info!(cached = self.informer.indexer().len(), "cache synced");
-        if let Some(m) = &self.options.metrics {
-            m.set_ready(true);
+        match &managed {
+            Some(m) => (m.synced)(),
+            None => {
+                if let Some(m) = &self.options.metrics {
+                    m.set_ready(true);
+                }
+            }
         }
 
         let mut leadership = None;
         if let Some(elector) = &self.options.leader_election {
             let election_stop = CancellationToken::new();
             let mut leading = elector.subscribe();
-            let task = {
+            // The Manager runs its election itself, for all its controllers.
+            let task = (!external_election).then(|| {
                 let elector = Arc::clone(elector);
                 let election_stop = election_stop.clone();
                 tokio::spawn(async move { elector.run(election_stop).await })
-            };
+            });
             info!("waiting to become the leader");
             tokio::select! {
                 _ = stop.cancelled() => {
                     self.stopping();
                     election_stop.cancel();
-                    let _ = task.await;
+                    if let Some(task) = task {
+                        let _ = task.await;
+                    }
                     return Ok(());
                 }
                 led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
@@ -491,7 +536,7 @@ impl<K: Object + Clone> Controller<K> {
                 elector: Arc::clone(elector),
                 leading,
                 stop: election_stop,
-                task: Some(task),
+                task,
             });
         }
 
@@ -605,6 +650,17 @@ impl<K: Object + Clone> Controller<K> {
     }
 }
 
+/// How a [`Manager`](crate::Manager) runs one of its controllers.
+pub(crate) struct Managed {
+    /// Stops the informers the controller starts; the Manager cancels it
+    /// once every controller has ended.
+    pub(crate) informer_stop: CancellationToken,
+    /// The controller's elector is the Manager's, which runs and releases it.
+    pub(crate) external_election: bool,
+    /// Called once the controller's caches have synced.
+    pub(crate) synced: Box<dyn Fn() + Send + Sync>,
+}
+
 /// An informer a controller reads: started unless running, waited for.
 trait Dependency: HasSynced + Send + Sync {
     /// Starts it on `informer_stop` unless someone runs it already; if it
@@ -650,7 +706,7 @@ struct Leadership {
     elector: Arc<LeaderElector>,
     leading: watch::Receiver<bool>,
     stop: CancellationToken,
-    /// Taken when `run` ends normally.
+    /// Taken when `run` ends normally; `None` when the Manager runs the election.
     task: Option<JoinHandle<()>>,
 }
 

@@ -21,11 +21,8 @@ use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
 
-async fn setup(prefix: &str) -> (Client, String) {
-    let env = TestEnv::shared().await.unwrap();
-    let ns = env.create_namespace(prefix).await.unwrap();
-    (env.client().unwrap(), ns)
-}
+mod common;
+use common::{config_map, eventually, http_get, setup};
 
 fn informer<K>(client: &Client, ns: &str) -> SharedIndexInformer<K>
 where
@@ -39,21 +36,6 @@ where
         ApiListerWatcher::<K>::namespaced(client.clone(), ns),
         InformerOptions::new().indexers(namespace_indexers()),
     )
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..300 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn config_map(name: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"v": "0"}}))
-        .unwrap()
 }
 
 async fn bump(api: &Api<ConfigMap>, name: &str, v: usize) {
@@ -880,17 +862,6 @@ async fn requeue_after_the_largest_duration_keeps_the_worker_and_the_key_alive()
     .await;
     shutdown.cancel();
     task.await.unwrap().unwrap();
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 /// Blocks every reconcile until the test opens the gate.

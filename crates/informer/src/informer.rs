@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
-use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object};
+use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object, StoreError};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
@@ -384,6 +384,24 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// The resource version last seen from the server ("" before the first list).
     pub fn last_sync_resource_version(&self) -> String {
         self.inner.last_sync_rv.read().clone()
+    }
+
+    /// Adds named indexes to the cache (client-go's `AddIndexers`), typically
+    /// before the start: a secondary index that a controller's `watches`
+    /// mapper looks owners up in. A name already taken is refused.
+    pub fn add_indexers(&self, indexers: Indexers<K>) -> Result<(), StoreError> {
+        self.inner.indexer.add_indexers(indexers)
+    }
+
+    /// Adds one index whose values for an object are what `values` returns
+    /// (for an index function that cannot fail); see [`add_indexers`](Self::add_indexers).
+    pub fn add_index(
+        &self,
+        name: &str,
+        values: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Result<(), StoreError> {
+        let func: kinformer_store::IndexFunc<K> = Arc::new(move |obj: &K| Ok(values(obj)));
+        self.add_indexers(Indexers::from([(name.to_owned(), func)]))
     }
 
     /// The cache, read-only: only the informer writes it.

@@ -1,0 +1,138 @@
+//! The controller builder: a primary resource, the resources it owns or
+//! watches, event filters and options, all informers from one factory.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use kinformer_informer::{SharedIndexInformer, SharedInformerFactory};
+use kinformer_store::Object;
+use kube_client::Resource;
+use serde::de::DeserializeOwned;
+
+use crate::runtime::EventFilter;
+use crate::{
+    Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, Lookup,
+    ReconcileError, Reconciler,
+};
+
+type Wiring<K> = Box<dyn FnOnce(Controller<K>) -> Result<Controller<K>, ControllerError>>;
+
+/// Builds a [`Controller`] for the primary resource `K`; made by
+/// [`Controller::builder`] and finished by [`reconcile`](Self::reconcile)
+/// or [`reconciler`](Self::reconciler).
+///
+/// Every informer comes from the factory, so a Manager's controllers share
+/// one watch per kind, and every one of them has synced before any worker
+/// starts.
+pub struct ControllerBuilder<'f, K> {
+    name: String,
+    factory: &'f SharedInformerFactory,
+    informer: SharedIndexInformer<K>,
+    options: ControllerOptions<K>,
+    filters: Vec<EventFilter<K>>,
+    wiring: Vec<Wiring<K>>,
+}
+
+impl<K> Controller<K>
+where
+    K: Resource + Object + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    K::Scope: 'static,
+{
+    /// A builder for a controller named `name` over the factory's informer of `K`.
+    pub fn builder<'f>(name: &str, factory: &'f SharedInformerFactory) -> ControllerBuilder<'f, K> {
+        ControllerBuilder {
+            name: name.to_owned(),
+            factory,
+            informer: factory.informer::<K>(),
+            options: ControllerOptions::new(),
+            filters: Vec::new(),
+            wiring: Vec::new(),
+        }
+    }
+}
+
+impl<K> ControllerBuilder<'_, K>
+where
+    K: Resource + Object + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    K::Scope: 'static,
+{
+    /// Reconcile the owner of every `C` whose controller ownerReference
+    /// names a `K` (see [`Controller::owns`]).
+    pub fn owns<C>(mut self) -> Self
+    where
+        C: Resource + Object + Clone + DeserializeOwned + Debug,
+        C::DynamicType: Default,
+        C::Scope: 'static,
+    {
+        let informer = self.factory.informer::<C>();
+        self.wiring.push(Box::new(move |c| c.owns(informer)));
+        self
+    }
+
+    /// Reconcile the keys `mapper` returns for every event of `informer`
+    /// (see [`Controller::watches`]); take `informer` from the same factory.
+    pub fn watches<C: Object + Clone>(
+        mut self,
+        informer: SharedIndexInformer<C>,
+        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.wiring
+            .push(Box::new(move |c| c.watches(informer, mapper)));
+        self
+    }
+
+    /// Enqueue only the events of `K` that pass `filter` (see
+    /// [`predicate`](crate::predicate)); several filters must all pass.
+    pub fn with_event_filter(
+        mut self,
+        filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.filters.push(Arc::new(filter));
+        self
+    }
+
+    /// How the controller runs (workers, retries, leader election, metrics...).
+    pub fn options(mut self, options: ControllerOptions<K>) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Finishes the controller with an async reconcile that receives the
+    /// object read from the cache at reconcile time (or [`Lookup::Gone`])
+    /// and `context`, kube-runtime's `Arc<Ctx>`.
+    pub fn reconcile<C, F, Fut>(
+        self,
+        context: Arc<C>,
+        f: F,
+    ) -> Result<Controller<K>, ControllerError>
+    where
+        C: Send + Sync + 'static,
+        F: Fn(Lookup<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+    {
+        let cache = self.informer.indexer();
+        let f = move |lookup| f(lookup, Arc::clone(&context));
+        self.reconciler(FnReconciler { cache, f })
+    }
+
+    /// Finishes the controller with a [`Reconciler`] that receives keys.
+    pub fn reconciler(
+        mut self,
+        reconciler: impl Reconciler,
+    ) -> Result<Controller<K>, ControllerError> {
+        if !self.filters.is_empty() {
+            let mut filters = std::mem::take(&mut self.filters);
+            filters.extend(self.options.event_filter.take());
+            self.options.event_filter = Some(Arc::new(move |e: Event<'_, K>| {
+                filters.iter().all(|f| f(e))
+            }));
+        }
+        let mut controller = Controller::new(&self.name, self.informer, reconciler, self.options)?;
+        for wire in self.wiring {
+            controller = wire(controller)?;
+        }
+        Ok(controller)
+    }
+}

@@ -1,0 +1,387 @@
+//! The Manager: several controllers on one informer factory, one leader
+//! election, one admin server and one shutdown order, as
+//! controller-runtime's `manager.Manager`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::future::BoxFuture;
+use kinformer_informer::SharedInformerFactory;
+use kinformer_store::Object;
+use kube_client::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::runtime::Managed;
+use crate::{
+    Controller, ControllerBuilder, ControllerError, ControllerOptions, LeaderElectionConfig,
+    LeaderElector, Metrics,
+};
+
+/// How a [`Manager`] runs. Defaults: no admin server, no leader election.
+///
+/// kubebuilder's scaffold serves metrics on `:8080` and probes on `:8081`;
+/// [`ManagerOptions::kubebuilder`] sets those addresses.
+#[derive(Debug, Clone, Default)]
+pub struct ManagerOptions {
+    /// Where `/metrics` is served (`None`: nowhere).
+    pub metrics_bind_address: Option<SocketAddr>,
+    /// Where `/healthz`, `/livez` and `/readyz` are served (`None`: nowhere).
+    /// The same address as the metrics serves all four on one listener.
+    pub health_probe_bind_address: Option<SocketAddr>,
+    /// One election for every controller of the Manager: only its leader
+    /// reconciles. A controller with an elector of its own in its options
+    /// runs that one instead.
+    pub leader_election: Option<LeaderElectionConfig>,
+}
+
+impl ManagerOptions {
+    /// No admin server, no leader election.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Metrics on `0.0.0.0:8080`, probes on `0.0.0.0:8081`, as kubebuilder scaffolds them.
+    pub fn kubebuilder() -> Self {
+        Self {
+            metrics_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
+            health_probe_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
+            leader_election: None,
+        }
+    }
+
+    /// Serve `/metrics` on `addr`.
+    pub fn metrics_bind_address(mut self, addr: SocketAddr) -> Self {
+        self.metrics_bind_address = Some(addr);
+        self
+    }
+
+    /// Serve the probes on `addr`.
+    pub fn health_probe_bind_address(mut self, addr: SocketAddr) -> Self {
+        self.health_probe_bind_address = Some(addr);
+        self
+    }
+
+    /// Reconcile only while leading this election.
+    pub fn leader_election(mut self, config: LeaderElectionConfig) -> Self {
+        self.leader_election = Some(config);
+        self
+    }
+}
+
+/// A controller the Manager runs, whatever its resource type.
+trait Runnable: Send + Sync {
+    fn name(&self) -> &str;
+    fn uses_elector(&self, elector: &Arc<LeaderElector>) -> bool;
+    fn run(
+        self: Box<Self>,
+        shutdown: CancellationToken,
+        managed: Managed,
+    ) -> BoxFuture<'static, Result<(), ControllerError>>;
+}
+
+impl<K: Object + Clone> Runnable for Controller<K> {
+    fn name(&self) -> &str {
+        Controller::name(self)
+    }
+    fn uses_elector(&self, elector: &Arc<LeaderElector>) -> bool {
+        self.options()
+            .leader_election
+            .as_ref()
+            .is_some_and(|e| Arc::ptr_eq(e, elector))
+    }
+    fn run(
+        self: Box<Self>,
+        shutdown: CancellationToken,
+        managed: Managed,
+    ) -> BoxFuture<'static, Result<(), ControllerError>> {
+        Box::pin(self.run_managed(shutdown, Some(managed)))
+    }
+}
+
+/// Runs several controllers on one [`SharedInformerFactory`] (one watch
+/// per kind however many controllers read it), one leader election, one
+/// admin server with the metrics of every controller and the user's own
+/// metrics and checks, and one shutdown order.
+///
+/// How it stops, when the token given to [`run`](Self::run) fires (or any
+/// controller fails, which stops the others): every controller stops taking
+/// keys and drains its queue while the lease is still renewed; once all
+/// have ended the lease is released (left to expire if a reconcile would
+/// not end), then the informers stop. `/healthz` and `/readyz` answer 503
+/// from the start of the stop. `/readyz` answers 200 once every
+/// controller's caches have synced and every ready check passes.
+pub struct Manager {
+    client: Client,
+    factory: SharedInformerFactory,
+    metrics: Arc<Metrics>,
+    elector: Option<Arc<LeaderElector>>,
+    options: ManagerOptions,
+    controllers: Vec<Box<dyn Runnable>>,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("options", &self.options)
+            .field(
+                "controllers",
+                &self
+                    .controllers
+                    .iter()
+                    .map(|c| c.name())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A Manager whose informers watch every namespace.
+    pub fn new(client: Client, options: ManagerOptions) -> Result<Self, ControllerError> {
+        Self::with_factory(SharedInformerFactory::new(client.clone()), client, options)
+    }
+
+    /// A Manager on `factory` (one namespace, managedFields dropped, a
+    /// default resync: as the factory is configured).
+    pub fn with_factory(
+        factory: SharedInformerFactory,
+        client: Client,
+        options: ManagerOptions,
+    ) -> Result<Self, ControllerError> {
+        let elector = match &options.leader_election {
+            Some(config) => {
+                config.validate()?;
+                Some(Arc::new(LeaderElector::new(client.clone(), config.clone())))
+            }
+            None => None,
+        };
+        Ok(Self {
+            client,
+            factory,
+            metrics: Metrics::new(),
+            elector,
+            options,
+            controllers: Vec::new(),
+        })
+    }
+
+    /// The client every controller shares.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The shared informer factory: take every informer from it.
+    pub fn factory(&self) -> &SharedInformerFactory {
+        &self.factory
+    }
+
+    /// The registry served on `/metrics`: register your own metrics and
+    /// health checks here.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The Manager's elector, if it has an election.
+    pub fn elector(&self) -> Option<&Arc<LeaderElector>> {
+        self.elector.as_ref()
+    }
+
+    /// Options for a controller of this Manager: its metrics and its
+    /// leader election filled in.
+    pub fn controller_options<K>(&self) -> ControllerOptions<K> {
+        let mut options = ControllerOptions::new().metrics(Arc::clone(&self.metrics));
+        if let Some(e) = &self.elector {
+            options = options.leader_election(Arc::clone(e));
+        }
+        options
+    }
+
+    /// A builder for a controller of `K` on this Manager's factory, with
+    /// [`controller_options`](Self::controller_options).
+    pub fn controller<K>(&self, name: &str) -> ControllerBuilder<'_, K>
+    where
+        K: Resource + Object + Clone + DeserializeOwned + std::fmt::Debug,
+        K::DynamicType: Default,
+        K::Scope: 'static,
+    {
+        Controller::builder(name, &self.factory).options(self.controller_options())
+    }
+
+    /// Adds a controller; built with [`controller`](Self::controller) or
+    /// with [`controller_options`](Self::controller_options), it reports to
+    /// the Manager's metrics and follows its election.
+    pub fn add<K: Object + Clone>(&mut self, controller: Controller<K>) -> &mut Self {
+        self.controllers.push(Box::new(controller));
+        self
+    }
+
+    /// Runs every controller until `shutdown` fires or one of them fails;
+    /// returns the first error. See the type's docs for the shutdown order.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
+        if self.controllers.is_empty() {
+            return Err(ControllerError::InvalidOptions(
+                "the Manager has no controllers to run".to_owned(),
+            ));
+        }
+        let serving = CancellationToken::new();
+        let _stop_serving = serving.clone().drop_guard();
+        self.serve(&serving).await?;
+
+        let stop = shutdown.child_token();
+        let informer_stop = CancellationToken::new();
+        let _stop_informers = informer_stop.clone().drop_guard();
+        let election_stop = CancellationToken::new();
+        let election = self.elector.as_ref().map(|elector| {
+            let (elector, election_stop) = (Arc::clone(elector), election_stop.clone());
+            let (metrics, mut leading) = (Arc::clone(&self.metrics), elector.subscribe());
+            let lease = elector.config().lease_name.clone();
+            metrics.set_leader(&lease, false);
+            tokio::spawn(async move {
+                let report = async {
+                    while leading.changed().await.is_ok() {
+                        metrics.set_leader(&lease, *leading.borrow_and_update());
+                    }
+                };
+                tokio::select! {
+                    _ = elector.run(election_stop) => {}
+                    _ = report => {}
+                }
+                metrics.set_leader(&lease, elector.is_leader());
+            })
+        });
+
+        let total = self.controllers.len();
+        let synced = Arc::new(AtomicUsize::new(0));
+        let mut running = JoinSet::new();
+        let mut names = std::collections::HashMap::new();
+        for controller in self.controllers {
+            let name = controller.name().to_owned();
+            let external_election = self
+                .elector
+                .as_ref()
+                .is_some_and(|e| controller.uses_elector(e));
+            let (synced, metrics) = (Arc::clone(&synced), Arc::clone(&self.metrics));
+            let managed = Managed {
+                informer_stop: informer_stop.clone(),
+                external_election,
+                synced: Box::new(move || {
+                    if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
+                        metrics.set_ready(true);
+                    }
+                }),
+            };
+            let controller_name = name.clone();
+            let run = controller.run(stop.clone(), managed);
+            let id = running.spawn(async move { (name.clone(), run.await) }).id();
+            names.insert(id, controller_name);
+        }
+        info!(controllers = total, "manager started");
+
+        let mut first_error = None;
+        let mut stuck = false;
+        while let Some(joined) = running.join_next_with_id().await {
+            // Whatever ended one controller ends them all.
+            stop.cancel();
+            self.metrics.set_stopping();
+            let (name, result) = match joined {
+                Ok((_, r)) => r,
+                Err(e) => {
+                    let name = names.get(&e.id()).cloned().unwrap_or_default();
+                    let why = e.to_string();
+                    (name.clone(), Err(ControllerError::Aborted { name, why }))
+                }
+            };
+            match result {
+                Ok(()) => info!(controller = %name, "controller stopped"),
+                Err(e) => {
+                    error!(controller = %name, error = %e, "controller failed; stopping the others");
+                    stuck |= matches!(e, ControllerError::WorkersStuck { .. });
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        // Only now may a standby lead: every controller's reconciles have ended.
+        if let (Some(elector), Some(task)) = (&self.elector, election) {
+            if stuck {
+                elector.keep_lease_on_cancel();
+            }
+            election_stop.cancel();
+            let _ = task.await;
+        }
+        informer_stop.cancel();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs until SIGTERM or SIGINT (see [`run`](Self::run)); a second
+    /// signal exits the process at once with status 130, as
+    /// controller-runtime's signal handler does.
+    pub async fn run_until_signal(self) -> Result<(), ControllerError> {
+        let shutdown = CancellationToken::new();
+        let signals = shutdown_on_signal(shutdown.clone()).map_err(ControllerError::Signals)?;
+        let result = self.run(shutdown).await;
+        signals.abort();
+        result
+    }
+
+    async fn serve(&self, serving: &CancellationToken) -> Result<(), ControllerError> {
+        let bind_error = |what: &'static str, addr: SocketAddr| {
+            move |source| ControllerError::Bind { what, addr, source }
+        };
+        let (metrics, probes) = (
+            self.options.metrics_bind_address,
+            self.options.health_probe_bind_address,
+        );
+        match (metrics, probes) {
+            (Some(m), Some(p)) if m == p => {
+                self.metrics
+                    .serve(m, serving.clone())
+                    .await
+                    .map_err(bind_error("metrics and probes", m))?;
+            }
+            _ => {
+                if let Some(m) = metrics {
+                    self.metrics
+                        .serve_metrics(m, serving.clone())
+                        .await
+                        .map_err(bind_error("metrics", m))?;
+                }
+                if let Some(p) = probes {
+                    self.metrics
+                        .serve_probes(p, serving.clone())
+                        .await
+                        .map_err(bind_error("probes", p))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT; exits the process
+/// with 130 on the second. Returns the task handling them.
+pub fn shutdown_on_signal(
+    shutdown: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        info!("signal received; shutting down (a second signal exits at once)");
+        shutdown.cancel();
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        error!("second signal received; exiting now without finishing the drain");
+        eprintln!("error: second signal received; exiting now without finishing the drain");
+        std::process::exit(130);
+    }))
+}

@@ -1,0 +1,308 @@
+//! The Manager against a real kube-apiserver: several controllers on one
+//! factory, one admin server, one election and one shutdown order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kinformer_controllers::{
+    Action, ControllerError, LeaderElectionConfig, Lookup, Manager, ManagerOptions, PanicPolicy,
+};
+use kinformer_informer::{CancellationToken, SharedInformerFactory};
+use kube_client::Client;
+use kube_client::api::{Api, PostParams};
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+
+mod common;
+use common::{config_map, eventually, http_get, setup};
+
+type Seen = Arc<Mutex<Vec<String>>>;
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn secret(name: &str) -> Secret {
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+}
+
+fn names(lookup: &Lookup<impl kube_client::Resource>) -> String {
+    match lookup {
+        Lookup::Found(o) => o.meta().name.clone().unwrap_or_default(),
+        Lookup::Gone { key } => format!("gone {key}"),
+    }
+}
+
+/// A Manager on `ns` with a ConfigMap controller and a Secret controller
+/// that also watches ConfigMaps (the Secret of the same name); both record
+/// what they reconcile as `controller:name` in `seen`. The ConfigMap
+/// reconcile waits for `gate` when it is given.
+fn two_controllers(
+    client: &Client,
+    ns: &str,
+    options: ManagerOptions,
+    seen: &Seen,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+) -> Manager {
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns);
+    let mut manager = Manager::with_factory(factory, client.clone(), options).unwrap();
+    let configmaps = manager.factory().informer::<ConfigMap>();
+    let cm_controller = manager
+        .controller::<ConfigMap>("cm")
+        .reconcile(Arc::new((Arc::clone(seen), gate)), |cm, ctx| async move {
+            if let Some(gate) = &ctx.1 {
+                gate.acquire().await?.forget();
+            }
+            ctx.0.lock().push(format!("cm:{}", names(&cm)));
+            Ok(Action::Done)
+        })
+        .unwrap();
+    let secret_controller = manager
+        .controller::<Secret>("secret")
+        .watches(configmaps, |cm: &ConfigMap| {
+            vec![format!(
+                "{}/{}",
+                cm.metadata.namespace.as_deref().unwrap_or_default(),
+                cm.metadata.name.as_deref().unwrap_or_default()
+            )]
+        })
+        .reconcile(Arc::clone(seen), |s, seen| async move {
+            seen.lock().push(format!("secret:{}", names(&s)));
+            Ok(Action::Done)
+        })
+        .unwrap();
+    manager.add(cm_controller).add(secret_controller);
+    manager
+}
+
+/// One Manager, two controllers sharing the ConfigMap informer: the probes
+/// and the metrics on their own addresses, `/readyz` only once both caches
+/// have synced and the user's ready check passes, the user's metric served
+/// beside the controllers'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_serves_both_controllers_metrics_and_the_users_checks_and_metrics() {
+    let (client, ns) = setup("manager").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    let (metrics_addr, probe_addr) = (free_addr(), free_addr());
+    let options = ManagerOptions::new()
+        .metrics_bind_address(metrics_addr)
+        .health_probe_bind_address(probe_addr);
+    let seen = Seen::default();
+    let manager = two_controllers(&client, &ns, options, &seen, None);
+    let widgets = Counter::<u64>::default();
+    manager
+        .metrics()
+        .register("widgets", "Widgets made", widgets.clone());
+    let warm = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = Arc::clone(&warm);
+    manager.metrics().add_ready_check("warm", move || {
+        if w.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("still cold".to_owned())
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+
+    // Both controllers reconcile the ConfigMap's event: one informer, two handlers.
+    eventually("both controllers reconciling", async || {
+        let seen = seen.lock();
+        seen.contains(&"cm:a".to_owned()) && seen.contains(&format!("secret:gone {ns}/a"))
+    })
+    .await;
+    let ready = http_get(probe_addr, "/readyz").await;
+    assert!(
+        ready.starts_with("HTTP/1.1 503") && ready.contains("[-]warm failed: still cold"),
+        "{ready}"
+    );
+    warm.store(true, std::sync::atomic::Ordering::SeqCst);
+    let ready = http_get(probe_addr, "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    widgets.inc();
+    let scraped = http_get(metrics_addr, "/metrics").await;
+    for line in [
+        "widgets_total 1",
+        "controller_runtime_reconcile_total{controller=\"cm\",result=\"success\"}",
+        "controller_runtime_reconcile_total{controller=\"secret\",result=\"success\"}",
+        "workqueue_adds_total{name=\"secret\"}",
+    ] {
+        assert!(scraped.contains(line), "no {line:?} in\n{scraped}");
+    }
+    assert!(
+        http_get(metrics_addr, "/readyz")
+            .await
+            .starts_with("HTTP/1.1 404")
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get(name)
+        .await
+        .ok()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+fn election(ns: &str, identity: &str) -> LeaderElectionConfig {
+    let mut config = LeaderElectionConfig::new(ns, "manager", identity);
+    config.lease_duration = Duration::from_secs(4);
+    config.renew_deadline = Duration::from_secs(3);
+    config.retry_period = Duration::from_millis(500);
+    config
+}
+
+/// Two replicas of a two-controller Manager: one Lease for both
+/// controllers, so only the leader's two reconcile; on shutdown the leader
+/// keeps the lease while a reconcile of either controller still runs,
+/// releases it once both have drained, and the standby takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_lease_covers_every_controller_and_is_released_only_after_all_have_drained() {
+    let (client, ns) = setup("manager-le").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (seen_a, seen_b) = (Seen::default(), Seen::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let a = two_controllers(
+        &client,
+        &ns,
+        ManagerOptions::new().leader_election(election(&ns, "a")),
+        &seen_a,
+        Some(Arc::clone(&gate)),
+    );
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let task_a = tokio::spawn(a.run(stop_a.clone()));
+    eventually("a leads", async || {
+        holder(&leases, "manager").await.as_deref() == Some("a")
+    })
+    .await;
+    let b = two_controllers(
+        &client,
+        &ns,
+        ManagerOptions::new().leader_election(election(&ns, "b")),
+        &seen_b,
+        None,
+    );
+    let task_b = tokio::spawn(b.run(stop_b.clone()));
+
+    secrets
+        .create(&PostParams::default(), &secret("s"))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &config_map("held"))
+        .await
+        .unwrap();
+    eventually("a's Secret controller reconciling", async || {
+        seen_a.lock().contains(&"secret:s".to_owned())
+    })
+    .await;
+    // a's ConfigMap reconcile of "held" is now blocked on the gate.
+    eventually("a's ConfigMap reconcile to start", async || {
+        gate.available_permits() == 0 && !seen_a.lock().is_empty()
+    })
+    .await;
+    stop_a.cancel();
+    // Draining: the lease stays a's for as long as the reconcile runs,
+    // across several renew periods and past a lease duration.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(holder(&leases, "manager").await.as_deref(), Some("a"));
+        assert!(!task_a.is_finished());
+    }
+    assert!(
+        seen_b.lock().is_empty(),
+        "the standby reconciled: {:?}",
+        seen_b.lock()
+    );
+    gate.add_permits(1);
+    task_a.await.unwrap().unwrap();
+    assert!(seen_a.lock().contains(&"cm:held".to_owned()));
+
+    eventually(
+        "b to lead and reconcile with both controllers",
+        async || {
+            let seen = seen_b.lock();
+            seen.contains(&"cm:held".to_owned()) && seen.contains(&"secret:s".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(holder(&leases, "manager").await.as_deref(), Some("b"));
+    stop_b.cancel();
+    task_b.await.unwrap().unwrap();
+    assert_eq!(
+        holder(&leases, "manager").await,
+        None,
+        "the lease was not released"
+    );
+}
+
+/// A controller that crashes (panic policy Crash) stops the Manager and its
+/// other controller; `run` returns the crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_controller_stops_the_manager_with_its_error() {
+    let (client, ns) = setup("manager-crash").await;
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let mut manager =
+        Manager::with_factory(factory, client.clone(), ManagerOptions::new()).unwrap();
+    let calm = manager
+        .controller::<Secret>("calm")
+        .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
+        .unwrap();
+    let crash = manager
+        .controller::<ConfigMap>("crash")
+        .options(
+            manager
+                .controller_options()
+                .panic_policy(PanicPolicy::Crash),
+        )
+        .reconcile(Arc::new(()), |cm, _| async move {
+            if let Lookup::Found(cm) = &cm
+                && cm.metadata.name.as_deref() == Some("boom")
+            {
+                panic!("boom");
+            }
+            Ok(Action::Done)
+        })
+        .unwrap();
+    manager.add(calm).add(crash);
+    let task = tokio::spawn(manager.run(CancellationToken::new()));
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    cms.create(&PostParams::default(), &config_map("boom"))
+        .await
+        .unwrap();
+    match task.await.unwrap() {
+        Err(ControllerError::ReconcilePanicked { key, message }) => {
+            assert_eq!(key, format!("{ns}/boom"));
+            assert_eq!(message, "boom");
+        }
+        other => panic!("expected the crash, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_without_controllers_or_with_a_bad_election_is_refused() {
+    let (client, ns) = setup("manager-bad").await;
+    let manager = Manager::new(client.clone(), ManagerOptions::new()).unwrap();
+    let err = manager.run(CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("no controllers"), "{err}");
+    let mut config = election(&ns, "x");
+    config.renew_deadline = config.lease_duration;
+    let err = Manager::new(client, ManagerOptions::new().leader_election(config)).unwrap_err();
+    assert!(
+        matches!(err, ControllerError::InvalidLeaderElection { .. }),
+        "{err}"
+    );
+}

@@ -1,0 +1,102 @@
+//! Runs the example against a real kube-apiserver.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kinformer_envtest::TestEnv;
+use kube_client::api::{Api, Patch, PatchParams, PostParams};
+
+fn deployment(name: &str, configmap: &str) -> Deployment {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": configmap}}]}],
+                    "volumes": [{"name": "v", "configMap": {"name": configmap}}]
+                }
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn configmap(name: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": value}}))
+        .unwrap()
+}
+
+async fn hash_of(api: &Api<Deployment>, name: &str) -> Option<String> {
+    let d = api.get(name).await.unwrap();
+    d.spec
+        .template
+        .metadata?
+        .annotations?
+        .get("kinformer.dev/config-hash")
+        .cloned()
+}
+
+/// Waits (up to 30 s) for the hash of `name` to be set and differ from `not`.
+async fn new_hash(api: &Api<Deployment>, name: &str, not: Option<&str>) -> String {
+    for _ in 0..300 {
+        if let Some(h) = hash_of(api, name).await
+            && Some(h.as_str()) != not
+        {
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the hash of {name} never moved from {not:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using_it() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("cmhash").await.unwrap();
+    let client = env.client().unwrap();
+    let (cms, deploys): (Api<ConfigMap>, Api<Deployment>) = (
+        Api::namespaced(client.clone(), &ns),
+        Api::namespaced(client, &ns),
+    );
+    cms.create(&PostParams::default(), &configmap("settings", "1"))
+        .await
+        .unwrap();
+    deploys
+        .create(&PostParams::default(), &deployment("web", "settings"))
+        .await
+        .unwrap();
+    deploys
+        .create(&PostParams::default(), &deployment("late", "not-yet"))
+        .await
+        .unwrap();
+    let _example = tokio::process::Command::new(env!("CARGO_BIN_EXE_configmap-hash"))
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let first = new_hash(&deploys, "web", None).await;
+    let patch = serde_json::json!({"data": {"k": "2"}});
+    cms.patch("settings", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let second = new_hash(&deploys, "web", Some(&first)).await;
+    assert_ne!(first, second);
+
+    // A ConfigMap that appears after its Deployment reaches it through the index.
+    let before = new_hash(&deploys, "late", None).await;
+    cms.create(&PostParams::default(), &configmap("not-yet", "1"))
+        .await
+        .unwrap();
+    new_hash(&deploys, "late", Some(&before)).await;
+    // An unrelated ConfigMap changes nothing.
+    cms.create(&PostParams::default(), &configmap("unrelated", "1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        hash_of(&deploys, "web").await.as_deref(),
+        Some(second.as_str())
+    );
+}
