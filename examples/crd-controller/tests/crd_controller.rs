@@ -1,0 +1,155 @@
+//! The CRD controller end to end against a real kube-apiserver: create,
+//! repair, update and delete a Greeting.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kinformer_envtest::TestEnv;
+use kube_client::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+
+/// Waits (up to 30 s) until `check` returns something.
+async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(found) = check().await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn greeting(name: &str, message: &str) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "kinformer.dev/v1", "kind": "Greeting",
+        "metadata": {"name": name}, "spec": {"message": message}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("crd").await.unwrap();
+    let client = env.client().unwrap();
+    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-controller"))
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The controller installs its CRD.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    until("the CRD to be Established", async || {
+        let crd = crds.get_opt("greetings.kinformer.dev").await.ok()??;
+        let conditions = crd.status?.conditions?;
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("kinformer.dev", "v1", "Greeting"));
+    let greetings: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let created = until("the Greeting to be accepted", async || {
+        greetings
+            .create(&PostParams::default(), &greeting("hello", "hi"))
+            .await
+            .ok()
+    })
+    .await;
+
+    let message = async |configmaps: &Api<ConfigMap>| {
+        let cm = configmaps.get_opt("hello-greeting").await.ok()??;
+        cm.data?.get("message").cloned()
+    };
+    let cm = until("the ConfigMap", async || {
+        configmaps.get_opt("hello-greeting").await.ok()?
+    })
+    .await;
+    assert_eq!(message(&configmaps).await.as_deref(), Some("hi"));
+    let owner = &cm.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Greeting", Some(true))
+    );
+    assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
+    let status = until("the status", async || {
+        greetings
+            .get("hello")
+            .await
+            .ok()?
+            .data
+            .get("status")
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        status,
+        serde_json::json!({"configMap": "hello-greeting", "observedGeneration": 1})
+    );
+    let finalizers = greetings.get("hello").await.unwrap().metadata.finalizers;
+    assert_eq!(
+        finalizers,
+        Some(vec!["kinformer.dev/greeting-cleanup".to_owned()])
+    );
+
+    // Deleting the owned ConfigMap brings it back.
+    let uid = cm.metadata.uid.clone();
+    configmaps
+        .delete("hello-greeting", &DeleteParams::default())
+        .await
+        .unwrap();
+    until("the ConfigMap to come back", async || {
+        let cm = configmaps.get_opt("hello-greeting").await.ok()??;
+        (cm.metadata.uid != uid).then_some(())
+    })
+    .await;
+
+    // A new message reaches the ConfigMap and the status.
+    let patch = serde_json::json!({"spec": {"message": "hello again"}});
+    greetings
+        .patch("hello", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    until("the new message", async || {
+        (message(&configmaps).await? == "hello again").then_some(())
+    })
+    .await;
+    until("observedGeneration 2", async || {
+        let status = greetings
+            .get("hello")
+            .await
+            .ok()?
+            .data
+            .get("status")
+            .cloned()?;
+        (status["observedGeneration"] == 2).then_some(())
+    })
+    .await;
+
+    // Deleting the Greeting runs the cleanup, then the server removes it.
+    greetings
+        .delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    until("the Greeting to be gone", async || {
+        greetings
+            .get_opt("hello")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        configmaps
+            .get_opt("hello-greeting")
+            .await
+            .unwrap()
+            .is_none(),
+        "the cleanup did not delete the ConfigMap"
+    );
+}
