@@ -839,13 +839,13 @@ impl Worker {
                     m.reconcile_error(&self.name);
                 }
                 if e.is::<TerminalError>() {
-                    error!(key, error = %e, "terminal reconcile error; not retrying");
+                    error!(key, error = %chain(e.as_ref()), "terminal reconcile error; not retrying");
                     if let Some(m) = &self.metrics {
                         m.terminal_error(&self.name);
                     }
                     self.queue.forget(&key_owned);
                 } else {
-                    self.retry_or_drop(key_owned, e.to_string());
+                    self.retry_or_drop(key_owned, chain(e.as_ref()));
                 }
             }
             Err(panic) => {
@@ -888,6 +888,22 @@ impl Worker {
     }
 }
 
+/// `error` and its `source()`s, outermost first: `a: b: c`.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        // Many errors repeat their source in their own message.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = e.source();
+    }
+    out
+}
+
 /// `future`'s output, or `None` if it did not finish within `limit`.
 async fn with_timeout<F: Future>(limit: Option<Duration>, future: F) -> Option<F::Output> {
     match limit {
@@ -902,4 +918,33 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic with a non-string payload".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("writing the Service")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_logged_error_names_its_whole_source_chain() {
+        let inner = std::io::Error::other("connection reset");
+        let terminal = TerminalError::boxed(Outer(inner));
+        // TerminalError's message already holds Outer's: said once.
+        assert_eq!(
+            chain(terminal.as_ref()),
+            "terminal: writing the Service: connection reset"
+        );
+    }
 }
