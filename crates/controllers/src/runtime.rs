@@ -225,9 +225,9 @@ impl<K> ControllerOptions<K> {
     pub fn new() -> Self {
         Self::default()
     }
-    /// Concurrent reconciles (at least 1).
+    /// Concurrent reconciles; 0 is refused by [`Controller::new`].
     pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
+        self.workers = n;
         self
     }
     /// Retries before a key is dropped.

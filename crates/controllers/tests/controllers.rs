@@ -1033,8 +1033,8 @@ async fn with_the_crash_policy_no_key_is_started_after_the_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
     let (client, ns) = setup("options").await;
-    let mut options = ControllerOptions::new();
-    options.workers = 0;
+    // Through the builder method too: 0 is not quietly turned into 1.
+    let options = ControllerOptions::new().workers(0);
     let err = Controller::new(
         "zero",
         informer::<ConfigMap>(&client, &ns),
