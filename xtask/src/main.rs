@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask test`, `cargo xtask envtest ...`, `cargo xtask demo`.
+//! Project tasks: `cargo xtask test`, `cargo xtask envtest ...`, `cargo xtask demo`,
+//! `cargo xtask proto-schema`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -49,6 +50,8 @@ enum Task {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// Regenerates crates/informer/src/protobuf/generated.rs from the Go types (xtask/proto-schema).
+    ProtoSchema,
 }
 
 #[derive(Subcommand)]
@@ -116,7 +119,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("\ndemo finished");
             Ok(ExitCode::SUCCESS)
         }
+        Task::ProtoSchema => proto_schema(),
     }
+}
+
+/// Runs xtask/proto-schema (`go run .`), which writes the protobuf schema
+/// table by reflection over the pinned k8s.io Go types, then rustfmt on it.
+fn proto_schema() -> Result<ExitCode> {
+    let root = workspace_root();
+    let out = root.join("crates/informer/src/protobuf/generated.rs");
+    let status = Command::new("go")
+        .current_dir(root.join("xtask/proto-schema"))
+        .env("GOFLAGS", "-buildvcs=false")
+        .env("GOTOOLCHAIN", "local")
+        .args(["run", ".", "-o"])
+        .arg(&out)
+        .status()
+        .context("running `go run` in xtask/proto-schema (is Go installed?)")?;
+    if !status.success() {
+        bail!("xtask/proto-schema failed");
+    }
+    let status = Command::new("rustfmt")
+        .args(["--edition", "2024"])
+        .arg(&out)
+        .status()
+        .context("running rustfmt")?;
+    if !status.success() {
+        bail!("rustfmt {} failed", out.display());
+    }
+    println!("{}", out.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -20,7 +20,8 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiListerWatcher, HasSynced, InformerOptions, SharedIndexInformer, wait_for_cache_sync,
+    ApiListerWatcher, HasSynced, InformerOptions, SharedIndexInformer, WireFormat,
+    wait_for_cache_sync,
 };
 
 /// Which objects an informer of the factory watches.
@@ -82,6 +83,7 @@ pub struct SharedInformerFactory {
     default_namespace: Option<String>,
     default_resync: Option<Duration>,
     drop_managed_fields: bool,
+    wire_format: WireFormat,
     informers: Mutex<HashMap<InformerKey, Entry>>,
 }
 
@@ -102,6 +104,7 @@ impl SharedInformerFactory {
             default_namespace: None,
             default_resync: None,
             drop_managed_fields: false,
+            wire_format: WireFormat::default(),
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -122,6 +125,12 @@ impl SharedInformerFactory {
     /// (see [`ApiListerWatcher::drop_managed_fields`]).
     pub fn drop_managed_fields(mut self) -> Self {
         self.drop_managed_fields = true;
+        self
+    }
+
+    /// How the factory's informers receive objects (see [`WireFormat`]).
+    pub fn wire_format(mut self, format: WireFormat) -> Self {
+        self.wire_format = format;
         self
     }
 
@@ -219,6 +228,7 @@ impl SharedInformerFactory {
         if self.drop_managed_fields {
             lw = lw.drop_managed_fields();
         }
+        lw = lw.wire_format(self.wire_format);
         let mut options = InformerOptions::new().indexers(namespace_indexers());
         if let Some(p) = self.default_resync {
             options = options.default_resync(p);

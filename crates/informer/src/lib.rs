@@ -96,6 +96,7 @@ mod lister;
 mod lister_watcher;
 mod panics;
 mod processor;
+mod protobuf;
 mod reflector;
 mod strip;
 mod sync;
@@ -110,7 +111,7 @@ pub use informer::{
 };
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
-    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream,
+    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream, WireFormat,
 };
 pub use reflector::{
     DEFAULT_PAGE_SIZE, Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler,

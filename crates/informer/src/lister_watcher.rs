@@ -22,6 +22,8 @@ use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::ListWatchError;
+use crate::protobuf::envelope::MEDIA_TYPE;
+use crate::protobuf::schema::Kind as ProtoKind;
 
 /// One list call: a page of at most `limit` items (no limit when `None`),
 /// continuing from `continue_token`, as of `resource_version`.
@@ -68,6 +70,19 @@ pub struct WatchRequest {
 /// The events of one watch.
 pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, ListWatchError>>;
 
+/// How objects travel from the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WireFormat {
+    /// Kubernetes protobuf for the built-in kinds (lists, watches and the
+    /// streaming list; what client-go's typed clients ask for), JSON for
+    /// custom resources, `DynamicObject` and metadata-only informers, and
+    /// whenever the server answers in JSON instead. The default.
+    #[default]
+    Auto,
+    /// JSON always.
+    Json,
+}
+
 /// Lists and watches one kind of object: client-go's `ListerWatcher`.
 pub trait ListerWatcher<K>: Send + Sync + 'static {
     /// Lists one page.
@@ -104,6 +119,9 @@ pub struct ApiListerWatcher<K> {
     label_selector: Option<String>,
     field_selector: Option<String>,
     drop_managed_fields: bool,
+    /// The built-in kind whose protobuf messages `K`'s are, when `K` takes protobuf.
+    protobuf_kind: Option<&'static ProtoKind>,
+    wire_format: WireFormat,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -117,6 +135,8 @@ impl<K> Clone for ApiListerWatcher<K> {
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
             drop_managed_fields: self.drop_managed_fields,
+            protobuf_kind: self.protobuf_kind,
+            wire_format: self.wire_format,
             _kind: PhantomData,
         }
     }
@@ -169,8 +189,149 @@ where
             label_selector: None,
             field_selector: None,
             drop_managed_fields: false,
+            protobuf_kind: protobuf_kind::<K>(dyntype),
+            wire_format: WireFormat::default(),
             _kind: PhantomData,
         }
+    }
+
+    /// How objects travel from the server ([`WireFormat::Auto`] by default).
+    pub fn wire_format(mut self, format: WireFormat) -> Self {
+        self.wire_format = format;
+        self
+    }
+
+    /// Whether lists and watches ask for protobuf: `K` is a built-in kind
+    /// (not `DynamicObject`, not metadata-only) and the format is `Auto`.
+    pub fn uses_protobuf(&self) -> bool {
+        self.protobuf().is_some()
+    }
+
+    fn protobuf(&self) -> Option<&'static ProtoKind> {
+        self.protobuf_kind
+            .filter(|_| self.wire_format == WireFormat::Auto)
+    }
+
+    /// Sends `request` asking for protobuf (`accept`), with JSON as the
+    /// fallback; the response if it succeeded, its Status as an error if not.
+    async fn send_protobuf(
+        &self,
+        request: http::Request<Vec<u8>>,
+        accept: &str,
+    ) -> Result<http::Response<kube_client::client::Body>, ListWatchError> {
+        let (mut parts, body) = request.into_parts();
+        let accept = http::HeaderValue::from_str(&format!("{accept}, application/json"))
+            .map_err(|e| ListWatchError::Connect(format!("building the request: {e}")))?;
+        parts.headers.insert(http::header::ACCEPT, accept);
+        let request = http::Request::from_parts(parts, kube_client::client::Body::from(body));
+        let response = self
+            .client
+            .send(request)
+            .await
+            .map_err(|e| self.explain(e.into()))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let code = response.status().as_u16();
+        let protobuf = is_protobuf(&response);
+        let body = collect(response).await?;
+        let status = if protobuf {
+            crate::protobuf::envelope::unknown(&body)
+                .and_then(|e| crate::protobuf::envelope::status(&e))
+                .ok()
+        } else {
+            serde_json::from_slice::<kube_client::core::Status>(&body).ok()
+        };
+        let status = match status {
+            Some(status) if status.code != 0 => status,
+            _ => kube_client::core::Status::failure(
+                String::from_utf8_lossy(&body).trim(),
+                "Failed to parse error data",
+            )
+            .with_code(code),
+        };
+        Err(self.explain(ListWatchError::from_status(&status)))
+    }
+
+    async fn list_protobuf(
+        &self,
+        kind: &'static ProtoKind,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<ListPage<K>, ListWatchError> {
+        let response = self.send_protobuf(request, MEDIA_TYPE).await?;
+        let protobuf = is_protobuf(&response);
+        let body = collect(response).await?;
+        if !protobuf {
+            return self.decode_json_list(&body);
+        }
+        let list = crate::protobuf::envelope::list::<K>(&body, kind, self.drop_managed_fields)
+            .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
+        let mut page = ListPage {
+            items: Vec::with_capacity(list.items.len()),
+            resource_version: list.resource_version.unwrap_or_default(),
+            continue_token: list.continue_token,
+            skipped: Vec::new(),
+        };
+        for item in list.items {
+            match item {
+                Ok(obj) => page.items.push(obj),
+                Err(why) => page.skipped.push(why),
+            }
+        }
+        Ok(page)
+    }
+
+    fn decode_json_list(&self, json: &[u8]) -> Result<ListPage<K>, ListWatchError> {
+        if self.drop_managed_fields {
+            decode_list::<K>(&crate::strip_managed_fields_json(json))
+        } else {
+            decode_list::<K>(json)
+        }
+    }
+
+    async fn watch_protobuf(
+        &self,
+        kind: &'static ProtoKind,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<WatchStream<K>, ListWatchError> {
+        let response = self
+            .send_protobuf(request, &format!("{MEDIA_TYPE};stream=watch"))
+            .await?;
+        let protobuf = is_protobuf(&response);
+        let body = futures::TryStreamExt::into_async_read(futures::TryStreamExt::map_err(
+            http_body_util::BodyDataStream::new(response.into_body()),
+            std::io::Error::other,
+        ));
+        if !protobuf {
+            return Ok(json_events::<K>(body, self.drop_managed_fields));
+        }
+        let drop_managed_fields = self.drop_managed_fields;
+        // Each event is a frame: a 4-byte big-endian length, then that many
+        // bytes, read straight into one reused buffer.
+        let frames = futures::stream::unfold(
+            (body, Vec::new()),
+            move |(mut body, mut frame)| async move {
+                use futures::AsyncReadExt;
+                let mut len = [0u8; 4];
+                if let Err(e) = body.read_exact(&mut len).await {
+                    return resumable_or(e).map(|e| (Err(e), (body, frame)));
+                }
+                let len = u32::from_be_bytes(len) as usize;
+                if len > MAX_FRAME {
+                    let e = ListWatchError::Decode(format!(
+                        "a watch frame of {len} bytes, over the {MAX_FRAME} byte limit"
+                    ));
+                    return Some((Err(e), (body, frame)));
+                }
+                frame.resize(len, 0);
+                if let Err(e) = body.read_exact(&mut frame).await {
+                    return resumable_or(e).map(|e| (Err(e), (body, frame)));
+                }
+                let event = decode_protobuf_event::<K>(&frame, kind, drop_managed_fields);
+                Some((event, (body, frame)))
+            },
+        );
+        Ok(frames.boxed())
     }
 
     /// Only objects whose labels match `selector` (`app=web,tier!=db`).
@@ -327,6 +488,119 @@ fn event_object_name(json: &[u8]) -> String {
     }
 }
 
+/// The largest watch frame accepted: client-go's default is 100 MiB less
+/// a little; one object is at most etcd's 1.5 MiB request limit plus the
+/// envelope, so anything near this is a corrupt length.
+const MAX_FRAME: usize = 64 << 20;
+
+/// The built-in kind `K` is, if it is one whose protobuf the schema knows.
+fn protobuf_kind<K: Resource + 'static>(dyntype: &K::DynamicType) -> Option<&'static ProtoKind> {
+    let dynamic =
+        std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>();
+    if K::metadata_api() || dynamic {
+        return None;
+    }
+    crate::protobuf::envelope::kind(&K::api_version(dyntype), &K::kind(dyntype))
+}
+
+fn is_protobuf<B>(response: &http::Response<B>) -> bool {
+    response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(MEDIA_TYPE))
+}
+
+async fn collect(
+    response: http::Response<kube_client::client::Body>,
+) -> Result<bytes::Bytes, ListWatchError> {
+    use http_body_util::BodyExt;
+    response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .map_err(|e| ListWatchError::Connect(format!("reading the response: {e}")))
+}
+
+/// `None` for the end of a watch the server or the network ended
+/// (resumable); the error otherwise.
+fn resumable_or(e: std::io::Error) -> Option<ListWatchError> {
+    (!is_resumable_end(&e)).then(|| ListWatchError::Connect(e.to_string()))
+}
+
+/// One protobuf watch frame as an event of `K`, or the Status error the
+/// server sent instead.
+fn decode_protobuf_event<K: Resource + DeserializeOwned>(
+    frame: &[u8],
+    kind: &'static ProtoKind,
+    drop_managed_fields: bool,
+) -> Result<WatchEvent<K>, ListWatchError> {
+    use crate::protobuf::envelope;
+    let decode = |e: crate::protobuf::decode::ProtobufError| ListWatchError::Decode(e.to_string());
+    let event = envelope::event(frame).map_err(decode)?;
+    let object = |event: &envelope::Event<'_>| {
+        envelope::object::<K>(&event.object, kind, drop_managed_fields).map_err(|e| {
+            ListWatchError::Decode(format!("{}: {e}", envelope::object_name(event.object.raw)))
+        })
+    };
+    Ok(match event.type_ {
+        "ADDED" => WatchEvent::Added(object(&event)?),
+        "MODIFIED" => WatchEvent::Modified(object(&event)?),
+        "DELETED" => WatchEvent::Deleted(object(&event)?),
+        "BOOKMARK" => {
+            let obj: K = object(&event)?;
+            let meta = obj.meta();
+            WatchEvent::Bookmark(kube_client::core::watch::Bookmark {
+                types: kube_client::core::TypeMeta {
+                    api_version: kind.api_version.to_owned(),
+                    kind: kind.kind.to_owned(),
+                },
+                metadata: kube_client::core::watch::BookmarkMeta {
+                    resource_version: meta.resource_version.clone().unwrap_or_default(),
+                    annotations: meta.annotations.clone().unwrap_or_default(),
+                },
+            })
+        }
+        "ERROR" => {
+            let status = envelope::status(&event.object).map_err(decode)?;
+            return Err(ListWatchError::from_status(&status));
+        }
+        other => {
+            return Err(ListWatchError::Decode(format!(
+                "a watch event of unknown type {other:?}"
+            )));
+        }
+    })
+}
+
+/// A JSON watch body: one event a line.
+fn json_events<K: DeserializeOwned + Send + 'static>(
+    body: impl futures::AsyncBufRead + Send + 'static,
+    drop_managed_fields: bool,
+) -> WatchStream<K> {
+    let lines = futures::io::AsyncBufReadExt::lines(body);
+    lines
+        .filter_map(move |line| async move {
+            let line = match line {
+                Ok(line) => line,
+                // A watch the server or the network ended: resumable.
+                Err(e) if is_resumable_end(&e) => return None,
+                Err(e) => return Some(Err(ListWatchError::Connect(e.to_string()))),
+            };
+            if line.trim().is_empty() {
+                return None;
+            }
+            let json = if drop_managed_fields {
+                crate::strip_managed_fields_json(line.as_bytes())
+            } else {
+                std::borrow::Cow::Borrowed(line.as_bytes())
+            };
+            Some(decode_event::<K>(&json))
+        })
+        .boxed()
+}
+
 /// What a metadata-only watch asks for (kube-client's value).
 const METADATA_MIME: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
@@ -409,6 +683,9 @@ where
             };
             let req = req
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
+            if let Some(kind) = self.protobuf() {
+                return self.list_protobuf(kind, req).await;
+            }
             let text = self
                 .client
                 .request_text(req)
@@ -430,6 +707,9 @@ where
     ) -> BoxFuture<'_, Result<WatchStream<K>, ListWatchError>> {
         Box::pin(async move {
             let req = self.watch_request(&request)?;
+            if let Some(kind) = self.protobuf() {
+                return self.watch_protobuf(kind, req).await;
+            }
             // One JSON event a line, decoded here rather than by kube-client,
             // so that an event that does not decode is named, and so that
             // managedFields can be dropped before decoding.

@@ -13,7 +13,7 @@ use kinformer_informer::consistency::{LastSeen, ObjectVersions, server_versions,
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
     ListerWatcher, ReflectorOptions, ResourceEventHandler, SharedIndexInformer, WatchRequest,
-    WatchStream, strip_managed_fields,
+    WatchStream, WireFormat, strip_managed_fields,
 };
 use kinformer_store::ObjectOrTombstone;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -270,10 +270,19 @@ fn garbled_pod(name: &str) -> Pod {
 
 const GARBLE: &str = "garble-me-please";
 
-fn garble(proxy: &AnsweringProxy) {
-    proxy
-        .rewrite(&format!("{GARBLE:?}"), "123456789012345678")
-        .unwrap();
+/// From now on the proxy makes `GARBLE` undecodable: in JSON a number
+/// where a string must be; in protobuf its annotation entry's value tag
+/// turns into a varint's, so the string's bytes are read as fields of an
+/// impossible wire type.
+fn garble(proxy: &AnsweringProxy, format: WireFormat) {
+    match format {
+        WireFormat::Json => proxy.rewrite(&format!("{GARBLE:?}"), "123456789012345678"),
+        WireFormat::Auto => proxy.rewrite(
+            &format!("\u{12}\u{10}{GARBLE}"),
+            &format!("\u{10}\u{10}{GARBLE}"),
+        ),
+    }
+    .unwrap();
 }
 
 fn lists(informer: &SharedIndexInformer<Pod>) -> u64 {
@@ -286,20 +295,30 @@ fn lists(informer: &SharedIndexInformer<Pod>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached() {
+    undecodable_added(WireFormat::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_added_event_in_protobuf_relists_and_every_pod_but_that_one_is_cached() {
+    undecodable_added(WireFormat::Auto).await;
+}
+
+async fn undecodable_added(format: WireFormat) {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("garbled").await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     create_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
     let proxy = AnsweringProxy::start(env).await.unwrap();
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
+            .wire_format(format),
         InformerOptions::new().reflector(fast(Duration::from_secs(30))),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
-    // One Pod reaches the informer with a number where a string must be.
-    garble(&proxy);
+    // One Pod reaches the informer undecodable.
+    garble(&proxy, format);
     api.create(&PostParams::default(), &garbled_pod("bad"))
         .await
         .unwrap();
@@ -316,7 +335,8 @@ async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached
 
     // A list, not a watch, holding the undecodable object: the same.
     let listing = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
+            .wire_format(format),
         InformerOptions::new().reflector(ReflectorOptions {
             use_watch_list: false,
             ..fast(Duration::from_secs(30))
@@ -340,7 +360,7 @@ struct Garbled {
     shutdown: CancellationToken,
 }
 
-async fn cached_then_garbled(prefix: &str, victim: &str) -> Garbled {
+async fn cached_then_garbled(prefix: &str, victim: &str, format: WireFormat) -> Garbled {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace(prefix).await.unwrap();
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
@@ -350,7 +370,8 @@ async fn cached_then_garbled(prefix: &str, victim: &str) -> Garbled {
         .unwrap();
     let proxy = AnsweringProxy::start(env).await.unwrap();
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
+            .wire_format(format),
         InformerOptions::new().reflector(fast(Duration::from_secs(30))),
     );
     let (seen, shutdown) = run(&informer);
@@ -368,6 +389,16 @@ async fn cached_then_garbled(prefix: &str, victim: &str) -> Garbled {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a_tombstone() {
+    undecodable_modified(WireFormat::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_modified_event_in_protobuf_relists_and_drops_the_stale_object_with_a_tombstone()
+ {
+    undecodable_modified(WireFormat::Auto).await;
+}
+
+async fn undecodable_modified(format: WireFormat) {
     let Garbled {
         ns,
         api,
@@ -375,9 +406,9 @@ async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a
         informer,
         seen,
         shutdown,
-    } = cached_then_garbled("garbled-mod", "m").await;
+    } = cached_then_garbled("garbled-mod", "m", format).await;
     // From now on m cannot be decoded; it changes on the server.
-    garble(&proxy);
+    garble(&proxy, format);
     let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
     api.patch("m", &PatchParams::default(), &Patch::Merge(patch))
         .await
@@ -402,6 +433,15 @@ async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_deleted_event_relists_and_leaves_no_ghost_in_the_cache() {
+    undecodable_deleted(WireFormat::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_deleted_event_in_protobuf_relists_and_leaves_no_ghost_in_the_cache() {
+    undecodable_deleted(WireFormat::Auto).await;
+}
+
+async fn undecodable_deleted(format: WireFormat) {
     let Garbled {
         api,
         proxy,
@@ -409,9 +449,9 @@ async fn an_undecodable_deleted_event_relists_and_leaves_no_ghost_in_the_cache()
         seen,
         shutdown,
         ..
-    } = cached_then_garbled("garbled-del", "victim").await;
+    } = cached_then_garbled("garbled-del", "victim", format).await;
     // Its DELETED event cannot be decoded; later events move the version on.
-    garble(&proxy);
+    garble(&proxy, format);
     api.delete("victim", &DeleteParams::default())
         .await
         .unwrap();

@@ -1,0 +1,284 @@
+//! The same objects from the real server in both wire formats decode to
+//! equal values: for each kind, a list and a watch in protobuf against a
+//! list and a watch in JSON.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, Pod, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kinformer_envtest::TestEnv;
+use kinformer_informer::{ApiListerWatcher, ListRequest, ListerWatcher, WatchRequest, WireFormat};
+use kube_client::api::{Api, PostParams};
+use kube_client::core::WatchEvent;
+use kube_client::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+async fn create<K>(api: &Api<K>, json: serde_json::Value)
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let obj: K = serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("{e}: {json}"));
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {json}: {e}"));
+}
+
+/// Lists `K` in both formats, then watches from "0" in both, and asserts
+/// that every object decodes equal; returns how many there were.
+async fn same_in_both<K>(client: &Client, namespace: Option<&str>) -> usize
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + PartialEq
+        + Send
+        + Sync
+        + 'static,
+{
+    let lw = |format| ApiListerWatcher::<K>::new(client.clone(), namespace).wire_format(format);
+    let (json, proto) = (lw(WireFormat::Json), lw(WireFormat::Auto));
+    assert!(proto.uses_protobuf(), "{} has no protobuf", K::kind(&()));
+    assert!(!json.uses_protobuf());
+    // A quorum read each: the same state.
+    let from_json = json.list(ListRequest::default()).await.unwrap();
+    let from_proto = proto.list(ListRequest::default()).await.unwrap();
+    assert!(from_proto.skipped.is_empty(), "{:?}", from_proto.skipped);
+    assert!(
+        !from_json.items.is_empty(),
+        "no {} to compare",
+        K::kind(&())
+    );
+    let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
+    let (mut a, mut b) = (from_json.items, from_proto.items);
+    a.sort_by_key(key);
+    b.sort_by_key(key);
+    if a != b {
+        for (j, p) in a.iter().zip(&b) {
+            assert_eq!(j, p, "{} differs between JSON and protobuf", K::kind(&()));
+        }
+        assert_eq!(a.len(), b.len());
+    }
+    // The watch's initial events, in both formats.
+    let mut watched = Vec::new();
+    for lw in [&json, &proto] {
+        let request = WatchRequest {
+            resource_version: "0".into(),
+            timeout: Duration::from_secs(30),
+            allow_bookmarks: false,
+            send_initial_events: false,
+        };
+        let mut stream = lw.watch(request).await.unwrap();
+        let mut objects = Vec::new();
+        while objects.len() < a.len() {
+            match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+                Ok(Some(Ok(WatchEvent::Added(o)))) => objects.push(o),
+                Ok(Some(Ok(_))) => {}
+                other => panic!("watching {}: {other:?}", K::kind(&())),
+            }
+        }
+        objects.sort_by_key(key);
+        watched.push(objects);
+    }
+    assert_eq!(
+        watched[0],
+        watched[1],
+        "{} watch events differ",
+        K::kind(&())
+    );
+    a.len()
+}
+
+fn spec_pod(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": {"app": "web", "empty": ""},
+            "annotations": {"note": "ünïcödé \"quoted\" \n line"},
+            "finalizers": ["example.com/keep"],
+        },
+        "spec": {
+            "activeDeadlineSeconds": 1,
+            "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30,
+            "nodeSelector": {"disk": "ssd"},
+            "hostNetwork": false,
+            "enableServiceLinks": false,
+            "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 0}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]
+            }}},
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": false, "fsGroup": 2000, "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": "1024 65535"}]},
+            "containers": [{
+                "name": "c",
+                "image": "registry.example/app:1.2.3",
+                "command": ["/bin/app", "--flag=1"],
+                "args": [""],
+                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}, {"containerPort": 53, "protocol": "UDP", "hostPort": 0}],
+                "env": [
+                    {"name": "PLAIN", "value": "x"},
+                    {"name": "EMPTY", "value": ""},
+                    {"name": "FROM_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "FROM_RESOURCE", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}
+                ],
+                "envFrom": [{"configMapRef": {"name": "settings", "optional": true}, "prefix": "CFG_"}],
+                "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1.5Gi", "ephemeral-storage": "2G"}},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080, "httpHeaders": [{"name": "X", "value": "y"}]}, "initialDelaySeconds": 0, "periodSeconds": 5},
+                "readinessProbe": {"tcpSocket": {"port": "http"}, "failureThreshold": 1},
+                "startupProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 1},
+                "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
+                "securityContext": {"privileged": false, "readOnlyRootFilesystem": true, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}},
+                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg", "readOnly": true}, {"name": "scratch", "mountPath": "/tmp", "subPath": "x"}],
+                "imagePullPolicy": "IfNotPresent",
+                "stdin": false,
+                "tty": false
+            }],
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "settings", "items": [{"key": "a", "path": "a.txt", "mode": 420}], "defaultMode": 0}},
+                {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "128Mi"}},
+                {"name": "secret", "secret": {"secretName": "s", "optional": false}},
+                {"name": "proj", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3600, "audience": "api"}}]}}
+            ]
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_objects_decode_equal_from_protobuf_and_from_json() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("proto").await.unwrap();
+    let client = env.client().unwrap();
+    let n = Some(ns.as_str());
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create(&pods, spec_pod("rich")).await;
+    create(&pods, serde_json::json!({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}})).await;
+    assert_eq!(same_in_both::<Pod>(&client, n).await, 2);
+
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    create(&services, serde_json::json!({"metadata": {"name": "svc"}, "spec": {
+        "selector": {"app": "web"},
+        "ports": [{"name": "a", "port": 80, "targetPort": 8080}, {"name": "b", "port": 443, "targetPort": "https", "protocol": "TCP"}],
+        "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}
+    }})).await;
+    create(&services, serde_json::json!({"metadata": {"name": "headless"}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}})).await;
+    assert_eq!(same_in_both::<Service>(&client, n).await, 2);
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    // A ReplicaSet's pods may have no deadline.
+    let mut template_spec = spec_pod("t")["spec"].clone();
+    template_spec
+        .as_object_mut()
+        .unwrap()
+        .remove("activeDeadlineSeconds");
+    create(&deployments, serde_json::json!({"metadata": {"name": "d"}, "spec": {
+        "replicas": 0,
+        "selector": {"matchLabels": {"app": "d"}, "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+        "revisionHistoryLimit": 3,
+        "template": {"metadata": {"labels": {"app": "d", "tier": "x"}}, "spec": template_spec}
+    }})).await;
+    assert_eq!(same_in_both::<Deployment>(&client, n).await, 1);
+
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create(
+        &configmaps,
+        serde_json::json!({"metadata": {"name": "settings"},
+        "data": {"a": "1", "empty": "", "json": "{\"x\": [1, 2]}"},
+        "binaryData": {"bin": "AAEC/w=="}, "immutable": false}),
+    )
+    .await;
+    create(
+        &configmaps,
+        serde_json::json!({"metadata": {"name": "nothing"}}),
+    )
+    .await;
+    assert_eq!(same_in_both::<ConfigMap>(&client, n).await, 2);
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    create(
+        &secrets,
+        serde_json::json!({"metadata": {"name": "s"}, "type": "Opaque",
+        "data": {"k": "c2VjcmV0", "zero": ""}, "stringData": {"plain": "text"}}),
+    )
+    .await;
+    assert_eq!(same_in_both::<Secret>(&client, n).await, 1);
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    create(
+        &leases,
+        serde_json::json!({"metadata": {"name": "l"}, "spec": {
+            "holderIdentity": "me", "leaseDurationSeconds": 15, "leaseTransitions": 0,
+            "acquireTime": "2026-01-02T03:04:05.123456Z", "renewTime": "2026-01-02T03:04:06.000001Z"
+        }}),
+    )
+    .await;
+    assert_eq!(same_in_both::<Lease>(&client, n).await, 1);
+
+    let core_events: Api<CoreEvent> = Api::namespaced(client.clone(), &ns);
+    create(&core_events, serde_json::json!({"metadata": {"name": "e1"},
+        "involvedObject": {"kind": "Pod", "name": "rich", "namespace": ns},
+        "reason": "Started", "message": "started", "type": "Normal", "count": 3,
+        "firstTimestamp": "2026-01-02T03:04:05Z", "lastTimestamp": "2026-01-02T03:05:05Z",
+        "eventTime": "2026-01-02T03:04:05.654321Z", "reportingComponent": "test", "reportingInstance": "t1", "action": "Start",
+        "series": {"count": 2, "lastObservedTime": "2026-01-02T03:06:05.000100Z"}, "source": {"component": "test"}})).await;
+    // Both Event APIs read one store: each lists the other's too.
+    assert!(same_in_both::<CoreEvent>(&client, n).await >= 1);
+
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    create(&events, serde_json::json!({"metadata": {"name": "e2"},
+        "eventTime": "2026-01-02T03:04:05.000007Z", "reportingController": "example.com/c", "reportingInstance": "i",
+        "action": "Sync", "reason": "Synced", "type": "Warning", "note": "n",
+        "regarding": {"kind": "Pod", "name": "rich", "namespace": ns},
+        "deprecatedCount": 0})).await;
+    assert!(same_in_both::<Event>(&client, n).await >= 2);
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    create(&nodes, serde_json::json!({"metadata": {"name": format!("{ns}-node"), "labels": {"kubernetes.io/hostname": "h"}},
+        "spec": {"podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24"], "unschedulable": true,
+                 "taints": [{"key": "k", "effect": "NoSchedule", "timeAdded": "2026-01-02T03:04:05Z"}]}})).await;
+    assert!(same_in_both::<Node>(&client, None).await >= 1);
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let group = format!("{ns}.example.com");
+    create(&crds, serde_json::json!({"metadata": {"name": format!("widgets.{group}")}, "spec": {
+        "group": group, "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"], "categories": ["all"]},
+        "versions": [{"name": "v1", "served": true, "storage": true,
+            "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}},
+            "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": ".spec.size", "priority": 0}],
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "required": ["size"], "properties": {
+                    "size": {"type": "integer", "minimum": 0, "maximum": 10, "default": 3},
+                    "replicas": {"type": "integer", "format": "int32"},
+                    "mode": {"type": "string", "enum": ["a", "b"], "default": "a", "pattern": "^[ab]$"},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4, "x-kubernetes-list-type": "set"},
+                    "either": {"x-kubernetes-int-or-string": true}
+                }, "x-kubernetes-validations": [{"rule": "self.size >= 0", "message": "size"}]},
+                "status": {"type": "object", "properties": {"replicas": {"type": "integer"}}}
+            }}}
+        }]
+    }})).await;
+    // Compared once its status has settled (the server writes it twice).
+    let name = format!("widgets.{ns}.example.com");
+    for _ in 0..300 {
+        let crd = crds.get(&name).await.unwrap();
+        let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+        if conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(same_in_both::<CustomResourceDefinition>(&client, None).await >= 1);
+}
