@@ -1,0 +1,131 @@
+// configmap-hash with controller-runtime: the controller of
+// examples/configmap-hash written for controller-runtime, for the
+// comparison in docs/controllers.md. Same hash, same patch, same output line.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// The field index of Deployments by the ConfigMaps they use.
+const configMapIndex = "spec.template.configMaps"
+
+// configMaps returns the names of the ConfigMaps the Deployment's pods use,
+// sorted and deduplicated.
+func configMaps(d *appsv1.Deployment) []string {
+	var names []string
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.ConfigMap != nil {
+			names = append(names, v.ConfigMap.Name)
+		}
+	}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		for _, e := range c.EnvFrom {
+			if e.ConfigMapRef != nil {
+				names = append(names, e.ConfigMapRef.Name)
+			}
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// Reconciler stamps a Deployment's pod template with its ConfigMaps' hash.
+type Reconciler struct {
+	client.Client
+}
+
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var d appsv1.Deployment
+	if err := r.Get(ctx, req.NamespacedName, &d); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	h := fnv.New64a() // over the keys and the data
+	for _, name := range configMaps(&d) {
+		h.Write([]byte(d.Namespace + "/" + name))
+		var cm corev1.ConfigMap
+		err := r.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: name}, &cm)
+		if client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, err
+		} else if err == nil {
+			var data bytes.Buffer
+			enc := json.NewEncoder(&data)
+			enc.SetEscapeHTML(false) // as serde_json writes it
+			if err := enc.Encode(cm.Data); err != nil {
+				return ctrl.Result{}, err
+			}
+			h.Write(bytes.TrimSuffix(data.Bytes(), []byte("\n")))
+		}
+	}
+	hash := fmt.Sprintf("%016x", h.Sum64())
+	if d.Spec.Template.Annotations["kinformer.dev/config-hash"] == hash {
+		return ctrl.Result{}, nil
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	metav1.SetMetaDataAnnotation(&d.Spec.Template.ObjectMeta, "kinformer.dev/config-hash", hash)
+	if err := r.Patch(ctx, &d, patch); err != nil {
+		return ctrl.Result{}, err
+	}
+	fmt.Printf("%s/%s: config hash %s\n", d.Namespace, d.Name, hash)
+	return ctrl.Result{}, nil
+}
+
+// deploymentsUsing maps a ConfigMap to the Deployments that use it.
+func (r *Reconciler) deploymentsUsing(ctx context.Context, cm client.Object) []ctrl.Request {
+	var list appsv1.DeploymentList
+	err := r.List(ctx, &list, client.InNamespace(cm.GetNamespace()),
+		client.MatchingFields{configMapIndex: cm.GetName()})
+	if err != nil {
+		return nil
+	}
+	requests := make([]ctrl.Request, len(list.Items))
+	for i := range list.Items {
+		requests[i].NamespacedName = client.ObjectKeyFromObject(&list.Items[i])
+	}
+	return requests
+}
+
+func main() {
+	ctrl.SetLogger(zap.New())
+	setupLog := ctrl.Log.WithName("setup")
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{})
+	if err != nil {
+		setupLog.Error(err, "unable to create the manager")
+		os.Exit(1)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	err = mgr.GetFieldIndexer().IndexField(ctx, &appsv1.Deployment{}, configMapIndex,
+		func(o client.Object) []string { return configMaps(o.(*appsv1.Deployment)) })
+	if err != nil {
+		setupLog.Error(err, "unable to index Deployments")
+		os.Exit(1)
+	}
+	r := &Reconciler{Client: mgr.GetClient()}
+	err = ctrl.NewControllerManagedBy(mgr).
+		For(&appsv1.Deployment{}).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsUsing)).
+		Complete(r)
+	if err != nil {
+		setupLog.Error(err, "unable to create the controller")
+		os.Exit(1)
+	}
+	if err := mgr.Start(ctx); err != nil {
+		setupLog.Error(err, "manager stopped")
+		os.Exit(1)
+	}
+}
