@@ -154,29 +154,51 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         let sync_rounds = if quick { 2 } else { 3 };
+        // Every row says its wire format; each system runs every variant it
+        // has, in a fresh process, the systems rotating between rounds.
+        let protobuf = format!(
+            "informer sync of {size} pods (managedFields stripped), protobuf (client-go's default)"
+        );
+        let json =
+            format!("informer sync of {size} pods (managedFields stripped), JSON, streaming list");
+        let paged = format!(
+            "informer sync of {size} pods (managedFields stripped), JSON, kube-runtime's default paged lists of 500"
+        );
         for round in 0..sync_rounds {
             for (i, _) in all.iter().enumerate() {
                 let system = all[(i + round) % all.len()];
-                let v = harness(&harnesses, system, &["sync", &kubeconfig, &ns]).await?;
-                let scenario = format!("informer sync of {size} pods (managedFields stripped)");
-                results.add(
-                    &scenario,
-                    "time to has_synced, ms",
-                    system,
-                    num(&v, "sync_seconds")? * 1e3,
-                );
-                results.add(
-                    &scenario,
-                    "peak RSS, MiB",
-                    system,
-                    num(&v, "peak_rss_bytes")? / 1048576.0,
-                );
-                results.add(
-                    &scenario,
-                    "RSS per cached pod, bytes",
-                    system,
-                    num(&v, "bytes_per_pod")?,
-                );
+                let variants: &[(&str, &String)] = match system {
+                    System::KubeRuntime => &[("", &json), ("paged", &paged)],
+                    _ => &[("", &protobuf), ("json", &json)],
+                };
+                for (arg, scenario) in variants {
+                    let mut args = vec!["sync", kubeconfig.as_str(), ns.as_str()];
+                    if !arg.is_empty() {
+                        args.push(arg);
+                    }
+                    let cpu = apiserver_cpu_ms(&env);
+                    let v = harness(&harnesses, system, &args).await?;
+                    let server_ms = apiserver_cpu_ms(&env) - cpu;
+                    results.add(
+                        scenario,
+                        "time to has_synced, ms",
+                        system,
+                        num(&v, "sync_seconds")? * 1e3,
+                    );
+                    results.add(
+                        scenario,
+                        "peak RSS, MiB",
+                        system,
+                        num(&v, "peak_rss_bytes")? / 1048576.0,
+                    );
+                    results.add(
+                        scenario,
+                        "RSS per cached pod, bytes",
+                        system,
+                        num(&v, "bytes_per_pod")?,
+                    );
+                    results.add(scenario, "kube-apiserver CPU, ms", system, server_ms);
+                }
             }
         }
         for round in 0..sync_rounds {
@@ -265,7 +287,9 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                     &["sync", &kubeconfig, &ns, "keep-managed-fields"],
                 )
                 .await?;
-                let scenario = format!("informer sync of {size} pods (managedFields kept)");
+                let scenario = format!(
+                    "informer sync of {size} pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)"
+                );
                 results.add(
                     &scenario,
                     "RSS per cached pod, bytes",
@@ -293,7 +317,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let mut latency_runs = Vec::new();
     for system in all {
         let v = latency(&harnesses, system, &kubeconfig, &client, &lat_ns, seconds).await?;
-        let scenario = "event latency, API write to handler, 200 updates/s";
+        let scenario = "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)";
         results.add(scenario, "p50, ms", system, num(&v, "p50_ms")?);
         results.add(scenario, "p99, ms", system, num(&v, "p99_ms")?);
         results.add(scenario, "events seen", system, num(&v, "events")?);
@@ -352,6 +376,28 @@ fn build(root: &Path) -> Result<Harnesses> {
         client_go: out,
         kube_runtime: bench.join("target/release/kube-runtime-peer"),
     })
+}
+
+/// CPU time (user + system) kube-apiserver has used so far, in ms: read
+/// around one harness run, it is what the server spent serving it.
+fn apiserver_cpu_ms(env: &TestEnv) -> f64 {
+    let Some(pid) = env.pids().1 else {
+        return 0.0;
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) * 1e3 / hz.max(1.0)
 }
 
 async fn harness(h: &Harnesses, system: System, args: &[&str]) -> Result<Value> {
@@ -606,12 +652,12 @@ fn plot(root: &Path, results: &Results) -> Result<()> {
             vec![
                 (
                     "p50",
-                    "event latency, API write to handler, 200 updates/s",
+                    "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)",
                     "p50, ms",
                 ),
                 (
                     "p99",
-                    "event latency, API write to handler, 200 updates/s",
+                    "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)",
                     "p99, ms",
                 ),
             ],
@@ -622,12 +668,12 @@ fn plot(root: &Path, results: &Results) -> Result<()> {
             vec![
                 (
                     "stripped",
-                    "informer sync of 10000 pods (managedFields stripped)",
+                    "informer sync of 10000 pods (managedFields stripped), JSON, streaming list",
                     "RSS per cached pod, bytes",
                 ),
                 (
                     "kept",
-                    "informer sync of 10000 pods (managedFields kept)",
+                    "informer sync of 10000 pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)",
                     "RSS per cached pod, bytes",
                 ),
             ],

@@ -6,8 +6,9 @@
 //! - `workqueue KEYS ADDS`: 1 producer, 2 workers, add+get+done.
 //! - `ratelimited KEYS ROUNDS`: add_rate_limited/forget churn.
 //! - `fifo N`: N add/update/pop cycles, then a replace of N/10 objects.
-//! - `sync KUBECONFIG NAMESPACE`: informer initial sync of every Pod in
-//!   NAMESPACE (managedFields stripped): time to has_synced, RSS.
+//! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json]`: informer
+//!   initial sync of every Pod in NAMESPACE (managedFields stripped unless
+//!   kept; protobuf unless `json`): time to has_synced, RSS.
 //! - `metadata-sync KUBECONFIG NAMESPACE`: a metadata-only informer
 //!   (`PartialObjectMeta<Pod>`, managedFields dropped) of every Pod in
 //!   NAMESPACE: time to has_synced, RSS per cached object.
@@ -27,7 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kinformer_fifo::{DeltaFifo, Requeue};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ResourceEventHandlerFuncs,
-    SharedIndexInformer, strip_managed_fields,
+    SharedIndexInformer, WireFormat, strip_managed_fields,
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -77,7 +78,12 @@ fn main() -> Result<()> {
         Some("sync") => rt.block_on(sync(
             &arg(1)?,
             &arg(2)?,
-            args.get(3).map(String::as_str) != Some("keep-managed-fields"),
+            !args[3..].iter().any(|a| a == "keep-managed-fields"),
+            if args[3..].iter().any(|a| a == "json") {
+                WireFormat::Json
+            } else {
+                WireFormat::Auto
+            },
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
@@ -192,10 +198,16 @@ async fn client(kubeconfig: &str) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Value> {
+async fn sync(
+    kubeconfig: &str,
+    ns: &str,
+    strip: bool,
+    wire: WireFormat,
+) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
-    let mut lw = ApiListerWatcher::<Pod>::namespaced(client, ns);
+    let mut lw = ApiListerWatcher::<Pod>::namespaced(client, ns).wire_format(wire);
+    let protobuf = lw.uses_protobuf();
     if strip {
         // Dropped before decoding; the transform is then a no-op.
         lw = lw.drop_managed_fields();
@@ -206,6 +218,7 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Val
     }
     let mut v = measure_sync(informer, baseline_kb, "sync").await?;
     v["strip_managed_fields"] = strip.into();
+    v["wire"] = if protobuf { "protobuf" } else { "json" }.into();
     Ok(v)
 }
 

@@ -74,7 +74,7 @@ func main() {
 	case "fifo":
 		runFifo(atoi(args[0]))
 	case "sync":
-		runSync(args[0], args[1], len(args) < 3 || args[2] != "keep-managed-fields")
+		runSync(args[0], args[1], !hasArg(args[2:], "keep-managed-fields"), hasArg(args[2:], "json"))
 	case "latency":
 		runLatency(args[0], args[1], atoi(args[2]))
 	case "metadata-sync":
@@ -190,8 +190,23 @@ func stripManagedFields(obj interface{}) (interface{}, error) {
 	return obj, nil
 }
 
-func runSync(kubeconfig, ns string, strip bool) {
-	cs := clientset(kubeconfig)
+func hasArg(args []string, want string) bool {
+	for _, a := range args {
+		if a == want {
+			return true
+		}
+	}
+	return false
+}
+
+// runSync: the typed Pod informer, on protobuf (client-go's default for
+// typed clients) or forced to JSON.
+func runSync(kubeconfig, ns string, strip, json bool) {
+	cfg := restConfig(kubeconfig)
+	if json {
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return jsonOnly{rt} }
+	}
+	cs := kubernetes.NewForConfigOrDie(cfg)
 	baseline := statusKB("VmRSS:")
 	opts := []informers.SharedInformerOption{informers.WithNamespace(ns)}
 	if strip {
@@ -202,6 +217,7 @@ func runSync(kubeconfig, ns string, strip bool) {
 	v := measureSync(inf, factory.Start, baseline)
 	v["scenario"] = "sync"
 	v["strip_managed_fields"] = strip
+	v["json"] = json
 	emit(v)
 }
 

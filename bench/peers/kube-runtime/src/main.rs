@@ -52,7 +52,8 @@ fn main() -> Result<()> {
         Some("sync") => rt.block_on(sync(
             &arg(1)?,
             &arg(2)?,
-            args.get(3).map(String::as_str) != Some("keep-managed-fields"),
+            !args[3..].iter().any(|a| a == "keep-managed-fields"),
+            args[3..].iter().any(|a| a == "paged"),
         )),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
         Some("metadata-sync") => rt.block_on(metadata_sync(&arg(1)?, &arg(2)?)),
@@ -62,12 +63,22 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-async fn sync(kubeconfig: &str, ns: &str, strip: bool) -> Result<serde_json::Value> {
+/// The Pod watcher + reflector: with the streaming list (as kinformer and
+/// client-go list), or with kube-runtime's default paged lists of 500
+/// (`paged`); managedFields cleared after decoding, as client-go's
+/// transform does.
+async fn sync(kubeconfig: &str, ns: &str, strip: bool, paged: bool) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let api: Api<Pod> = Api::namespaced(client, ns);
-    let mut v = measure_sync(api, strip, baseline_kb, "sync").await?;
+    let config = if paged {
+        watcher::Config::default()
+    } else {
+        watcher::Config::default().streaming_lists()
+    };
+    let mut v = measure_sync(api, config, strip, baseline_kb, "sync").await?;
     v["strip_managed_fields"] = strip.into();
+    v["paged"] = paged.into();
     Ok(v)
 }
 
@@ -78,13 +89,14 @@ async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> 
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, ns);
-    measure_sync(api, true, baseline_kb, "metadata-sync").await
+    measure_sync(api, watcher::Config::default(), true, baseline_kb, "metadata-sync").await
 }
 
 /// Watcher + reflector over `api` until the store is ready, then, 2 s later,
 /// the RSS: time to ready, RSS and RSS growth per object since `baseline_kb`.
 async fn measure_sync<K>(
     api: Api<K>,
+    config: watcher::Config,
     strip: bool,
     baseline_kb: u64,
     scenario: &str,
@@ -101,7 +113,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let start = Instant::now();
-    let stream = watcher(api, watcher::Config::default()).modify(move |p| {
+    let stream = watcher(api, config).modify(move |p| {
         if strip {
             p.managed_fields_mut().clear();
         }
