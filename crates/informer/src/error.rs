@@ -85,9 +85,21 @@ pub enum InformerError {
     /// The informer was already started, so this can no longer be changed.
     #[error("{0} must be set before the informer starts")]
     AlreadyStarted(&'static str),
-    /// The registration does not belong to this informer or was removed already.
-    #[error("no event handler with registration id {0} on this informer")]
-    UnknownHandler(u64),
+    /// The registration handed to `remove_event_handler` belongs to another
+    /// informer; nothing was removed.
+    #[error(
+        "event handler registration {registration} belongs to informer {owner}, not to informer {informer} ({what}); nothing was removed"
+    )]
+    ForeignHandler {
+        /// The registration's id.
+        registration: u64,
+        /// The id of the informer it belongs to.
+        owner: u64,
+        /// The id of the informer it was handed to.
+        informer: u64,
+        /// What that informer lists and watches.
+        what: String,
+    },
     /// The informer has stopped; no handler can be added.
     #[error("the informer has stopped")]
     Stopped,

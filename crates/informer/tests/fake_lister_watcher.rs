@@ -436,6 +436,70 @@ async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
 }
 
 #[tokio::test]
+async fn a_handler_added_with_resync_zero_is_never_resynced_even_with_a_default_resync() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1)],
+        InformerOptions::new().default_resync(Duration::from_secs(1)),
+    );
+    let resynced = Log::default();
+    h.informer.add_event_handler(resynced.handler()).unwrap();
+    let never = Log::default();
+    h.informer
+        .add_event_handler_with_resync(never.handler(), Duration::ZERO)
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    assert_eq!(
+        resynced.wait_for(3).await[..3],
+        [
+            "add a 1 initial",
+            "update a 1->1 same",
+            "update a 1->1 same"
+        ]
+    );
+    // Each handler gets its notifications in order: a change sent after
+    // two resyncs reaches the zero-period handler right after its add.
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        never.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    h.shutdown.cancel();
+}
+
+#[test]
+fn resync_zero_leaves_the_resync_check_period_alone() {
+    let h = harness(
+        vec![],
+        InformerOptions::new().default_resync(Duration::from_secs(600)),
+    );
+    h.informer
+        .add_event_handler_with_resync(Log::default().handler(), Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        h.informer.resync_check_period(),
+        Some(Duration::from_secs(600))
+    );
+    // A zero default resync is no resync at all.
+    let none = harness(
+        vec![],
+        InformerOptions::new().default_resync(Duration::ZERO),
+    );
+    none.informer
+        .add_event_handler(Log::default().handler())
+        .unwrap();
+    assert_eq!(none.informer.resync_check_period(), None);
+    // A short period still shortens it, to the 1 s minimum.
+    h.informer
+        .add_event_handler_with_resync(Log::default().handler(), Duration::from_millis(10))
+        .unwrap();
+    assert_eq!(
+        h.informer.resync_check_period(),
+        Some(Duration::from_secs(1))
+    );
+}
+
+#[tokio::test]
 async fn a_removed_handler_gets_nothing_more() {
     let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
     let log = Log::default();
@@ -446,11 +510,67 @@ async fn a_removed_handler_gets_nothing_more() {
     let w = h.next_watch().await;
     log.wait_for(1).await;
     h.informer.remove_event_handler(&reg).unwrap();
-    assert!(h.informer.remove_event_handler(&reg).is_err());
     w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
     assert_eq!(other.wait_for(2).await.len(), 2);
     assert_eq!(log.0.lock().as_slice(), ["add a 1 initial"]);
     h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn removing_a_handler_twice_or_after_the_informer_stopped_is_ok_and_changes_nothing() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let log = Log::default();
+    let reg = h.informer.add_event_handler(log.handler()).unwrap();
+    let other = Log::default();
+    let other_reg = h.informer.add_event_handler(other.handler()).unwrap();
+    let run = h.start();
+    let w = h.next_watch().await;
+    h.informer.remove_event_handler(&reg).unwrap();
+    h.informer.remove_event_handler(&reg).unwrap();
+    // The second removal took nothing else away.
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        other.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    h.shutdown.cancel();
+    run.await.unwrap().unwrap();
+    h.informer.remove_event_handler(&other_reg).unwrap();
+    h.informer.remove_event_handler(&reg).unwrap();
+}
+
+#[tokio::test]
+async fn a_registration_of_another_informer_is_refused_and_removes_nothing() {
+    let mut a = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut b = harness(vec![page(vec![cm("b", 1)], 1)], InformerOptions::new());
+    let a_log = Log::default();
+    let a_reg = a.informer.add_event_handler(a_log.handler()).unwrap();
+    let b_log = Log::default();
+    let b_reg = b.informer.add_event_handler(b_log.handler()).unwrap();
+    assert_eq!(a_reg.informer_id(), a.informer.id());
+    assert_ne!(a_reg.informer_id(), b_reg.informer_id());
+    a.start();
+    b.start();
+    let (wa, wb) = (a.next_watch().await, b.next_watch().await);
+    let err = b.informer.remove_event_handler(&a_reg).unwrap_err();
+    assert!(
+        matches!(err, InformerError::ForeignHandler { registration, owner, informer, .. }
+            if registration == a_reg.id() && owner == a.informer.id() && informer == b.informer.id()),
+        "{err}"
+    );
+    // Both handlers still get their informer's events.
+    wb.send(Ok(WatchEvent::Modified(cm("b", 2)))).unwrap();
+    wa.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        b_log.wait_for(2).await,
+        ["add b 1 initial", "update b 1->2"]
+    );
+    assert_eq!(
+        a_log.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    a.shutdown.cancel();
+    b.shutdown.cancel();
 }
 
 #[tokio::test]
