@@ -113,7 +113,8 @@ pub use lister_watcher::{
     ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream,
 };
 pub use reflector::{
-    DEFAULT_PAGE_SIZE, Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler,
+    DEFAULT_PAGE_SIZE, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
+    default_watch_error_handler,
 };
 pub use strip::strip_managed_fields_json;
 pub use sync::{HasSynced, wait_for_cache_sync};

@@ -212,9 +212,11 @@ where
                 code: 404,
                 reason,
                 message,
+                causes,
             } => ListWatchError::Api {
                 code: 404,
                 reason,
+                causes,
                 message: format!(
                     "{message}: the server does not serve {} (for a custom resource: is its CustomResourceDefinition installed and Established, and are the group, version and plural right? For a cluster-scoped kind, list it without a namespace)",
                     self.url_path

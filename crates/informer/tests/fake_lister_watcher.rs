@@ -82,6 +82,7 @@ impl ListerWatcher<ConfigMap> for Fake {
                     code: 400,
                     reason: "BadRequest".into(),
                     message: "sendInitialEvents is not supported".into(),
+                    causes: Vec::new(),
                 })
             });
         }
@@ -112,6 +113,30 @@ fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatch
         continue_token: None,
         skipped: Vec::new(),
     })
+}
+
+/// A page with a continue token: more pages follow.
+fn paged(
+    items: Vec<ConfigMap>,
+    rv: u64,
+    token: &str,
+) -> Result<ListPage<ConfigMap>, ListWatchError> {
+    Ok(ListPage {
+        items,
+        resource_version: rv.to_string(),
+        continue_token: Some(token.into()),
+        skipped: Vec::new(),
+    })
+}
+
+/// A 500 InternalError Status, as a watch stream carries it.
+fn internal_error() -> ListWatchError {
+    ListWatchError::Api {
+        code: 500,
+        reason: "InternalError".into(),
+        message: "unable to transform key: corrupt object".into(),
+        causes: Vec::new(),
+    }
 }
 
 type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
@@ -367,6 +392,192 @@ async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
     assert_eq!(s.watch_requests[0].resource_version, "3");
     drop(s);
     h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_list_at_a_too_large_resource_version_is_retried_at_once_with_an_empty_one() {
+    // What a lagging apiserver answers to a list at a version it has not seen.
+    let too_large: kube_client::core::Status = serde_json::from_value(serde_json::json!({
+        "status": "Failure", "reason": "Timeout", "code": 504,
+        "message": "Timeout: Too large resource version: 5, current: 4",
+        "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]}
+    }))
+    .unwrap();
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 5)], 5),
+            Err(kube_client::Error::Api(Box::new(too_large)).into()),
+            page(vec![cm("a", 5)], 9),
+        ],
+        InformerOptions::new(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    let versions: Vec<_> = s
+        .list_requests
+        .iter()
+        .map(|r| r.resource_version.as_deref())
+        .collect();
+    assert_eq!(versions, [Some("0"), Some("5"), None]);
+    assert_eq!(s.watch_requests[1].resource_version, "9");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_internal_error_in_the_watch_stream_relists() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
+        InformerOptions::new(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(internal_error())).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 2, "relisted");
+    assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("1"));
+    assert_eq!(s.watch_requests[1].resource_version, "3");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_5xx_opening_the_watch_relists() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
+        InformerOptions::new(),
+    );
+    h.script.lock().watch_errors.push_back(ListWatchError::Api {
+        code: 503,
+        reason: "ServiceUnavailable".into(),
+        message: "the watch cache is not ready".into(),
+        causes: Vec::new(),
+    });
+    h.start();
+    let _w = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 2, "relisted");
+    assert_eq!(s.watch_requests.len(), 2);
+    assert_eq!(s.watch_requests[1].resource_version, "3");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn within_the_retry_window_an_internal_error_in_the_watch_stream_reopens_the_watch() {
+    let reflector = ReflectorOptions {
+        max_internal_error_retry_duration: Duration::from_secs(3600),
+        ..fast_reflector()
+    };
+    let mut h = harness_with(
+        vec![page(vec![cm("a", 1)], 1)],
+        InformerOptions::new(),
+        reflector,
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.send(Err(internal_error())).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 1, "no relist within the window");
+    assert_eq!(s.watch_requests[1].resource_version, "2");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_paginated_answer_to_a_list_at_an_empty_resource_version_does_not_make_relists_paginate()
+{
+    let mut h = harness(
+        vec![
+            // At "0": one page (the watch cache serves it).
+            page(vec![cm("a", 5)], 5),
+            // The relist at "5" has expired: at "", from etcd, in pages.
+            Err(ListWatchError::Gone("too old resource version".into())),
+            paged(vec![cm("a", 5)], 7, "next"),
+            page(vec![cm("b", 6)], 7),
+            // The relist after that, at "7".
+            page(vec![cm("a", 5), cm("b", 6)], 9),
+        ],
+        InformerOptions::new(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let w2 = h.next_watch().await;
+    w2.send(Err(ListWatchError::Gone("expired".into())))
+        .unwrap();
+    let _w3 = h.next_watch().await;
+    let s = h.script.lock();
+    let requests: Vec<_> = s
+        .list_requests
+        .iter()
+        .map(|r| (r.resource_version.as_deref(), r.limit))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            (Some("0"), Some(500)),
+            (Some("5"), None),
+            (None, Some(500)),
+            (None, Some(500)),
+            // Still without a limit, for the watch cache.
+            (Some("7"), None),
+        ]
+    );
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_paginated_answer_to_the_list_at_0_makes_relists_paginate() {
+    let mut h = harness(
+        vec![
+            paged(vec![cm("a", 5)], 5, "next"),
+            page(vec![cm("b", 5)], 5),
+            page(vec![cm("a", 5), cm("b", 5)], 9),
+        ],
+        InformerOptions::new(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests[2].resource_version.as_deref(), Some("5"));
+    assert_eq!(s.list_requests[2].limit, Some(500));
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_minimum_watch_timeout_below_5_minutes_is_ignored() {
+    for (min, range) in [
+        (Duration::from_secs(1), 300..=600),
+        (Duration::from_secs(1200), 1200..=2400),
+    ] {
+        let reflector = ReflectorOptions {
+            min_watch_timeout: min,
+            ..fast_reflector()
+        };
+        let mut h = harness_with(
+            vec![page(vec![cm("a", 1)], 1)],
+            InformerOptions::new(),
+            reflector,
+        );
+        h.start();
+        let _w = h.next_watch().await;
+        let timeout = h.script.lock().watch_requests[0].timeout;
+        assert!(range.contains(&timeout.as_secs()), "{min:?}: {timeout:?}");
+        assert_eq!(timeout.subsec_nanos(), 0, "whole seconds");
+        h.shutdown.cancel();
+    }
 }
 
 #[tokio::test]
@@ -681,6 +892,7 @@ async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
             code: 503,
             reason: "ServiceUnavailable".into(),
             message: "etcd is down".into(),
+            causes: Vec::new(),
         })
     };
     let script = Arc::new(Mutex::new(Script {
