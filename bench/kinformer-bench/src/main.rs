@@ -255,7 +255,11 @@ async fn metadata_decode(kubeconfig: &str, ns: &str) -> Result<serde_json::Value
     let req = kube_client::core::Request::new(format!("/api/v1/namespaces/{ns}/pods"))
         .list_metadata(&Default::default())?;
     let text = client.request_text(req).await?;
-    let json = kinformer_informer::strip_managed_fields_json(text.as_bytes()).into_owned();
+    let json = kinformer_informer::strip_managed_fields_json(
+        text.as_bytes(),
+        kinformer_informer::JsonShape::List,
+    )
+    .into_owned();
     drop(text);
     #[derive(serde::Deserialize)]
     struct List<'a> {

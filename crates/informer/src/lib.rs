@@ -116,6 +116,6 @@ pub use reflector::{
     DEFAULT_PAGE_SIZE, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
     default_watch_error_handler,
 };
-pub use strip::strip_managed_fields_json;
+pub use strip::{JsonShape, strip_managed_fields_json};
 pub use sync::{HasSynced, wait_for_cache_sync};
 pub use tokio_util::sync::CancellationToken;
