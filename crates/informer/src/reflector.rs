@@ -15,25 +15,31 @@
 //! - The watch starts from the list's version with bookmarks; every event and
 //!   bookmark advances the last seen version. A watch the server closes (its
 //!   timeout, random in 5-10 minutes) is reopened from there without
-//!   relisting, and so is one that fails, to open or later, with 429 or a
-//!   refused connection (after a backoff). A 410 Gone, a 5xx, or any other
-//!   failure relists; an `InternalError` from the stream is reopened instead
-//!   within [`ReflectorOptions::max_internal_error_retry_duration`] (none by
-//!   default). Unlike client-go, which reopens it at once, that reopening
-//!   waits the backoff: the error tends to repeat.
+//!   relisting, and so is one that fails, to open or later, with 429. A 410
+//!   Gone, a 5xx, or any other failure relists; an `InternalError` from the
+//!   stream is reopened instead within
+//!   [`ReflectorOptions::max_internal_error_retry_duration`] (none by default).
 //! - Every relist and retry waits an exponential backoff with jitter
 //!   (800 ms doubling to 30 s, reset after 2 minutes of health).
+//! - A watch event that cannot be decoded ends the watch and relists:
+//!   skipping it would let later events move the resource version past it,
+//!   and an undecodable DELETED would leave a ghost in the cache for good.
+//!
+//! Where it differs from client-go, on purpose:
+//! - A watch that fails because the server cannot be reached (not only a
+//!   refused connection) is reopened after a backoff without relisting.
+//! - An `InternalError` reopened within the retry window waits the backoff
+//!   first (client-go reopens at once): the error tends to repeat.
 //! - A watch that sees nothing, not even a bookmark, for the idle timeout is
 //!   taken for a dead (half-open) connection and reopened.
 //! - An object of a list that cannot be decoded is left out of the list (and
-//!   reported): the cache then lacks it, and a relist deletes it from the
-//!   cache (a tombstone to the handlers) if it was there. A watch event that
-//!   cannot be decoded ends the watch and relists, as client-go does: skipping
-//!   it would let later events move the resource version past it, and an
-//!   undecodable DELETED would leave a ghost in the cache for good. The list
-//!   leaves the object out, so list and watch agree; the next watch starts
+//!   reported), where client-go fails the whole list: the cache then lacks
+//!   it, and a relist deletes it from the cache (a tombstone to the
+//!   handlers) if it was there. List and watch agree; the next watch starts
 //!   after it, so an object that stays undecodable costs one relist per
 //!   change of it, not a relist loop.
+//! - A streaming list that fails falls back to list + watch for good, and
+//!   one without its end bookmark within `watch_list_timeout` fails.
 //!
 //! User callbacks cannot kill the Reflector; their panics are caught:
 //! - A transform that panics for an object means that object cannot be
@@ -388,8 +394,9 @@ impl<K: Object + Clone> Reflector<K> {
                 Ok(Some(stream)) => streamed = Some(stream),
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    // As client-go: making progress beats waiting on a server
-                    // or proxy that cannot stream; list + watch from now on.
+                    // As client-go, making progress beats waiting on a server
+                    // or proxy that cannot stream; unlike it (which tries the
+                    // stream again at the next relist), list + watch from now on.
                     warn!(error = %e, "streaming list failed; falling back to list + watch");
                     self.report(&e);
                     state.watch_list_unsupported = true;

@@ -143,7 +143,8 @@ impl<K> Indexer<K> {
     }
 
     /// Swaps the whole content for `list` at once. The resource version is
-    /// the list's; the store does not keep it (client-go parity). An object
+    /// the list's; the store does not keep it (client-go's does since v0.36,
+    /// for its AtomicFIFO; an informer here reports the Reflector's). An object
     /// without a key refuses the whole list (the store is left unchanged);
     /// failing index functions give [`StoreError::Unindexed`] after the swap.
     pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), StoreError> {
