@@ -238,6 +238,70 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     shutdown.cancel();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_answered_with_500_relists_once_the_server_answers_again() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("internal").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create_pods(&api, (0..10).map(|i| format!("p{i}"))).await;
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    let options = ReflectorOptions {
+        use_watch_list: false,
+        ..fast(Duration::from_secs(30))
+    };
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        InformerOptions::new().reflector(options),
+    );
+    let errors = errors_seen(&informer);
+    let (seen, shutdown) = run(&informer);
+    wait_synced(&informer).await;
+    let stats = informer.reflector_stats().unwrap();
+    // An event first: a watch cut before any event within a second is a
+    // "very short watch", which relists whatever comes next.
+    create_pods(&api, std::iter::once("first-event".to_owned())).await;
+    for _ in 0..300 {
+        if informer
+            .indexer()
+            .get_by_key(&format!("{ns}/first-event"))
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stats.events.load(Ordering::SeqCst), 1);
+    assert_eq!(stats.lists_completed.load(Ordering::SeqCst), 1);
+    // The open watch is cut and the next one answered 500 (kube-client
+    // does not retry a 500 itself), while the Pods change on the server.
+    proxy.answer(500);
+    for _ in 0..300 {
+        if errors.any("500") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(errors.any("500"), "{:?}", errors.messages());
+    delete_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (10..15).map(|i| format!("p{i}"))).await;
+    proxy.forward();
+    // The Reflector relists (as client-go) instead of watching on from
+    // where it was.
+    for _ in 0..300 {
+        if stats.lists_completed.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stats.lists_completed.load(Ordering::SeqCst) >= 2,
+        "no relist after the watch was answered 500: {:?}",
+        errors.messages()
+    );
+    no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
+    shutdown.cancel();
+}
+
 /// What the informer's cache holds, by UID and resourceVersion.
 fn cached(informer: &SharedIndexInformer<Pod>) -> ObjectVersions {
     versions(informer.indexer().list().iter().map(|p| p.as_ref()))
