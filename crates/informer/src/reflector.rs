@@ -116,7 +116,7 @@ impl InternalErrorRetry {
         if self.max.is_zero() {
             return false;
         }
-        if self.first.is_none_or(|first| first.elapsed() <= self.max) {
+        if self.first.is_some_and(|first| first.elapsed() <= self.max) {
             return true;
         }
         self.first = None;
@@ -907,6 +907,14 @@ mod tests {
         let mut other = InternalErrorRetry::new(Duration::from_secs(30));
         other.after(&ListWatchError::Gone("expired".into()));
         assert!(other.first.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_an_internal_error_recorded_there_is_nothing_to_retry() {
+        let mut retry = InternalErrorRetry::new(Duration::from_secs(30));
+        assert!(!retry.should_retry());
+        retry.after(&ListWatchError::Gone("expired".into()));
+        assert!(!retry.should_retry());
     }
 
     #[test]
