@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kinformer_fifo::FifoKind;
 use kinformer_store::{Object, namespace_indexers};
 use kube_client::core::{ApiResource, ClusterResourceScope, DynamicObject, PartialObjectMeta};
 use kube_client::{Client, Resource};
@@ -82,6 +83,7 @@ pub struct SharedInformerFactory {
     default_namespace: Option<String>,
     default_resync: Option<Duration>,
     drop_managed_fields: bool,
+    fifo: FifoKind,
     informers: Mutex<HashMap<InformerKey, Entry>>,
 }
 
@@ -102,6 +104,7 @@ impl SharedInformerFactory {
             default_namespace: None,
             default_resync: None,
             drop_managed_fields: false,
+            fifo: FifoKind::default(),
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -115,6 +118,12 @@ impl SharedInformerFactory {
     /// Default resync period of the informers' handlers.
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
+        self
+    }
+
+    /// The queue of this factory's informers ([`InformerOptions::fifo`]).
+    pub fn fifo(mut self, kind: FifoKind) -> Self {
+        self.fifo = kind;
         self
     }
 
@@ -219,7 +228,9 @@ impl SharedInformerFactory {
         if self.drop_managed_fields {
             lw = lw.drop_managed_fields();
         }
-        let mut options = InformerOptions::new().indexers(namespace_indexers());
+        let mut options = InformerOptions::new()
+            .indexers(namespace_indexers())
+            .fifo(self.fifo);
         if let Some(p) = self.default_resync {
             options = options.default_resync(p);
         }

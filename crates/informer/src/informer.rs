@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
+use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, PopError, Requeue};
 use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
@@ -116,6 +116,13 @@ pub struct InformerOptions<K> {
     pub default_resync: Option<Duration>,
     /// How the Reflector lists and watches.
     pub reflector: ReflectorOptions,
+    /// The queue between the Reflector and the cache: a
+    /// [`DeltaFifo`](kinformer_fifo::DeltaFifo) (the default) or a
+    /// [`RealFifo`](kinformer_fifo::RealFifo), client-go's default since
+    /// v0.33. Handlers see the same changes either way; a RealFifo hands them
+    /// out one by one in arrival order, and on a relist delivers the
+    /// deletions before the listed objects.
+    pub fifo: FifoKind,
 }
 
 impl<K> Default for InformerOptions<K> {
@@ -124,6 +131,7 @@ impl<K> Default for InformerOptions<K> {
             indexers: Indexers::new(),
             default_resync: None,
             reflector: ReflectorOptions::default(),
+            fifo: FifoKind::default(),
         }
     }
 }
@@ -151,13 +159,19 @@ impl<K> InformerOptions<K> {
         self.reflector = options;
         self
     }
+
+    /// The queue between the Reflector and the cache.
+    pub fn fifo(mut self, kind: FifoKind) -> Self {
+        self.fifo = kind;
+        self
+    }
 }
 
 /// An informer shared by many handlers: client-go's `SharedIndexInformer`.
 ///
 /// [`run`](Self::run) lists and watches through its [`ListerWatcher`] into a
-/// DeltaFifo, applies the deltas to its [`Indexer`], and sends every change to
-/// every handler:
+/// queue ([`InformerOptions::fifo`]), applies the deltas to its [`Indexer`],
+/// and sends every change to every handler:
 /// - handlers may be added before or after the informer starts; one added
 ///   after first receives the whole current cache as adds
 ///   (`is_in_initial_list` true), then every later change;
@@ -201,7 +215,7 @@ struct Inner<K> {
     /// Unique in the process; registrations carry it.
     id: u64,
     indexer: Arc<Indexer<K>>,
-    fifo: Arc<DeltaFifo<K>>,
+    fifo: InformerQueue<K>,
     lw: Arc<dyn ListerWatcher<K>>,
     processor: Processor<K>,
     description: String,
@@ -235,11 +249,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     pub fn from_arc(lw: Arc<dyn ListerWatcher<K>>, options: InformerOptions<K>) -> Self {
         let indexer = Arc::new(Indexer::with_indexers(options.indexers));
         let known: Arc<dyn KnownObjects<K>> = indexer.clone();
-        let fifo = Arc::new(DeltaFifo::with_options(
-            DeltaFifoOptions::new()
-                .key_func(Arc::clone(indexer.key_func()))
-                .known_objects(known),
-        ));
+        let fifo = InformerQueue::new(options.fifo, Arc::clone(indexer.key_func()), known);
         // Zero is "no resync", as client-go's defaultEventHandlerResyncPeriod.
         let default_resync = options
             .default_resync
@@ -339,7 +349,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             }
             listeners.push(listener);
         }
-        let fifo = Arc::clone(&self.inner.fifo);
+        let fifo = self.inner.fifo.clone();
         let failed = Arc::clone(&self.inner.failed);
         Ok(ResourceEventHandlerRegistration {
             id,
@@ -487,7 +497,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             let settings = self.inner.settings.lock();
             let mut reflector = Reflector::new(
                 Arc::clone(&self.inner.lw),
-                Arc::clone(&self.inner.fifo),
+                self.inner.fifo.clone(),
                 settings.reflector.clone(),
             )
             .with_transform(settings.transform.clone())
@@ -642,7 +652,7 @@ impl<K: Object> Inner<K> {
         for delta in deltas {
             match delta.kind {
                 DeltaType::Sync | DeltaType::Replaced | DeltaType::Added | DeltaType::Updated => {
-                    // The DeltaFifo and the Indexer share the key function.
+                    // The queue and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
                     // One write both stores the object and says what it replaced.
                     let upserted = self.indexer.update_by_key(key, Arc::clone(&obj));

@@ -1,4 +1,5 @@
-//! The Reflector: keeps a DeltaFifo in step with the server by list + watch.
+//! The Reflector: keeps an informer's queue (a DeltaFifo or a RealFifo) in
+//! step with the server by list + watch.
 //!
 //! As client-go's `reflector.go`:
 //! - The first list asks for resource version `"0"` (served from the watch
@@ -56,7 +57,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kinformer_fifo::DeltaFifo;
+use kinformer_fifo::InformerQueue;
 use kinformer_store::{Object, meta_namespace_key, object_description};
 use kube_client::core::WatchEvent;
 use parking_lot::RwLock;
@@ -179,7 +180,7 @@ impl Default for ReflectorOptions {
 pub struct ReflectorStats {
     /// List calls (pages count one each).
     pub list_calls: AtomicU64,
-    /// Full lists completed and handed to the DeltaFifo (the first one included).
+    /// Full lists completed and handed to the queue (the first one included).
     pub lists_completed: AtomicU64,
     /// Watches opened.
     pub watches: AtomicU64,
@@ -202,10 +203,10 @@ impl ReflectorStats {
 /// Decides, at each resync tick, whether anyone wants a resync now.
 pub(crate) type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Lists and watches through a [`ListerWatcher`] into a [`DeltaFifo`].
+/// Lists and watches through a [`ListerWatcher`] into an [`InformerQueue`].
 pub struct Reflector<K> {
     lw: Arc<dyn ListerWatcher<K>>,
-    fifo: Arc<DeltaFifo<K>>,
+    fifo: InformerQueue<K>,
     options: ReflectorOptions,
     transform: Option<Transform<K>>,
     error_handler: WatchErrorHandler,
@@ -252,16 +253,17 @@ struct ListState {
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 impl<K: Object + Clone> Reflector<K> {
-    /// A Reflector feeding `fifo` from `lw`.
+    /// A Reflector feeding `fifo` (an `Arc` of a DeltaFifo or a RealFifo,
+    /// or an [`InformerQueue`]) from `lw`.
     pub fn new(
         lw: Arc<dyn ListerWatcher<K>>,
-        fifo: Arc<DeltaFifo<K>>,
+        fifo: impl Into<InformerQueue<K>>,
         options: ReflectorOptions,
     ) -> Self {
         let description = lw.describe();
         Self {
             lw,
-            fifo,
+            fifo: fifo.into(),
             options,
             transform: None,
             error_handler: Arc::new(default_watch_error_handler),
@@ -272,7 +274,7 @@ impl<K: Object + Clone> Reflector<K> {
         }
     }
 
-    /// Applies `transform` to every object before it enters the DeltaFifo.
+    /// Applies `transform` to every object before it enters the queue.
     pub fn with_transform(mut self, transform: Option<Transform<K>>) -> Self {
         self.transform = transform;
         self
@@ -284,7 +286,7 @@ impl<K: Object + Clone> Reflector<K> {
         self
     }
 
-    /// Every `period`, if `should_resync` says so, queues a resync in the DeltaFifo.
+    /// Every `period`, if `should_resync` says so, queues a resync.
     pub(crate) fn with_resync(mut self, period: Duration, should_resync: ShouldResync) -> Self {
         self.resync = Some((period, should_resync));
         self
@@ -312,7 +314,7 @@ impl<K: Object + Clone> Reflector<K> {
         let span = info_span!("reflector", what = %self.description);
         async move {
             let resync_task = self.resync.clone().map(|(period, should)| {
-                let fifo = Arc::clone(&self.fifo);
+                let fifo = self.fifo.clone();
                 let shutdown = shutdown.clone();
                 AbortOnDrop(tokio::spawn(async move {
                     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
@@ -511,7 +513,7 @@ impl<K: Object + Clone> Reflector<K> {
 
     /// The initial state through one watch with `sendInitialEvents=true`:
     /// ADDED events up to the bookmark annotated `k8s.io/initial-events-end`,
-    /// handed to the DeltaFifo as one replace. Returns the watch, which goes
+    /// handed to the queue as one replace. Returns the watch, which goes
     /// on with the events after that (`None` on shutdown).
     async fn watch_list(
         &self,

@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::{LastSeen, ObjectVersions, server_versions, versions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
-    ListerWatcher, ReflectorOptions, ResourceEventHandler, SharedIndexInformer, WatchRequest,
-    WatchStream, strip_managed_fields,
+    ApiListerWatcher, CancellationToken, ListPage, ListRequest, ListWatchError, ListerWatcher,
+    ReflectorOptions, ResourceEventHandler, SharedIndexInformer, WatchRequest, WatchStream,
+    strip_managed_fields,
 };
 use kinformer_store::ObjectOrTombstone;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -52,7 +52,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     let proxy = Proxy::start(env.api_port()).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(2))),
+        common::options().reflector(fast(Duration::from_secs(2))),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
@@ -96,7 +96,7 @@ async fn kube_apiserver_killed_and_restarted_while_writes_continue() {
     create_pods(&api, (0..40).map(|i| format!("p{i}"))).await;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(10))),
+        common::options().reflector(fast(Duration::from_secs(10))),
     );
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
@@ -166,7 +166,7 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
         use_watch_list: false,
         ..fast(Duration::from_secs(30))
     };
-    let informer = SharedIndexInformer::new(lw, InformerOptions::new().reflector(options));
+    let informer = SharedIndexInformer::new(lw, common::options().reflector(options));
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
     // First page, the expired second page, then one full list.
@@ -198,7 +198,7 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     // client-go's backoff: 800 ms doubling to 30 s.
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
     let (seen, shutdown) = run(&informer);
     // Two layers back off, as in client-go: the client retries a 429/503
@@ -251,7 +251,7 @@ async fn a_watch_answered_with_500_relists_once_the_server_answers_again() {
     };
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(options),
+        common::options().reflector(options),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
@@ -357,7 +357,7 @@ async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached
     let proxy = AnsweringProxy::start(env).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+        common::options().reflector(fast(Duration::from_secs(30))),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
@@ -381,7 +381,7 @@ async fn an_undecodable_added_event_relists_and_every_pod_but_that_one_is_cached
     // A list, not a watch, holding the undecodable object: the same.
     let listing = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(ReflectorOptions {
+        common::options().reflector(ReflectorOptions {
             use_watch_list: false,
             ..fast(Duration::from_secs(30))
         }),
@@ -415,7 +415,7 @@ async fn cached_then_garbled(prefix: &str, victim: &str) -> Garbled {
     let proxy = AnsweringProxy::start(env).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+        common::options().reflector(fast(Duration::from_secs(30))),
     );
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
@@ -537,7 +537,7 @@ async fn a_slow_handler_beside_a_fast_one_holds_up_neither_the_fast_one_nor_the_
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
     // The slow handler is stuck on its first notification until the test
     // lets it go, however fast or slow the machine is.
