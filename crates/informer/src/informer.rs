@@ -119,9 +119,10 @@ pub struct InformerOptions<K> {
     /// The queue between the Reflector and the cache: a
     /// [`DeltaFifo`](kinformer_fifo::DeltaFifo) (the default) or a
     /// [`RealFifo`](kinformer_fifo::RealFifo), client-go's default since
-    /// v0.33. Handlers see the same changes either way; a RealFifo hands them
-    /// out one by one in arrival order, and on a relist delivers the
-    /// deletions before the listed objects.
+    /// v0.33. Handlers see the same changes either way (but for a delete of
+    /// a key the cache never had, which only a RealFifo passes on); a
+    /// RealFifo hands them out one by one in arrival order, and on a relist
+    /// delivers the deletions before the listed objects.
     pub fifo: FifoKind,
 }
 
