@@ -129,6 +129,20 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 system,
                 num(&v, "replace_seconds")? * 1e3,
             );
+            // client-go's RealFIFO here is the non-atomic one, as kinformer's.
+            let v = harness(&harnesses, system, &["real-fifo", "100000"]).await?;
+            results.add(
+                "RealFifo: 100k add+update, 200k pops",
+                "ops/s",
+                system,
+                num(&v, "ops_per_sec")?,
+            );
+            results.add(
+                "RealFifo: replace of 10k objects",
+                "ms",
+                system,
+                num(&v, "replace_seconds")? * 1e3,
+            );
         }
         println!(
             "    round {} done ({:.0} s)",
@@ -167,37 +181,51 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         for round in 0..sync_rounds {
             for (i, _) in all.iter().enumerate() {
                 let system = all[(i + round) % all.len()];
-                let variants: &[(&str, &String)] = match system {
-                    System::KubeRuntime => &[("", &json), ("paged", &paged)],
-                    _ => &[("", &protobuf), ("json", &json)],
+                // Kinformer also on a RealFifo (protobuf); client-go's
+                // informers run on its RealFIFO already.
+                let on_real_fifo = format!("{protobuf}, kinformer on a RealFifo");
+                let variants: Vec<(&str, &String, EnvVars)> = match system {
+                    System::KubeRuntime => vec![("", &json, &[]), ("paged", &paged, &[])],
+                    System::Kinformer => vec![
+                        ("", &protobuf, &[]),
+                        ("json", &json, &[]),
+                        ("", &on_real_fifo, REAL_FIFO),
+                    ],
+                    System::ClientGo => vec![("", &protobuf, &[]), ("json", &json, &[])],
                 };
-                for (arg, scenario) in variants {
+                for (arg, scenario, env_vars) in variants {
                     let mut args = vec!["sync", kubeconfig.as_str(), ns.as_str()];
                     if !arg.is_empty() {
                         args.push(arg);
                     }
                     let cpu = apiserver_cpu_ms(&env);
-                    let v = harness(&harnesses, system, &args).await?;
+                    let v = harness_env(&harnesses, system, &args, env_vars).await?;
                     let server_ms = apiserver_cpu_ms(&env) - cpu;
-                    results.add(
-                        scenario,
-                        "time to has_synced, ms",
-                        system,
-                        num(&v, "sync_seconds")? * 1e3,
-                    );
-                    results.add(
-                        scenario,
-                        "peak RSS, MiB",
-                        system,
-                        num(&v, "peak_rss_bytes")? / 1048576.0,
-                    );
-                    results.add(
-                        scenario,
-                        "RSS per cached pod, bytes",
-                        system,
-                        num(&v, "bytes_per_pod")?,
-                    );
-                    results.add(scenario, "kube-apiserver CPU, ms", system, server_ms);
+                    let mut rows = vec![scenario.clone()];
+                    if system == System::ClientGo && scenario == &protobuf {
+                        rows.push(on_real_fifo.clone());
+                    }
+                    for scenario in &rows {
+                        results.add(
+                            scenario,
+                            "time to has_synced, ms",
+                            system,
+                            num(&v, "sync_seconds")? * 1e3,
+                        );
+                        results.add(
+                            scenario,
+                            "peak RSS, MiB",
+                            system,
+                            num(&v, "peak_rss_bytes")? / 1048576.0,
+                        );
+                        results.add(
+                            scenario,
+                            "RSS per cached pod, bytes",
+                            system,
+                            num(&v, "bytes_per_pod")?,
+                        );
+                        results.add(scenario, "kube-apiserver CPU, ms", system, server_ms);
+                    }
                 }
             }
         }
@@ -315,14 +343,59 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let lat_ns = env.create_namespace("bench-latency").await?;
     create_pods(&client, &lat_ns, 0..200).await?;
     let mut latency_runs = Vec::new();
+    let scenario = "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)";
+    let on_real_fifo = format!("{scenario}, kinformer on a RealFifo");
     for system in all {
-        let v = latency(&harnesses, system, &kubeconfig, &client, &lat_ns, seconds).await?;
-        let scenario = "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)";
-        results.add(scenario, "p50, ms", system, num(&v, "p50_ms")?);
-        results.add(scenario, "p99, ms", system, num(&v, "p99_ms")?);
-        results.add(scenario, "events seen", system, num(&v, "events")?);
+        let v = latency(
+            &harnesses,
+            system,
+            &kubeconfig,
+            &client,
+            &lat_ns,
+            seconds,
+            &[],
+        )
+        .await?;
+        let mut rows = vec![scenario];
+        if system == System::ClientGo {
+            // client-go's informers run on its RealFIFO already.
+            rows.push(&on_real_fifo);
+        }
+        for row in rows {
+            results.add(row, "p50, ms", system, num(&v, "p50_ms")?);
+            results.add(row, "p99, ms", system, num(&v, "p99_ms")?);
+            results.add(row, "events seen", system, num(&v, "events")?);
+        }
         latency_runs.push((system, v));
     }
+    let v = latency(
+        &harnesses,
+        System::Kinformer,
+        &kubeconfig,
+        &client,
+        &lat_ns,
+        seconds,
+        REAL_FIFO,
+    )
+    .await?;
+    results.add(
+        &on_real_fifo,
+        "p50, ms",
+        System::Kinformer,
+        num(&v, "p50_ms")?,
+    );
+    results.add(
+        &on_real_fifo,
+        "p99, ms",
+        System::Kinformer,
+        num(&v, "p99_ms")?,
+    );
+    results.add(
+        &on_real_fifo,
+        "events seen",
+        System::Kinformer,
+        num(&v, "events")?,
+    );
     let (etcd_peak, api_peak) = env.peak_memory_bytes();
     env.stop();
 
@@ -401,8 +474,24 @@ fn apiserver_cpu_ms(env: &TestEnv) -> f64 {
 }
 
 async fn harness(h: &Harnesses, system: System, args: &[&str]) -> Result<Value> {
+    harness_env(h, system, args, &[]).await
+}
+
+/// The kinformer harness's informers on a RealFifo (see kinformer-bench).
+/// Environment variables for one harness run.
+type EnvVars = &'static [(&'static str, &'static str)];
+
+const REAL_FIFO: EnvVars = &[("KINFORMER_BENCH_FIFO", "real")];
+
+async fn harness_env(
+    h: &Harnesses,
+    system: System,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Value> {
     let out = Command::new(h.path(system))
         .args(args)
+        .envs(env.iter().copied())
         .stderr(Stdio::inherit())
         .output()
         .await
@@ -460,9 +549,11 @@ async fn latency(
     client: &Client,
     ns: &str,
     seconds: u64,
+    env: &[(&str, &str)],
 ) -> Result<Value> {
     let mut child = Command::new(h.path(system))
         .args(["latency", kubeconfig, ns, &(seconds + 3).to_string()])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Builds the test control plane if needed, then runs every test of the workspace.
+    /// Builds the test control plane if needed, then runs every test of the
+    /// workspace, and the informer's tests once more on a RealFifo.
     Test {
         /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
@@ -169,12 +170,25 @@ fn workspace_root() -> PathBuf {
 fn test(args: &[String]) -> Result<ExitCode> {
     let bins = Binaries::ensure().context("building the test control plane")?;
     eprintln!("xtask: control plane binaries in {}", bins.dir.display());
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
         .current_dir(workspace_root())
         .args(["test", "--workspace"])
         .args(args)
         .status()
         .context("running cargo test")?;
+    if !status.success() {
+        return Ok(ExitCode::FAILURE);
+    }
+    // The informer's tests again, on the other queue (see tests/common).
+    eprintln!("xtask: the informer tests again, on a RealFifo");
+    let status = Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["test", "-p", "kinformer-informer", "--tests"])
+        .env("KINFORMER_TEST_FIFO", "real")
+        .args(args)
+        .status()
+        .context("running cargo test on a RealFifo")?;
     Ok(if status.success() {
         ExitCode::SUCCESS
     } else {

@@ -6,6 +6,11 @@
 //! - `workqueue KEYS ADDS`: 1 producer, 2 workers, add+get+done.
 //! - `ratelimited KEYS ROUNDS`: add_rate_limited/forget churn.
 //! - `fifo N`: N add/update/pop cycles, then a replace of N/10 objects.
+//! - `real-fifo N`: the same on a RealFifo, where every add and every update
+//!   is its own pop (2N pops).
+//!
+//! The informer scenarios use a RealFifo instead of the default DeltaFifo
+//! when `KINFORMER_BENCH_FIFO=real`.
 //! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json]`: informer
 //!   initial sync of every Pod in NAMESPACE (managedFields stripped unless
 //!   kept; protobuf unless `json`): time to has_synced, RSS.
@@ -25,9 +30,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
-use kinformer_fifo::{DeltaFifo, Requeue};
+use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ResourceEventHandlerFuncs,
+    ApiListerWatcher, CancellationToken, FifoKind, InformerOptions, ResourceEventHandlerFuncs,
     SharedIndexInformer, WireFormat, strip_managed_fields,
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
@@ -75,6 +80,7 @@ fn main() -> Result<()> {
         Some("workqueue") => rt.block_on(workqueue(arg(1)?.parse()?, arg(2)?.parse()?)),
         Some("ratelimited") => rt.block_on(ratelimited(arg(1)?.parse()?, arg(2)?.parse()?)),
         Some("fifo") => rt.block_on(fifo(arg(1)?.parse()?)),
+        Some("real-fifo") => rt.block_on(real_fifo(arg(1)?.parse()?)),
         Some("sync") => rt.block_on(sync(
             &arg(1)?,
             &arg(2)?,
@@ -192,6 +198,41 @@ async fn fifo(n: usize) -> Result<serde_json::Value> {
     )
 }
 
+async fn real_fifo(n: usize) -> Result<serde_json::Value> {
+    let pods: Vec<_> = (0..n).map(|i| (pod(i, 1), pod(i, 2))).collect();
+    let fifo = RealFifo::new();
+    let start = Instant::now();
+    for (a, u) in &pods {
+        fifo.add(Arc::clone(a))?;
+        fifo.update(Arc::clone(u))?;
+    }
+    for _ in 0..2 * n {
+        fifo.pop(|d, _| Ok::<_, Requeue<()>>(d.len()))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let add_update_pop = start.elapsed().as_secs_f64();
+    let list: Vec<_> = (0..n / 10).map(|i| pod(i, 3)).collect();
+    let start = Instant::now();
+    fifo.replace(list, "3")?;
+    let replace = start.elapsed().as_secs_f64();
+    drop(pods);
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "real-fifo", "n": n,
+        "add_update_pop_seconds": add_update_pop, "ops_per_sec": (4 * n) as f64 / add_update_pop,
+        "replace_seconds": replace, "replace_objects": n / 10}),
+    )
+}
+
+/// Informer options on the queue `KINFORMER_BENCH_FIFO` names.
+fn options<K>() -> InformerOptions<K> {
+    let fifo = match std::env::var("KINFORMER_BENCH_FIFO").as_deref() {
+        Ok("real") => FifoKind::RealFifo,
+        _ => FifoKind::DeltaFifo,
+    };
+    InformerOptions::new().fifo(fifo)
+}
+
 async fn client(kubeconfig: &str) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
@@ -212,7 +253,7 @@ async fn sync(
         // Dropped before decoding; the transform is then a no-op.
         lw = lw.drop_managed_fields();
     }
-    let informer = SharedIndexInformer::new(lw, InformerOptions::new());
+    let informer = SharedIndexInformer::new(lw, options());
     if strip {
         informer.set_transform(strip_managed_fields)?;
     }
@@ -227,7 +268,7 @@ async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> 
     let baseline_kb = status_kb("VmRSS:");
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).drop_managed_fields(),
-        InformerOptions::new(),
+        options(),
     );
     measure_sync(informer, baseline_kb, "metadata-sync").await
 }
@@ -268,7 +309,11 @@ async fn metadata_decode(kubeconfig: &str, ns: &str) -> Result<serde_json::Value
     let req = kube_client::core::Request::new(format!("/api/v1/namespaces/{ns}/pods"))
         .list_metadata(&Default::default())?;
     let text = client.request_text(req).await?;
-    let json = kinformer_informer::strip_managed_fields_json(text.as_bytes()).into_owned();
+    let json = kinformer_informer::strip_managed_fields_json(
+        text.as_bytes(),
+        kinformer_informer::JsonShape::List,
+    )
+    .into_owned();
     drop(text);
     #[derive(serde::Deserialize)]
     struct List<'a> {
@@ -295,7 +340,7 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
     let client = client(kubeconfig).await?;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
-        InformerOptions::new(),
+        options(),
     );
     informer.set_transform(strip_managed_fields)?;
     let samples = Arc::new(samples::Samples::default());

@@ -1,6 +1,15 @@
-//! DeltaFifo: the queue between a Reflector and an informer's cache.
+//! DeltaFifo and RealFifo: the queues between a Reflector and an informer's
+//! cache.
 //!
-//! client-go's `tools/cache/delta_fifo.go` in Rust. Every change the
+//! [`DeltaFifo`] is client-go's `tools/cache/delta_fifo.go` in Rust (the
+//! default here); [`RealFifo`] is its `the_real_fifo.go`, an ordered log that
+//! hands out every change on its own, in arrival order, with no merging per
+//! key, and on a relist queues the deletions it implies before the listed
+//! objects. Both have the same `has_synced` latch and `is_in_initial_list`;
+//! [`InformerQueue`] is either, for a Reflector to feed and an informer to
+//! pop ([`FifoKind`] picks one).
+//!
+//! In the DeltaFifo every change the
 //! Reflector sees for an object is recorded as a [`Delta`] under the object's
 //! key; keys are handed out in FIFO order, each with the whole ordered list of
 //! its deltas ([`Deltas`]), so a consumer sees every change and can tell an
@@ -50,8 +59,12 @@
 mod delta;
 mod delta_fifo;
 mod error;
+mod queue;
+mod real_fifo;
 
 pub use delta::{Delta, DeltaType, Deltas};
 pub use delta_fifo::{DeltaFifo, DeltaFifoOptions};
 pub use error::{FifoError, PopError, Requeue};
 pub use kinformer_store::{DeletedFinalStateUnknown, ObjectOrTombstone};
+pub use queue::{FifoKind, InformerQueue};
+pub use real_fifo::{RealFifo, RealFifoOptions};

@@ -1,5 +1,6 @@
 //! Errors of the informer layer.
 
+use kube_client::core::response::StatusCause;
 use thiserror::Error;
 
 /// A list or watch call failed. The variants are what the Reflector needs to
@@ -21,6 +22,10 @@ pub enum ListWatchError {
         reason: String,
         /// The server's message.
         message: String,
+        /// The Status's `details.causes` (for example the
+        /// `ResourceVersionTooLarge` cause of a list at a version the
+        /// server has not reached); empty when it had none.
+        causes: Vec<StatusCause>,
     },
     /// The server could not be reached (connection refused, reset, timed out).
     #[error("cannot reach the API server: {0}")]
@@ -40,13 +45,47 @@ impl ListWatchError {
     }
 
     /// Whether the call should be retried as it was after a backoff, without
-    /// relisting (the server is there but busy or briefly unreachable).
+    /// relisting: 429, or the server could not be reached. A 5xx is not: as
+    /// client-go, a watch that fails with one relists.
     pub fn is_retryable_in_place(&self) -> bool {
+        matches!(self, Self::TooManyRequests(_) | Self::Connect(_))
+    }
+
+    /// Whether the server answered with an internal error (reason
+    /// `InternalError`, or an unknown reason with code 500): client-go's
+    /// `apierrors.IsInternalError`.
+    pub fn is_internal_error(&self) -> bool {
         match self {
-            Self::TooManyRequests(_) | Self::Connect(_) => true,
-            Self::Api { code, .. } => *code >= 500,
+            Self::Api { code, reason, .. } => {
+                reason == "InternalError" || (*code == 500 && !is_known_reason(reason))
+            }
             _ => false,
         }
+    }
+
+    /// Whether the server refused a list at a resource version it has not
+    /// reached yet (typically after failing over to a lagging apiserver):
+    /// a cause `ResourceVersionTooLarge`, or, from servers 1.17.0-1.18.5, a
+    /// Timeout whose cause says "Too large resource version". client-go's
+    /// `isTooLargeResourceVersionError`; the Reflector then lists at `""`.
+    pub fn is_too_large_resource_version(&self) -> bool {
+        let Self::Api {
+            code,
+            reason,
+            causes,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        if causes.iter().any(|c| c.reason == "ResourceVersionTooLarge") {
+            return true;
+        }
+        let timeout = reason == "Timeout" || (*code == 504 && !is_known_reason(reason));
+        timeout
+            && causes
+                .iter()
+                .any(|c| c.message == "Too large resource version")
     }
 
     pub(crate) fn from_status(status: &kube_client::core::Status) -> Self {
@@ -57,9 +96,41 @@ impl ListWatchError {
                 code,
                 reason: status.reason.clone(),
                 message: status.message.clone(),
+                causes: status
+                    .details
+                    .as_ref()
+                    .map(|d| d.causes.clone())
+                    .unwrap_or_default(),
             },
         }
     }
+}
+
+/// The Status reasons apimachinery knows (its `knownReasons`): a code is
+/// read on its own only for a reason outside this list.
+fn is_known_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        "" | "Unauthorized"
+            | "Forbidden"
+            | "NotFound"
+            | "AlreadyExists"
+            | "Conflict"
+            | "Gone"
+            | "Invalid"
+            | "ServerTimeout"
+            | "StoreReadError"
+            | "Timeout"
+            | "TooManyRequests"
+            | "BadRequest"
+            | "MethodNotAllowed"
+            | "NotAcceptable"
+            | "RequestEntityTooLarge"
+            | "UnsupportedMediaType"
+            | "InternalError"
+            | "Expired"
+            | "ServiceUnavailable"
+    )
 }
 
 impl From<kube_client::Error> for ListWatchError {
@@ -85,9 +156,21 @@ pub enum InformerError {
     /// The informer was already started, so this can no longer be changed.
     #[error("{0} must be set before the informer starts")]
     AlreadyStarted(&'static str),
-    /// The registration does not belong to this informer or was removed already.
-    #[error("no event handler with registration id {0} on this informer")]
-    UnknownHandler(u64),
+    /// The registration handed to `remove_event_handler` belongs to another
+    /// informer; nothing was removed.
+    #[error(
+        "event handler registration {registration} belongs to informer {owner}, not to informer {informer} ({what}); nothing was removed"
+    )]
+    ForeignHandler {
+        /// The registration's id.
+        registration: u64,
+        /// The id of the informer it belongs to.
+        owner: u64,
+        /// The id of the informer it was handed to.
+        informer: u64,
+        /// What that informer lists and watches.
+        what: String,
+    },
     /// The informer has stopped; no handler can be added.
     #[error("the informer has stopped")]
     Stopped,
@@ -104,4 +187,82 @@ pub enum InformerError {
         /// What happened.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_client::core::Status;
+
+    fn status(json: serde_json::Value) -> ListWatchError {
+        ListWatchError::from_status(&serde_json::from_value::<Status>(json).unwrap())
+    }
+
+    /// What a 1.37 apiserver answers to a list at a version its watch cache
+    /// has not reached (`NewTooLargeResourceVersionError`).
+    fn too_large() -> serde_json::Value {
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "Timeout: Too large resource version: 2000, current: 1000",
+            "reason": "Timeout", "code": 504,
+            "details": {
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1
+            }
+        })
+    }
+
+    #[test]
+    fn an_api_error_keeps_the_causes_of_its_status() {
+        match status(too_large()) {
+            ListWatchError::Api { code, causes, .. } => {
+                assert_eq!(code, 504);
+                assert_eq!(causes.len(), 1);
+                assert_eq!(causes[0].reason, "ResourceVersionTooLarge");
+            }
+            other => panic!("expected Api, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn too_large_resource_version_is_read_from_its_cause_or_from_the_old_timeout_message() {
+        assert!(status(too_large()).is_too_large_resource_version());
+        // Servers 1.17.0-1.18.5: no cause type, the message in a Timeout.
+        let old = serde_json::json!({
+            "status": "Failure", "reason": "Timeout", "code": 504, "message": "Timeout",
+            "details": {"causes": [{"message": "Too large resource version"}]}
+        });
+        assert!(status(old).is_too_large_resource_version());
+        // A Timeout for any other reason is not one.
+        let timeout = serde_json::json!({
+            "status": "Failure", "reason": "Timeout", "code": 504,
+            "details": {"causes": [{"message": "request did not complete within 60s"}]}
+        });
+        assert!(!status(timeout).is_too_large_resource_version());
+        // Nor is the message in something other than a Timeout.
+        let internal = serde_json::json!({
+            "status": "Failure", "reason": "InternalError", "code": 500,
+            "details": {"causes": [{"message": "Too large resource version"}]}
+        });
+        assert!(!status(internal).is_too_large_resource_version());
+    }
+
+    #[test]
+    fn an_internal_error_is_its_reason_or_a_500_with_an_unknown_reason() {
+        let e = |code, reason: &str| status(serde_json::json!({"code": code, "reason": reason}));
+        assert!(e(500, "InternalError").is_internal_error());
+        // kube-client's reason for a body that is not a Status.
+        assert!(e(500, "Failed to parse error data").is_internal_error());
+        assert!(!e(500, "ServiceUnavailable").is_internal_error());
+        assert!(!e(503, "ServiceUnavailable").is_internal_error());
+        assert!(!e(504, "Timeout").is_internal_error());
+    }
+
+    #[test]
+    fn a_5xx_is_not_retried_in_place() {
+        let e = status(serde_json::json!({"code": 503, "reason": "ServiceUnavailable"}));
+        assert!(!e.is_retryable_in_place());
+        assert!(ListWatchError::TooManyRequests(String::new()).is_retryable_in_place());
+        assert!(ListWatchError::Connect(String::new()).is_retryable_in_place());
+    }
 }

@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kinformer_fifo::FifoKind;
 use kinformer_store::{Object, namespace_indexers};
 use kube_client::core::{ApiResource, ClusterResourceScope, DynamicObject, PartialObjectMeta};
 use kube_client::{Client, Resource};
@@ -84,6 +85,7 @@ pub struct SharedInformerFactory {
     default_resync: Option<Duration>,
     drop_managed_fields: bool,
     wire_format: WireFormat,
+    fifo: FifoKind,
     informers: Mutex<HashMap<InformerKey, Entry>>,
 }
 
@@ -105,6 +107,7 @@ impl SharedInformerFactory {
             default_resync: None,
             drop_managed_fields: false,
             wire_format: WireFormat::default(),
+            fifo: FifoKind::default(),
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -118,6 +121,12 @@ impl SharedInformerFactory {
     /// Default resync period of the informers' handlers.
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
+        self
+    }
+
+    /// The queue of this factory's informers ([`InformerOptions::fifo`]).
+    pub fn fifo(mut self, kind: FifoKind) -> Self {
+        self.fifo = kind;
         self
     }
 
@@ -229,7 +238,9 @@ impl SharedInformerFactory {
             lw = lw.drop_managed_fields();
         }
         lw = lw.wire_format(self.wire_format);
-        let mut options = InformerOptions::new().indexers(namespace_indexers());
+        let mut options = InformerOptions::new()
+            .indexers(namespace_indexers())
+            .fifo(self.fifo);
         if let Some(p) = self.default_resync {
             options = options.default_resync(p);
         }

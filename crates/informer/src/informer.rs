@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kinformer_fifo::{DeltaFifo, DeltaFifoOptions, DeltaType, Deltas, PopError, Requeue};
+use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, PopError, Requeue};
 use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object, StoreError};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::panics::{AbortOnDrop, panic_message};
-use crate::processor::{Listener, ListenerState, Notification, Processor};
+use crate::processor::{Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
 use crate::{InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler};
 
@@ -53,10 +53,12 @@ pub fn strip_managed_fields<K: kube_client::Resource>(mut obj: K) -> K {
     obj
 }
 
-/// Handle of a registered event handler.
+/// Handle of a registered event handler: names one registration of one
+/// informer (ids are unique in the process).
 #[derive(Clone)]
 pub struct ResourceEventHandlerRegistration {
     id: u64,
+    informer: u64,
     state: Arc<ListenerState>,
     informer_synced: Arc<dyn Fn() -> bool + Send + Sync>,
 }
@@ -65,12 +67,24 @@ impl fmt::Debug for ResourceEventHandlerRegistration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResourceEventHandlerRegistration")
             .field("id", &self.id)
+            .field("informer", &self.informer)
             .field("has_synced", &self.has_synced())
             .finish()
     }
 }
 
 impl ResourceEventHandlerRegistration {
+    /// The registration's id, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The id of the informer the handler is registered with
+    /// ([`SharedIndexInformer::id`]).
+    pub fn informer_id(&self) -> u64 {
+        self.informer
+    }
+
     /// True once the informer has synced and this handler has handled every
     /// add of the initial list (or of the replay it got when added late).
     pub fn has_synced(&self) -> bool {
@@ -97,10 +111,19 @@ impl ResourceEventHandlerRegistration {
 pub struct InformerOptions<K> {
     /// Indexes of the cache.
     pub indexers: Indexers<K>,
-    /// Resync period of handlers added without one; `None`: no resync.
+    /// Resync period of handlers added without one (at least 1 s); `None`
+    /// or zero: no resync.
     pub default_resync: Option<Duration>,
     /// How the Reflector lists and watches.
     pub reflector: ReflectorOptions,
+    /// The queue between the Reflector and the cache: a
+    /// [`DeltaFifo`](kinformer_fifo::DeltaFifo) (the default) or a
+    /// [`RealFifo`](kinformer_fifo::RealFifo), client-go's default since
+    /// v0.33. Handlers see the same changes either way (but for a delete of
+    /// a key the cache never had, which only a RealFifo passes on); a
+    /// RealFifo hands them out one by one in arrival order, and on a relist
+    /// delivers the deletions before the listed objects.
+    pub fifo: FifoKind,
 }
 
 impl<K> Default for InformerOptions<K> {
@@ -109,6 +132,7 @@ impl<K> Default for InformerOptions<K> {
             indexers: Indexers::new(),
             default_resync: None,
             reflector: ReflectorOptions::default(),
+            fifo: FifoKind::default(),
         }
     }
 }
@@ -136,21 +160,27 @@ impl<K> InformerOptions<K> {
         self.reflector = options;
         self
     }
+
+    /// The queue between the Reflector and the cache.
+    pub fn fifo(mut self, kind: FifoKind) -> Self {
+        self.fifo = kind;
+        self
+    }
 }
 
 /// An informer shared by many handlers: client-go's `SharedIndexInformer`.
 ///
 /// [`run`](Self::run) lists and watches through its [`ListerWatcher`] into a
-/// DeltaFifo, applies the deltas to its [`Indexer`], and sends every change to
-/// every handler:
+/// queue ([`InformerOptions::fifo`]), applies the deltas to its [`Indexer`],
+/// and sends every change to every handler:
 /// - handlers may be added before or after the informer starts; one added
 ///   after first receives the whole current cache as adds
 ///   (`is_in_initial_list` true), then every later change;
 /// - each handler has its own unbounded buffer and thread: a slow handler
 ///   never blocks another or the watch;
-/// - each handler may have its own resync period (1 s at least); a resync
-///   replays the cache to the handlers that are due, as updates whose old and
-///   new objects are the same;
+/// - each handler may have its own resync period (1 s at least, zero for
+///   none); a resync replays the cache to the handlers that are due, as
+///   updates whose old and new objects are the same;
 /// - a deletion found on relist reaches `on_delete` as a tombstone;
 /// - [`set_transform`](Self::set_transform) rewrites each object exactly once
 ///   before it is cached ([`strip_managed_fields`] is ready-made);
@@ -183,8 +213,10 @@ impl<K> fmt::Debug for SharedIndexInformer<K> {
 }
 
 struct Inner<K> {
+    /// Unique in the process; registrations carry it.
+    id: u64,
     indexer: Arc<Indexer<K>>,
-    fifo: Arc<DeltaFifo<K>>,
+    fifo: InformerQueue<K>,
     lw: Arc<dyn ListerWatcher<K>>,
     processor: Processor<K>,
     description: String,
@@ -218,14 +250,15 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     pub fn from_arc(lw: Arc<dyn ListerWatcher<K>>, options: InformerOptions<K>) -> Self {
         let indexer = Arc::new(Indexer::with_indexers(options.indexers));
         let known: Arc<dyn KnownObjects<K>> = indexer.clone();
-        let fifo = Arc::new(DeltaFifo::with_options(
-            DeltaFifoOptions::new()
-                .key_func(Arc::clone(indexer.key_func()))
-                .known_objects(known),
-        ));
-        let default_resync = options.default_resync.map(|p| p.max(MIN_RESYNC_PERIOD));
+        let fifo = InformerQueue::new(options.fifo, Arc::clone(indexer.key_func()), known);
+        // Zero is "no resync", as client-go's defaultEventHandlerResyncPeriod.
+        let default_resync = options
+            .default_resync
+            .filter(|p| !p.is_zero())
+            .map(|p| p.max(MIN_RESYNC_PERIOD));
         Self {
             inner: Arc::new(Inner {
+                id: unique_id(),
                 description: lw.describe(),
                 indexer,
                 fifo,
@@ -258,8 +291,12 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.add_handler(Arc::new(handler), period)
     }
 
-    /// Adds a handler resynced every `period` (at least 1 s; after the
-    /// informer started, at least its resync check period, as in client-go).
+    /// Adds a handler resynced every `period`: at least 1 s, and after the
+    /// informer started at least its [resync check
+    /// period](Self::resync_check_period) (none at all if it started
+    /// without one). Zero means never, whatever the informer's default
+    /// resync, and leaves the check period alone (client-go's
+    /// `determineResyncPeriod`).
     pub fn add_event_handler_with_resync(
         &self,
         handler: impl ResourceEventHandler<K>,
@@ -276,7 +313,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         if self.inner.stopped.load(Ordering::SeqCst) {
             return Err(InformerError::Stopped);
         }
-        let period = period.map(|p| p.max(MIN_RESYNC_PERIOD));
+        let period = period
+            .filter(|p| !p.is_zero())
+            .map(|p| p.max(MIN_RESYNC_PERIOD));
         let period = {
             let mut settings = self.inner.settings.lock();
             match (period, self.inner.started.load(Ordering::SeqCst)) {
@@ -297,7 +336,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 (None, _) => None,
             }
         };
-        let id = self.inner.processor.next_id();
+        let id = unique_id();
         let listener = Listener::spawn(id, handler, period);
         let state = Arc::clone(&listener.state);
         {
@@ -311,27 +350,40 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             }
             listeners.push(listener);
         }
-        let fifo = Arc::clone(&self.inner.fifo);
+        let fifo = self.inner.fifo.clone();
         let failed = Arc::clone(&self.inner.failed);
         Ok(ResourceEventHandlerRegistration {
             id,
+            informer: self.inner.id,
             state,
             informer_synced: Arc::new(move || !failed.load(Ordering::SeqCst) && fifo.has_synced()),
         })
     }
 
     /// Removes a handler; it gets no further notification.
+    ///
+    /// Removing a handler that is already removed, or after the informer
+    /// stopped, is `Ok` and changes nothing, as in client-go. Unlike
+    /// client-go (where that is a silent no-op too), a registration of
+    /// another informer is refused with [`InformerError::ForeignHandler`]:
+    /// it is always a mix-up of informers, and nothing is removed.
     pub fn remove_event_handler(
         &self,
         registration: &ResourceEventHandlerRegistration,
     ) -> Result<(), InformerError> {
+        if registration.informer != self.inner.id {
+            return Err(InformerError::ForeignHandler {
+                registration: registration.id,
+                owner: registration.informer,
+                informer: self.inner.id,
+                what: self.inner.description.clone(),
+            });
+        }
         let mut listeners = self.inner.processor.listeners.write();
-        let pos = listeners
-            .iter()
-            .position(|l| l.id == registration.id)
-            .ok_or(InformerError::UnknownHandler(registration.id))?;
-        let listener = listeners.remove(pos);
-        listener.state.stopped.store(true, Ordering::SeqCst);
+        if let Some(pos) = listeners.iter().position(|l| l.id == registration.id) {
+            let listener = listeners.remove(pos);
+            listener.state.stopped.store(true, Ordering::SeqCst);
+        }
         Ok(())
     }
 
@@ -361,6 +413,13 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             return Err(InformerError::AlreadyStarted(what));
         }
         Ok(())
+    }
+
+    /// How often the informer checks whether a handler is due a resync: the
+    /// shortest resync period of the handlers added before the start (or
+    /// the default resync); `None` when no handler is ever resynced.
+    pub fn resync_check_period(&self) -> Option<Duration> {
+        self.inner.settings.lock().resync_check_period
     }
 
     /// True once the first list has been fully delivered to the cache, and
@@ -409,6 +468,12 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         CacheReader::new(Arc::clone(&self.inner.indexer))
     }
 
+    /// The informer's id, unique in the process; its handler registrations
+    /// carry it ([`ResourceEventHandlerRegistration::informer_id`]).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// What this informer lists and watches.
     pub fn describe(&self) -> &str {
         &self.inner.description
@@ -451,7 +516,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             let settings = self.inner.settings.lock();
             let mut reflector = Reflector::new(
                 Arc::clone(&self.inner.lw),
-                Arc::clone(&self.inner.fifo),
+                self.inner.fifo.clone(),
                 settings.reflector.clone(),
             )
             .with_transform(settings.transform.clone())
@@ -606,7 +671,7 @@ impl<K: Object> Inner<K> {
         for delta in deltas {
             match delta.kind {
                 DeltaType::Sync | DeltaType::Replaced | DeltaType::Added | DeltaType::Updated => {
-                    // The DeltaFifo and the Indexer share the key function.
+                    // The queue and the Indexer share the key function.
                     let obj = Arc::clone(delta.object.object());
                     // One write both stores the object and says what it replaced.
                     let upserted = self.indexer.update_by_key(key, Arc::clone(&obj));

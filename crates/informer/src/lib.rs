@@ -9,7 +9,8 @@
 //!   custom resources (`#[derive(CustomResource)]`), `DynamicObject` with an
 //!   `ApiResource`, and `PartialObjectMeta<K>` for metadata only.
 //! - [`Reflector`] lists (paged), then watches with bookmarks, re-watches,
-//!   relists on 410 Gone, and backs off on errors, feeding a DeltaFifo.
+//!   relists on 410 Gone, and backs off on errors, feeding a DeltaFifo (or,
+//!   by [`InformerOptions::fifo`], a RealFifo).
 //! - [`SharedIndexInformer`] applies the deltas to an Indexer and fans them
 //!   out to any number of [`ResourceEventHandler`]s, each with its own buffer.
 //! - [`SharedInformerFactory`] shares informers by type, kind and scope;
@@ -109,13 +110,15 @@ pub use informer::{
     InformerOptions, MIN_RESYNC_PERIOD, ResourceEventHandlerRegistration, SharedIndexInformer,
     Transform, WatchErrorHandler, strip_managed_fields,
 };
+pub use kinformer_fifo::FifoKind;
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
     ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream, WireFormat,
 };
 pub use reflector::{
-    DEFAULT_PAGE_SIZE, Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler,
+    DEFAULT_PAGE_SIZE, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
+    default_watch_error_handler,
 };
-pub use strip::strip_managed_fields_json;
+pub use strip::{JsonShape, strip_managed_fields_json};
 pub use sync::{HasSynced, wait_for_cache_sync};
 pub use tokio_util::sync::CancellationToken;

@@ -9,6 +9,7 @@
 //! selectors. Tests drive the Reflector with an in-memory implementation
 //! instead.
 
+use std::borrow::Cow;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -21,9 +22,9 @@ use kube_client::core::{Request, WatchEvent};
 use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::ListWatchError;
 use crate::protobuf::envelope::MEDIA_TYPE;
 use crate::protobuf::schema::Kind as ProtoKind;
+use crate::{JsonShape, ListWatchError, strip_managed_fields_json};
 
 /// One list call: a page of at most `limit` items (no limit when `None`),
 /// continuing from `continue_token`, as of `resource_version`.
@@ -283,7 +284,8 @@ where
 
     fn decode_json_list(&self, json: &[u8]) -> Result<ListPage<K>, ListWatchError> {
         if self.drop_managed_fields {
-            decode_list::<K>(&crate::strip_managed_fields_json(json))
+            let stripped = strip_managed_fields_json(json, JsonShape::List);
+            decode_stripped(json, stripped, decode_list::<K>)
         } else {
             decode_list::<K>(json)
         }
@@ -373,9 +375,11 @@ where
                 code: 404,
                 reason,
                 message,
+                causes,
             } => ListWatchError::Api {
                 code: 404,
                 reason,
+                causes,
                 message: format!(
                     "{message}: the server does not serve {} (for a custom resource: is its CustomResourceDefinition installed and Established, and are the group, version and plural right? For a cluster-scoped kind, list it without a namespace)",
                     self.url_path
@@ -591,12 +595,12 @@ fn json_events<K: DeserializeOwned + Send + 'static>(
             if line.trim().is_empty() {
                 return None;
             }
-            let json = if drop_managed_fields {
-                crate::strip_managed_fields_json(line.as_bytes())
+            Some(if drop_managed_fields {
+                let stripped = strip_managed_fields_json(line.as_bytes(), JsonShape::WatchEvent);
+                decode_stripped(line.as_bytes(), stripped, decode_event::<K>)
             } else {
-                std::borrow::Cow::Borrowed(line.as_bytes())
-            };
-            Some(decode_event::<K>(&json))
+                decode_event::<K>(line.as_bytes())
+            })
         })
         .boxed()
 }
@@ -634,6 +638,19 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
         continue_token: raw.metadata.continue_.filter(|t| !t.is_empty()),
         skipped,
     })
+}
+
+/// `decode` of the stripped JSON; when that fails, of the original, so that
+/// the error is serde's about what the server sent.
+fn decode_stripped<T>(
+    original: &[u8],
+    stripped: Cow<'_, [u8]>,
+    decode: impl Fn(&[u8]) -> Result<T, ListWatchError>,
+) -> Result<T, ListWatchError> {
+    match decode(&stripped) {
+        Err(_) if matches!(stripped, Cow::Owned(_)) => decode(original),
+        decoded => decoded,
+    }
 }
 
 /// One watch event line, as kube-client decodes it: an event, or a Status
@@ -691,13 +708,7 @@ where
                 .request_text(req)
                 .await
                 .map_err(|e| self.explain(e.into()))?;
-            let json = if self.drop_managed_fields {
-                crate::strip_managed_fields_json(text.as_bytes())
-            } else {
-                std::borrow::Cow::Borrowed(text.as_bytes())
-            };
-            let list = decode_list::<K>(&json)?;
-            Ok(list)
+            self.decode_json_list(text.as_bytes())
         })
     }
 
@@ -718,27 +729,7 @@ where
                 .request_stream(req)
                 .await
                 .map_err(|e| self.explain(e.into()))?;
-            let lines = futures::io::AsyncBufReadExt::lines(body);
-            let drop_managed_fields = self.drop_managed_fields;
-            Ok(lines
-                .filter_map(move |line| async move {
-                    let line = match line {
-                        Ok(line) => line,
-                        // A watch the server or the network ended: resumable.
-                        Err(e) if is_resumable_end(&e) => return None,
-                        Err(e) => return Some(Err(ListWatchError::Connect(e.to_string()))),
-                    };
-                    if line.trim().is_empty() {
-                        return None;
-                    }
-                    let json = if drop_managed_fields {
-                        crate::strip_managed_fields_json(line.as_bytes())
-                    } else {
-                        std::borrow::Cow::Borrowed(line.as_bytes())
-                    };
-                    Some(decode_event::<K>(&json))
-                })
-                .boxed())
+            Ok(json_events::<K>(body, self.drop_managed_fields))
         })
     }
 
@@ -758,5 +749,35 @@ where
             s.push_str(&format!(" with fields {f:?}"));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    #[test]
+    fn a_stripped_list_that_does_not_decode_reports_serdes_error_about_the_original() {
+        // managedFields can go, but the list is broken after them.
+        let original = br#"{"items":[{"metadata":{"name":"a","managedFields":[{"manager":"m"}]}}],"metadata":{"resourceVersion":01}}"#;
+        let stripped = strip_managed_fields_json(original, JsonShape::List);
+        assert!(matches!(stripped, Cow::Owned(_)));
+        let err = decode_stripped(original, stripped, decode_list::<Pod>).unwrap_err();
+        let direct = decode_list::<Pod>(original).unwrap_err();
+        assert_eq!(err.to_string(), direct.to_string());
+    }
+
+    #[test]
+    fn a_stripped_watch_event_decodes_without_the_objects_managed_fields() {
+        let line = br#"{"type":"MODIFIED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","managedFields":[{"manager":"m"}]},"spec":{"containers":[]}}}"#;
+        let stripped = strip_managed_fields_json(line, JsonShape::WatchEvent);
+        match decode_stripped(line, stripped, decode_event::<Pod>).unwrap() {
+            WatchEvent::Modified(pod) => {
+                assert_eq!(pod.metadata.name.as_deref(), Some("a"));
+                assert!(pod.metadata.managed_fields.is_none());
+            }
+            other => panic!("expected MODIFIED, got {other:?}"),
+        }
     }
 }

@@ -144,21 +144,24 @@ fn run_listener<K: Object>(
     }
 }
 
+/// Ids of informers and of registrations, unique in the process: a handle
+/// names exactly one registration of exactly one informer.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-wide unique id.
+pub(crate) fn unique_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 pub(crate) struct Processor<K> {
     pub listeners: RwLock<Vec<Listener<K>>>,
-    next_id: AtomicU64,
 }
 
 impl<K: Send + Sync + 'static> Processor<K> {
     pub(crate) fn new() -> Self {
         Self {
             listeners: RwLock::new(Vec::new()),
-            next_id: AtomicU64::new(1),
         }
-    }
-
-    pub(crate) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Sends `n` to every listener, or for a resync only to those due one.

@@ -1,29 +1,46 @@
-//! The Reflector: keeps a DeltaFifo in step with the server by list + watch.
+//! The Reflector: keeps an informer's queue (a DeltaFifo or a RealFifo) in
+//! step with the server by list + watch.
 //!
 //! As client-go's `reflector.go`:
 //! - The first list asks for resource version `"0"` (served from the watch
 //!   cache), a relist for the last version seen (not older than it), and only
-//!   after a 410 on list for `""` (a quorum read from etcd).
+//!   after a 410 on list, or a list refused because the version is newer than
+//!   the server has seen (`ResourceVersionTooLarge`, say after failing over
+//!   to a lagging apiserver), for `""` (a quorum read from etcd), at once.
 //! - Lists are paged (`limit`/`continue`); a continue token that expires
-//!   mid-list falls back to one full list at the same version.
+//!   mid-list falls back to one full list at the same version. A relist at a
+//!   specific version is sent without a limit, so that the watch cache
+//!   serves it, unless the list at `"0"` came back in pages (the watch cache
+//!   is off for the resource); a list at `""` comes back in pages anyway and
+//!   does not count.
 //! - The watch starts from the list's version with bookmarks; every event and
 //!   bookmark advances the last seen version. A watch the server closes (its
-//!   5-10 minute timeout) is reopened from there without relisting, and so is
-//!   one that fails to open with 429, 5xx or a refused connection (after a
-//!   backoff). A 410 Gone, or any other failure, relists.
+//!   timeout, random in 5-10 minutes) is reopened from there without
+//!   relisting, and so is one that fails, to open or later, with 429. A 410
+//!   Gone, a 5xx, or any other failure relists; an `InternalError` from the
+//!   stream is reopened instead within
+//!   [`ReflectorOptions::max_internal_error_retry_duration`] (none by default).
 //! - Every relist and retry waits an exponential backoff with jitter
 //!   (800 ms doubling to 30 s, reset after 2 minutes of health).
+//! - A watch event that cannot be decoded ends the watch and relists:
+//!   skipping it would let later events move the resource version past it,
+//!   and an undecodable DELETED would leave a ghost in the cache for good.
+//!
+//! Where it differs from client-go, on purpose:
+//! - A watch that fails because the server cannot be reached (not only a
+//!   refused connection) is reopened after a backoff without relisting.
+//! - An `InternalError` reopened within the retry window waits the backoff
+//!   first (client-go reopens at once): the error tends to repeat.
 //! - A watch that sees nothing, not even a bookmark, for the idle timeout is
 //!   taken for a dead (half-open) connection and reopened.
 //! - An object of a list that cannot be decoded is left out of the list (and
-//!   reported): the cache then lacks it, and a relist deletes it from the
-//!   cache (a tombstone to the handlers) if it was there. A watch event that
-//!   cannot be decoded ends the watch and relists, as client-go does: skipping
-//!   it would let later events move the resource version past it, and an
-//!   undecodable DELETED would leave a ghost in the cache for good. The list
-//!   leaves the object out, so list and watch agree; the next watch starts
+//!   reported), where client-go fails the whole list: the cache then lacks
+//!   it, and a relist deletes it from the cache (a tombstone to the
+//!   handlers) if it was there. List and watch agree; the next watch starts
 //!   after it, so an object that stays undecodable costs one relist per
 //!   change of it, not a relist loop.
+//! - A streaming list that fails falls back to list + watch for good, and
+//!   one without its end bookmark within `watch_list_timeout` fails.
 //!
 //! User callbacks cannot kill the Reflector; their panics are caught:
 //! - A transform that panics for an object means that object cannot be
@@ -40,7 +57,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kinformer_fifo::DeltaFifo;
+use kinformer_fifo::InformerQueue;
 use kinformer_store::{Object, meta_namespace_key, object_description};
 use kube_client::core::WatchEvent;
 use parking_lot::RwLock;
@@ -56,6 +73,59 @@ use crate::{ListWatchError, Transform, WatchErrorHandler};
 /// The page size used when the Reflector pages a list, as client-go's pager.
 pub const DEFAULT_PAGE_SIZE: u32 = 500;
 
+/// The shortest minimum watch timeout, as client-go's `defaultMinWatchTimeout`.
+pub const MIN_WATCH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Whether a watch that ended with an internal error may be reopened
+/// without a relist: client-go's `retryWithDeadline` with a reset period of
+/// one minute.
+struct InternalErrorRetry {
+    max: Duration,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl InternalErrorRetry {
+    const RESET_AFTER: Duration = Duration::from_secs(60);
+
+    fn new(max: Duration) -> Self {
+        Self {
+            max,
+            first: None,
+            last: None,
+        }
+    }
+
+    /// Records how a watch ended.
+    fn after(&mut self, e: &ListWatchError) {
+        if !e.is_internal_error() {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now - last >= Self::RESET_AFTER)
+        {
+            self.first = None;
+        }
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+    }
+
+    /// Whether the internal errors so far are still within the window.
+    fn should_retry(&mut self) -> bool {
+        if self.max.is_zero() {
+            return false;
+        }
+        if self.first.is_some_and(|first| first.elapsed() <= self.max) {
+            return true;
+        }
+        self.first = None;
+        self.last = None;
+        false
+    }
+}
+
 /// How a Reflector lists and watches. See the field docs for the defaults.
 #[derive(Debug, Clone)]
 pub struct ReflectorOptions {
@@ -64,7 +134,8 @@ pub struct ReflectorOptions {
     /// is sent without a limit so that the watch cache can serve it.
     pub page_size: Option<u32>,
     /// The server ends each watch after a random time in
-    /// `[min_watch_timeout, 2 * min_watch_timeout)`; default 5 minutes.
+    /// `[min_watch_timeout, 2 * min_watch_timeout]`; default and minimum
+    /// 5 minutes: a shorter value is ignored, as client-go ignores it.
     pub min_watch_timeout: Duration,
     /// A watch with no event or bookmark for this long is reopened; default
     /// 150 s (the server sends a bookmark about every minute).
@@ -78,6 +149,13 @@ pub struct ReflectorOptions {
     pub use_watch_list: bool,
     /// How long the streaming list may take; default 60 s.
     pub watch_list_timeout: Duration,
+    /// How long a watch that ends with an internal error (a 500
+    /// `InternalError` Status in the stream) is reopened without a relist,
+    /// counted from the first such error (reset after a minute without
+    /// one): client-go's `MaxInternalErrorRetryDuration`. Default zero: an
+    /// internal error relists at once, so an object the server failed to
+    /// send is read again.
+    pub max_internal_error_retry_duration: Duration,
     /// Backoff between retries.
     pub backoff: BackoffConfig,
 }
@@ -91,6 +169,7 @@ impl Default for ReflectorOptions {
             list_timeout: Duration::from_secs(60),
             use_watch_list: true,
             watch_list_timeout: Duration::from_secs(60),
+            max_internal_error_retry_duration: Duration::ZERO,
             backoff: BackoffConfig::default(),
         }
     }
@@ -101,7 +180,7 @@ impl Default for ReflectorOptions {
 pub struct ReflectorStats {
     /// List calls (pages count one each).
     pub list_calls: AtomicU64,
-    /// Full lists completed and handed to the DeltaFifo (the first one included).
+    /// Full lists completed and handed to the queue (the first one included).
     pub lists_completed: AtomicU64,
     /// Watches opened.
     pub watches: AtomicU64,
@@ -124,10 +203,10 @@ impl ReflectorStats {
 /// Decides, at each resync tick, whether anyone wants a resync now.
 pub(crate) type ShouldResync = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Lists and watches through a [`ListerWatcher`] into a [`DeltaFifo`].
+/// Lists and watches through a [`ListerWatcher`] into an [`InformerQueue`].
 pub struct Reflector<K> {
     lw: Arc<dyn ListerWatcher<K>>,
-    fifo: Arc<DeltaFifo<K>>,
+    fifo: InformerQueue<K>,
     options: ReflectorOptions,
     transform: Option<Transform<K>>,
     error_handler: WatchErrorHandler,
@@ -155,6 +234,15 @@ enum Opened<K> {
     Failed(ListWatchError),
 }
 
+/// A whole list, of one or more pages.
+struct Listed<K> {
+    items: Vec<K>,
+    resource_version: String,
+    pages: u32,
+    /// Whether the server answered in more than one page.
+    paginated: bool,
+}
+
 struct ListState {
     last_sync_rv_unavailable: bool,
     paginated_result: bool,
@@ -165,16 +253,17 @@ struct ListState {
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 impl<K: Object + Clone> Reflector<K> {
-    /// A Reflector feeding `fifo` from `lw`.
+    /// A Reflector feeding `fifo` (an `Arc` of a DeltaFifo or a RealFifo,
+    /// or an [`InformerQueue`]) from `lw`.
     pub fn new(
         lw: Arc<dyn ListerWatcher<K>>,
-        fifo: Arc<DeltaFifo<K>>,
+        fifo: impl Into<InformerQueue<K>>,
         options: ReflectorOptions,
     ) -> Self {
         let description = lw.describe();
         Self {
             lw,
-            fifo,
+            fifo: fifo.into(),
             options,
             transform: None,
             error_handler: Arc::new(default_watch_error_handler),
@@ -185,7 +274,7 @@ impl<K: Object + Clone> Reflector<K> {
         }
     }
 
-    /// Applies `transform` to every object before it enters the DeltaFifo.
+    /// Applies `transform` to every object before it enters the queue.
     pub fn with_transform(mut self, transform: Option<Transform<K>>) -> Self {
         self.transform = transform;
         self
@@ -197,7 +286,7 @@ impl<K: Object + Clone> Reflector<K> {
         self
     }
 
-    /// Every `period`, if `should_resync` says so, queues a resync in the DeltaFifo.
+    /// Every `period`, if `should_resync` says so, queues a resync.
     pub(crate) fn with_resync(mut self, period: Duration, should_resync: ShouldResync) -> Self {
         self.resync = Some((period, should_resync));
         self
@@ -225,7 +314,7 @@ impl<K: Object + Clone> Reflector<K> {
         let span = info_span!("reflector", what = %self.description);
         async move {
             let resync_task = self.resync.clone().map(|(period, should)| {
-                let fifo = Arc::clone(&self.fifo);
+                let fifo = self.fifo.clone();
                 let shutdown = shutdown.clone();
                 AbortOnDrop(tokio::spawn(async move {
                     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
@@ -307,8 +396,9 @@ impl<K: Object + Clone> Reflector<K> {
                 Ok(Some(stream)) => streamed = Some(stream),
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    // As client-go: making progress beats waiting on a server
-                    // or proxy that cannot stream; list + watch from now on.
+                    // As client-go, making progress beats waiting on a server
+                    // or proxy that cannot stream; unlike it (which tries the
+                    // stream again at the next relist), list + watch from now on.
                     warn!(error = %e, "streaming list failed; falling back to list + watch");
                     self.report(&e);
                     state.watch_list_unsupported = true;
@@ -321,6 +411,8 @@ impl<K: Object + Clone> Reflector<K> {
                 listed = self.list(state, reason) => listed?,
             }
         }
+        let mut internal_errors =
+            InternalErrorRetry::new(self.options.max_internal_error_retry_duration);
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
@@ -335,7 +427,11 @@ impl<K: Object + Clone> Reflector<K> {
                     Opened::Failed(e) => return Err(e),
                 },
             };
-            match self.watch_handler(stream, shutdown).await {
+            let end = self.watch_handler(stream, shutdown).await;
+            if let WatchEnd::Failed(e) = &end {
+                internal_errors.after(e);
+            }
+            match end {
                 WatchEnd::Stopped => return Ok(()),
                 WatchEnd::Closed { events, lasted } => {
                     debug!(
@@ -354,7 +450,10 @@ impl<K: Object + Clone> Reflector<K> {
                     warn!(error = %e, "reopening the watch");
                     self.report(&e);
                 }
-                WatchEnd::Failed(e) if e.is_retryable_in_place() => {
+                WatchEnd::Failed(e)
+                    if e.is_retryable_in_place()
+                        || (e.is_internal_error() && internal_errors.should_retry()) =>
+                {
                     self.report(&e);
                     let delay = backoff.next_delay();
                     info!(error = %e, delay_ms = delay.as_millis() as u64, "watch failed; backing off, then watching again");
@@ -377,10 +476,7 @@ impl<K: Object + Clone> Reflector<K> {
     /// worth retrying in place back off first.
     async fn open_watch(&self, backoff: &mut Backoff, shutdown: &CancellationToken) -> Opened<K> {
         let resource_version = self.last_sync_rv.read().clone();
-        let timeout = self
-            .options
-            .min_watch_timeout
-            .mul_f64(1.0 + fastrand::f64());
+        let timeout = self.watch_timeout();
         let request = WatchRequest {
             resource_version: resource_version.clone(),
             timeout,
@@ -417,7 +513,7 @@ impl<K: Object + Clone> Reflector<K> {
 
     /// The initial state through one watch with `sendInitialEvents=true`:
     /// ADDED events up to the bookmark annotated `k8s.io/initial-events-end`,
-    /// handed to the DeltaFifo as one replace. Returns the watch, which goes
+    /// handed to the queue as one replace. Returns the watch, which goes
     /// on with the events after that (`None` on shutdown).
     async fn watch_list(
         &self,
@@ -429,10 +525,7 @@ impl<K: Object + Clone> Reflector<K> {
         info!(reason, resource_version = %resource_version, "streaming list");
         let request = WatchRequest {
             resource_version,
-            timeout: self
-                .options
-                .min_watch_timeout
-                .mul_f64(1.0 + fastrand::f64()),
+            timeout: self.watch_timeout(),
             allow_bookmarks: true,
             send_initial_events: true,
         };
@@ -510,6 +603,14 @@ impl<K: Object + Clone> Reflector<K> {
         }
     }
 
+    /// A random server-side watch timeout in `[min, 2 * min]` whole seconds,
+    /// `min` being the option but at least [`MIN_WATCH_TIMEOUT`] (client-go's
+    /// `minWatchTimeout` and `maxWatchTimeout`).
+    fn watch_timeout(&self) -> Duration {
+        let min = self.options.min_watch_timeout.max(MIN_WATCH_TIMEOUT);
+        Duration::from_secs(min.mul_f64(1.0 + fastrand::f64()).as_secs())
+    }
+
     /// The resource version to list at, as client-go's `relistResourceVersion`.
     fn relist_resource_version(&self, state: &ListState) -> String {
         if state.last_sync_rv_unavailable {
@@ -527,15 +628,33 @@ impl<K: Object + Clone> Reflector<K> {
         let started = Instant::now();
         let resource_version = self.relist_resource_version(state);
         info!(reason, resource_version = %resource_version, "listing");
-        let (items, list_rv, pages) = match self.list_pages(state, &resource_version).await {
-            Err(e) if e.is_gone() && !resource_version.is_empty() => {
-                // The version is too old even for the watch cache: read the latest.
+        let mut listed_at = resource_version.as_str();
+        let listed = match self.list_pages(state, &resource_version).await {
+            Err(e)
+                if (e.is_gone() || e.is_too_large_resource_version())
+                    && !resource_version.is_empty() =>
+            {
+                // Too old even for the watch cache, or newer than this server
+                // has seen (a lagging apiserver): read the latest.
                 info!(error = %e, "resource version unavailable; listing the latest from etcd");
                 state.last_sync_rv_unavailable = true;
+                listed_at = "";
                 self.list_pages(state, "").await?
             }
             other => other?,
         };
+        let Listed {
+            items,
+            resource_version: list_rv,
+            pages,
+            paginated,
+        } = listed;
+        // Only a paginated answer to "0" means the watch cache is off for
+        // this resource; a list at "" is paginated by etcd anyway, and must
+        // not make every later relist bypass the watch cache.
+        if paginated && listed_at == "0" {
+            state.paginated_result = true;
+        }
         state.last_sync_rv_unavailable = false;
         let count = items.len();
         let items: Vec<Arc<K>> = items
@@ -566,9 +685,9 @@ impl<K: Object + Clone> Reflector<K> {
 
     async fn list_pages(
         &self,
-        state: &mut ListState,
+        state: &ListState,
         resource_version: &str,
-    ) -> Result<(Vec<K>, String, u32), ListWatchError> {
+    ) -> Result<Listed<K>, ListWatchError> {
         let limit = match self.options.page_size {
             Some(n) => Some(n),
             None if state.paginated_result => Some(DEFAULT_PAGE_SIZE),
@@ -581,6 +700,7 @@ impl<K: Object + Clone> Reflector<K> {
         let mut items = Vec::new();
         let mut token: Option<String> = None;
         let mut pages = 0;
+        let mut paginated = false;
         loop {
             let request = ListRequest {
                 limit,
@@ -607,10 +727,17 @@ impl<K: Object + Clone> Reflector<K> {
                     items.extend(page.items);
                     match page.continue_token {
                         Some(next) => {
-                            state.paginated_result = true;
+                            paginated = true;
                             token = Some(next);
                         }
-                        None => return Ok((items, page.resource_version, pages)),
+                        None => {
+                            return Ok(Listed {
+                                items,
+                                resource_version: page.resource_version,
+                                pages,
+                                paginated,
+                            });
+                        }
                     }
                 }
                 Err(e) if e.is_gone() && token.is_some() => {
@@ -631,7 +758,12 @@ impl<K: Object + Clone> Reflector<K> {
                             "skipped one listed object: {why}"
                         )));
                     }
-                    return Ok((page.items, page.resource_version, pages + 1));
+                    return Ok(Listed {
+                        items: page.items,
+                        resource_version: page.resource_version,
+                        pages: pages + 1,
+                        paginated,
+                    });
                 }
                 Err(e) => return Err(e),
             }
@@ -734,5 +866,63 @@ pub fn default_watch_error_handler(e: &ListWatchError) {
     match e {
         ListWatchError::Gone(_) => info!(error = %e, "watch closed: resource version expired"),
         _ => warn!(error = %e, "list/watch failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn internal() -> ListWatchError {
+        ListWatchError::Api {
+            code: 500,
+            reason: "InternalError".into(),
+            message: "etcd: corrupt value".into(),
+            causes: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn internal_errors_are_retried_within_the_window_from_the_first_then_no_more() {
+        let mut retry = InternalErrorRetry::new(Duration::from_secs(30));
+        retry.after(&internal());
+        assert!(retry.should_retry());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        retry.after(&internal());
+        assert!(retry.should_retry(), "20 s after the first");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        retry.after(&internal());
+        assert!(!retry.should_retry(), "40 s after the first");
+        // The window starts again with the next error.
+        retry.after(&internal());
+        assert!(retry.should_retry());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_internal_error_window_restarts_after_a_quiet_minute() {
+        let mut retry = InternalErrorRetry::new(Duration::from_secs(30));
+        retry.after(&internal());
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        retry.after(&internal());
+        assert!(retry.should_retry(), "a new run of errors");
+        // Other errors neither start nor extend it.
+        let mut other = InternalErrorRetry::new(Duration::from_secs(30));
+        other.after(&ListWatchError::Gone("expired".into()));
+        assert!(other.first.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_an_internal_error_recorded_there_is_nothing_to_retry() {
+        let mut retry = InternalErrorRetry::new(Duration::from_secs(30));
+        assert!(!retry.should_retry());
+        retry.after(&ListWatchError::Gone("expired".into()));
+        assert!(!retry.should_retry());
+    }
+
+    #[test]
+    fn without_a_window_an_internal_error_is_never_retried() {
+        let mut retry = InternalErrorRetry::new(Duration::ZERO);
+        retry.after(&internal());
+        assert!(!retry.should_retry());
     }
 }

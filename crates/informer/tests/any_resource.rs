@@ -13,7 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kinformer_envtest::TestEnv;
 use kinformer_informer::consistency::{LastSeen, versions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions, SharedIndexInformer,
+    ApiListerWatcher, CancellationToken, ReflectorOptions, SharedIndexInformer,
     SharedInformerFactory,
 };
 use kube::{CustomResource, CustomResourceExt};
@@ -124,9 +124,11 @@ async fn a_typed_and_a_dynamic_informer_of_one_custom_resource_see_the_same_obje
     let resource = ApiResource::erase::<Widget>(&());
     let typed = SharedIndexInformer::new(
         ApiListerWatcher::<Widget>::namespaced(client.clone(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
-    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let factory = SharedInformerFactory::new(client.clone())
+        .namespace(&ns)
+        .fifo(common::fifo());
     let dynamic = factory.dynamic(&resource);
     // Asked for again, by GVK this time: the same informer, one watch.
     let gvk = GroupVersionKind::gvk("any.kinformer.dev", "v1", "Widget");
@@ -229,7 +231,9 @@ async fn a_metadata_only_pod_informer_caches_the_servers_metadata_and_nothing_el
         ]);
         pods.create(&PostParams::default(), &pod).await.unwrap();
     }
-    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let factory = SharedInformerFactory::new(client.clone())
+        .namespace(&ns)
+        .fifo(common::fifo());
     let informer = factory.metadata::<Pod>();
     let seen = LastSeen::default();
     informer.add_event_handler(seen.clone()).unwrap();
@@ -270,7 +274,9 @@ async fn a_metadata_only_pod_informer_caches_the_servers_metadata_and_nothing_el
 async fn cluster_scoped_kinds_are_watched_across_the_cluster_even_from_a_namespaced_factory() {
     let (_, client, ns) = setup("cluster").await;
     install(&client, &Widget::crd()).await;
-    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let factory = SharedInformerFactory::new(client.clone())
+        .namespace(&ns)
+        .fifo(common::fifo());
     let namespaces = factory.informer::<Namespace>();
     let crds = factory.informer::<CustomResourceDefinition>();
     let shutdown = CancellationToken::new();
@@ -325,7 +331,7 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
     };
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
-        InformerOptions::new().reflector(reflector),
+        common::options().reflector(reflector),
     );
     let errors = errors_seen(&informer);
     let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
@@ -437,7 +443,7 @@ async fn custom_resources_that_do_not_fit_the_rust_type_are_reported_by_name_and
     }
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Gizmo>::namespaced(client.clone(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
     let errors = errors_seen(&informer);
     let shutdown = CancellationToken::new();

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::LastSeen;
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions, SharedIndexInformer,
+    ApiListerWatcher, CancellationToken, ReflectorOptions, SharedIndexInformer,
     strip_managed_fields,
 };
 use kube_client::Client;
@@ -27,7 +27,7 @@ fn start(
 ) -> (SharedIndexInformer<Pod>, [LastSeen; 2], CancellationToken) {
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
-        InformerOptions::new().reflector(reflector),
+        common::options().reflector(reflector),
     );
     informer.set_transform(strip_managed_fields).unwrap();
     let seen = [LastSeen::default(), LastSeen::default()];

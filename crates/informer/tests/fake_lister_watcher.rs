@@ -12,9 +12,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_informer::{
-    CancellationToken, InformerError, InformerOptions, ListPage, ListRequest, ListWatchError,
-    ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
-    WatchStream,
+    CancellationToken, FifoKind, InformerError, InformerOptions, ListPage, ListRequest,
+    ListWatchError, ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs,
+    SharedIndexInformer, WatchRequest, WatchStream,
 };
 use kinformer_store::Indexers;
 use kube_client::core::WatchEvent;
@@ -82,6 +82,7 @@ impl ListerWatcher<ConfigMap> for Fake {
                     code: 400,
                     reason: "BadRequest".into(),
                     message: "sendInitialEvents is not supported".into(),
+                    causes: Vec::new(),
                 })
             });
         }
@@ -112,6 +113,30 @@ fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatch
         continue_token: None,
         skipped: Vec::new(),
     })
+}
+
+/// A page with a continue token: more pages follow.
+fn paged(
+    items: Vec<ConfigMap>,
+    rv: u64,
+    token: &str,
+) -> Result<ListPage<ConfigMap>, ListWatchError> {
+    Ok(ListPage {
+        items,
+        resource_version: rv.to_string(),
+        continue_token: Some(token.into()),
+        skipped: Vec::new(),
+    })
+}
+
+/// A 500 InternalError Status, as a watch stream carries it.
+fn internal_error() -> ListWatchError {
+    ListWatchError::Api {
+        code: 500,
+        reason: "InternalError".into(),
+        message: "unable to transform key: corrupt object".into(),
+        causes: Vec::new(),
+    }
 }
 
 type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
@@ -254,7 +279,7 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
     let mut h = harness(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
-        InformerOptions::new(),
+        common::options(),
     );
     let log = Log::default();
     let reg = h.informer.add_event_handler(log.handler()).unwrap();
@@ -288,7 +313,7 @@ async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
 async fn a_handler_added_after_start_first_gets_the_whole_cache() {
     let mut h = harness(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
-        InformerOptions::new(),
+        common::options(),
     );
     h.start();
     let w = h.next_watch().await;
@@ -320,7 +345,7 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
             // After the watch expired: b is gone, a changed.
             page(vec![cm("a", 7)], 9),
         ],
-        InformerOptions::new(),
+        common::options(),
     );
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
@@ -340,7 +365,13 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
     .unwrap();
     let _second_watch = h.next_watch().await;
     let seen = log.wait_for(4).await;
-    assert_eq!(seen[2..], ["update a 1->7", "delete b 2 tombstone"]);
+    // A DeltaFifo queues the listed keys, then the deletions; a RealFifo
+    // the deletions first (client-go's RealFIFO).
+    let relisted = match common::fifo() {
+        FifoKind::DeltaFifo => ["update a 1->7", "delete b 2 tombstone"],
+        FifoKind::RealFifo => ["delete b 2 tombstone", "update a 1->7"],
+    };
+    assert_eq!(seen[2..], relisted);
     // The relist asked for the last version seen (the bookmark's), not "".
     assert_eq!(
         h.script.lock().list_requests[1].resource_version.as_deref(),
@@ -351,13 +382,54 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
 }
 
 #[tokio::test]
+async fn with_a_real_fifo_handlers_get_every_change_in_arrival_order_and_a_relists_deletions_first()
+{
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2), cm("c", 3)], 3),
+            // c unchanged since its last event: a resync, not an update.
+            page(vec![cm("a", 7), cm("c", 6)], 9),
+        ],
+        InformerOptions::new().fifo(FifoKind::RealFifo),
+    );
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    let initial = log.wait_for(3).await;
+    // Arrival order, also for the initial list.
+    assert_eq!(
+        initial,
+        ["add a 1 initial", "add b 2 initial", "add c 3 initial"]
+    );
+    w.send(Ok(WatchEvent::Modified(cm("c", 4)))).unwrap();
+    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    w.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let _w2 = h.next_watch().await;
+    let seen = log.wait_for(8).await;
+    assert_eq!(
+        seen[3..],
+        [
+            "update c 3->4",
+            "update a 1->5",
+            "update c 4->6",
+            // The relist: b's deletion first, then the listed objects.
+            "delete b 2 tombstone",
+            "update a 5->7",
+        ]
+    );
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
     let mut h = harness(
         vec![
             Err(ListWatchError::Gone("too large resource version".into())),
             page(vec![cm("a", 1)], 3),
         ],
-        InformerOptions::new(),
+        common::options(),
     );
     h.start();
     let _w = h.next_watch().await;
@@ -370,8 +442,194 @@ async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
 }
 
 #[tokio::test]
+async fn a_list_at_a_too_large_resource_version_is_retried_at_once_with_an_empty_one() {
+    // What a lagging apiserver answers to a list at a version it has not seen.
+    let too_large: kube_client::core::Status = serde_json::from_value(serde_json::json!({
+        "status": "Failure", "reason": "Timeout", "code": 504,
+        "message": "Timeout: Too large resource version: 5, current: 4",
+        "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]}
+    }))
+    .unwrap();
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 5)], 5),
+            Err(kube_client::Error::Api(Box::new(too_large)).into()),
+            page(vec![cm("a", 5)], 9),
+        ],
+        common::options(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    let versions: Vec<_> = s
+        .list_requests
+        .iter()
+        .map(|r| r.resource_version.as_deref())
+        .collect();
+    assert_eq!(versions, [Some("0"), Some("5"), None]);
+    assert_eq!(s.watch_requests[1].resource_version, "9");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_internal_error_in_the_watch_stream_relists() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
+        common::options(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(internal_error())).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 2, "relisted");
+    assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("1"));
+    assert_eq!(s.watch_requests[1].resource_version, "3");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_5xx_opening_the_watch_relists() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
+        common::options(),
+    );
+    h.script.lock().watch_errors.push_back(ListWatchError::Api {
+        code: 503,
+        reason: "ServiceUnavailable".into(),
+        message: "the watch cache is not ready".into(),
+        causes: Vec::new(),
+    });
+    h.start();
+    let _w = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 2, "relisted");
+    assert_eq!(s.watch_requests.len(), 2);
+    assert_eq!(s.watch_requests[1].resource_version, "3");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn within_the_retry_window_an_internal_error_in_the_watch_stream_reopens_the_watch() {
+    let reflector = ReflectorOptions {
+        max_internal_error_retry_duration: Duration::from_secs(3600),
+        ..fast_reflector()
+    };
+    let mut h = harness_with(
+        vec![page(vec![cm("a", 1)], 1)],
+        common::options(),
+        reflector,
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.send(Err(internal_error())).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests.len(), 1, "no relist within the window");
+    assert_eq!(s.watch_requests[1].resource_version, "2");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_paginated_answer_to_a_list_at_an_empty_resource_version_does_not_make_relists_paginate()
+{
+    let mut h = harness(
+        vec![
+            // At "0": one page (the watch cache serves it).
+            page(vec![cm("a", 5)], 5),
+            // The relist at "5" has expired: at "", from etcd, in pages.
+            Err(ListWatchError::Gone("too old resource version".into())),
+            paged(vec![cm("a", 5)], 7, "next"),
+            page(vec![cm("b", 6)], 7),
+            // The relist after that, at "7".
+            page(vec![cm("a", 5), cm("b", 6)], 9),
+        ],
+        common::options(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let w2 = h.next_watch().await;
+    w2.send(Err(ListWatchError::Gone("expired".into())))
+        .unwrap();
+    let _w3 = h.next_watch().await;
+    let s = h.script.lock();
+    let requests: Vec<_> = s
+        .list_requests
+        .iter()
+        .map(|r| (r.resource_version.as_deref(), r.limit))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            (Some("0"), Some(500)),
+            (Some("5"), None),
+            (None, Some(500)),
+            (None, Some(500)),
+            // Still without a limit, for the watch cache.
+            (Some("7"), None),
+        ]
+    );
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_paginated_answer_to_the_list_at_0_makes_relists_paginate() {
+    let mut h = harness(
+        vec![
+            paged(vec![cm("a", 5)], 5, "next"),
+            page(vec![cm("b", 5)], 5),
+            page(vec![cm("a", 5), cm("b", 5)], 9),
+        ],
+        common::options(),
+    );
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    assert_eq!(s.list_requests[2].resource_version.as_deref(), Some("5"));
+    assert_eq!(s.list_requests[2].limit, Some(500));
+    drop(s);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_minimum_watch_timeout_below_5_minutes_is_ignored() {
+    for (min, range) in [
+        (Duration::from_secs(1), 300..=600),
+        (Duration::from_secs(1200), 1200..=2400),
+    ] {
+        let reflector = ReflectorOptions {
+            min_watch_timeout: min,
+            ..fast_reflector()
+        };
+        let mut h = harness_with(
+            vec![page(vec![cm("a", 1)], 1)],
+            common::options(),
+            reflector,
+        );
+        h.start();
+        let _w = h.next_watch().await;
+        let timeout = h.script.lock().watch_requests[0].timeout;
+        assert!(range.contains(&timeout.as_secs()), "{min:?}: {timeout:?}");
+        assert_eq!(timeout.subsec_nanos(), 0, "whole seconds");
+        h.shutdown.cancel();
+    }
+}
+
+#[tokio::test]
 async fn a_watch_closed_by_the_server_is_reopened_from_the_last_version_without_a_relist() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     h.start();
     let w = h.next_watch().await;
     w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
@@ -387,7 +645,7 @@ async fn a_watch_closed_by_the_server_is_reopened_from_the_last_version_without_
 
 #[tokio::test]
 async fn a_watch_refused_with_429_backs_off_and_watches_again_without_a_relist() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     {
         let mut s = h.script.lock();
         s.watch_errors
@@ -406,7 +664,7 @@ async fn a_watch_refused_with_429_backs_off_and_watches_again_without_a_relist()
 
 #[tokio::test]
 async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let log = Log::default();
     h.informer
         .add_event_handler_with_resync(log.handler(), Duration::from_secs(1))
@@ -436,8 +694,69 @@ async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
 }
 
 #[tokio::test]
+async fn a_handler_added_with_resync_zero_is_never_resynced_even_with_a_default_resync() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 1)],
+        common::options().default_resync(Duration::from_secs(1)),
+    );
+    let resynced = Log::default();
+    h.informer.add_event_handler(resynced.handler()).unwrap();
+    let never = Log::default();
+    h.informer
+        .add_event_handler_with_resync(never.handler(), Duration::ZERO)
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    assert_eq!(
+        resynced.wait_for(3).await[..3],
+        [
+            "add a 1 initial",
+            "update a 1->1 same",
+            "update a 1->1 same"
+        ]
+    );
+    // Each handler gets its notifications in order: a change sent after
+    // two resyncs reaches the zero-period handler right after its add.
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        never.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    h.shutdown.cancel();
+}
+
+#[test]
+fn resync_zero_leaves_the_resync_check_period_alone() {
+    let h = harness(
+        vec![],
+        common::options().default_resync(Duration::from_secs(600)),
+    );
+    h.informer
+        .add_event_handler_with_resync(Log::default().handler(), Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        h.informer.resync_check_period(),
+        Some(Duration::from_secs(600))
+    );
+    // A zero default resync is no resync at all.
+    let none = harness(vec![], common::options().default_resync(Duration::ZERO));
+    none.informer
+        .add_event_handler(Log::default().handler())
+        .unwrap();
+    assert_eq!(none.informer.resync_check_period(), None);
+    // A short period still shortens it, to the 1 s minimum.
+    h.informer
+        .add_event_handler_with_resync(Log::default().handler(), Duration::from_millis(10))
+        .unwrap();
+    assert_eq!(
+        h.informer.resync_check_period(),
+        Some(Duration::from_secs(1))
+    );
+}
+
+#[tokio::test]
 async fn a_removed_handler_gets_nothing_more() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let log = Log::default();
     let reg = h.informer.add_event_handler(log.handler()).unwrap();
     let other = Log::default();
@@ -446,7 +765,6 @@ async fn a_removed_handler_gets_nothing_more() {
     let w = h.next_watch().await;
     log.wait_for(1).await;
     h.informer.remove_event_handler(&reg).unwrap();
-    assert!(h.informer.remove_event_handler(&reg).is_err());
     w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
     assert_eq!(other.wait_for(2).await.len(), 2);
     assert_eq!(log.0.lock().as_slice(), ["add a 1 initial"]);
@@ -454,8 +772,65 @@ async fn a_removed_handler_gets_nothing_more() {
 }
 
 #[tokio::test]
+async fn removing_a_handler_twice_or_after_the_informer_stopped_is_ok_and_changes_nothing() {
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let log = Log::default();
+    let reg = h.informer.add_event_handler(log.handler()).unwrap();
+    let other = Log::default();
+    let other_reg = h.informer.add_event_handler(other.handler()).unwrap();
+    let run = h.start();
+    let w = h.next_watch().await;
+    h.informer.remove_event_handler(&reg).unwrap();
+    h.informer.remove_event_handler(&reg).unwrap();
+    // The second removal took nothing else away.
+    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        other.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    h.shutdown.cancel();
+    run.await.unwrap().unwrap();
+    h.informer.remove_event_handler(&other_reg).unwrap();
+    h.informer.remove_event_handler(&reg).unwrap();
+}
+
+#[tokio::test]
+async fn a_registration_of_another_informer_is_refused_and_removes_nothing() {
+    let mut a = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let mut b = harness(vec![page(vec![cm("b", 1)], 1)], common::options());
+    let a_log = Log::default();
+    let a_reg = a.informer.add_event_handler(a_log.handler()).unwrap();
+    let b_log = Log::default();
+    let b_reg = b.informer.add_event_handler(b_log.handler()).unwrap();
+    assert_eq!(a_reg.informer_id(), a.informer.id());
+    assert_ne!(a_reg.informer_id(), b_reg.informer_id());
+    a.start();
+    b.start();
+    let (wa, wb) = (a.next_watch().await, b.next_watch().await);
+    let err = b.informer.remove_event_handler(&a_reg).unwrap_err();
+    assert!(
+        matches!(err, InformerError::ForeignHandler { registration, owner, informer, .. }
+            if registration == a_reg.id() && owner == a.informer.id() && informer == b.informer.id()),
+        "{err}"
+    );
+    // Both handlers still get their informer's events.
+    wb.send(Ok(WatchEvent::Modified(cm("b", 2)))).unwrap();
+    wa.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    assert_eq!(
+        b_log.wait_for(2).await,
+        ["add b 1 initial", "update b 1->2"]
+    );
+    assert_eq!(
+        a_log.wait_for(2).await,
+        ["add a 1 initial", "update a 1->2"]
+    );
+    a.shutdown.cancel();
+    b.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn a_slow_handler_does_not_hold_up_a_fast_one() {
-    let mut h = harness(vec![page(vec![], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![], 1)], common::options());
     let slow_gate = Arc::new(std::sync::Barrier::new(2));
     let gate = Arc::clone(&slow_gate);
     let slow = h
@@ -481,7 +856,7 @@ async fn a_slow_handler_does_not_hold_up_a_fast_one() {
 
 #[tokio::test]
 async fn the_transform_runs_once_per_object_before_caching() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c = Arc::clone(&calls);
     h.informer
@@ -518,7 +893,7 @@ async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_ob
             // The relist: b (the undecodable DELETED) is gone, c came meanwhile.
             page(vec![cm("a", 1), cm("c", 4)], 5),
         ],
-        InformerOptions::new(),
+        common::options(),
     );
     let errors = common::errors_seen(&h.informer);
     let log = Log::default();
@@ -561,6 +936,7 @@ async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
             code: 503,
             reason: "ServiceUnavailable".into(),
             message: "etcd is down".into(),
+            causes: Vec::new(),
         })
     };
     let script = Arc::new(Mutex::new(Script {
@@ -576,7 +952,7 @@ async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
         watches: tx,
     };
     // Client-go's defaults: 800 ms doubling to 30 s, jitter up to +100%.
-    let informer = SharedIndexInformer::new(fake, InformerOptions::new());
+    let informer = SharedIndexInformer::new(fake, common::options());
     let shutdown = CancellationToken::new();
     let started = tokio::time::Instant::now();
     let (i, s) = (informer.clone(), shutdown.clone());
@@ -612,7 +988,7 @@ async fn a_streaming_list_replaces_the_cache_at_its_end_bookmark_and_the_watch_g
         use_watch_list: true,
         ..fast_reflector()
     };
-    let mut h = harness_with(vec![], InformerOptions::new(), streaming);
+    let mut h = harness_with(vec![], common::options(), streaming);
     h.script.lock().watch_list = true;
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
@@ -655,7 +1031,7 @@ async fn a_streaming_list_without_its_end_bookmark_falls_back_to_list_and_watch(
         script: Arc::clone(&script),
         watches: tx,
     };
-    let informer = SharedIndexInformer::new(fake, InformerOptions::new().reflector(options));
+    let informer = SharedIndexInformer::new(fake, common::options().reflector(options));
     let shutdown = CancellationToken::new();
     let (i, s) = (informer.clone(), shutdown.clone());
     tokio::spawn(async move { i.run(s).await });
@@ -686,7 +1062,7 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
             page(vec![cm("a", 1), cm("boom", 2)], 2),
             page(vec![cm("a", 1), cm("boom", 3)], 3),
         ],
-        InformerOptions::new(),
+        common::options(),
     );
     h.informer
         .set_transform(|obj: ConfigMap| {
@@ -729,7 +1105,7 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
 
 #[tokio::test]
 async fn a_panicking_watch_error_handler_is_contained_and_the_reflector_goes_on() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     h.script
         .lock()
         .watch_errors
@@ -760,7 +1136,7 @@ async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_
     );
     let mut h = harness(
         vec![page(vec![cm("a", 1), cm("boom", 2)], 2)],
-        InformerOptions::new().indexers(indexers),
+        common::options().indexers(indexers),
     );
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
@@ -797,7 +1173,7 @@ async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_
 
 #[tokio::test]
 async fn a_reflector_that_dies_makes_run_return_an_error_and_has_synced_false() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     h.script.lock().panic_when_out_of_lists = true;
     let reg = h
         .informer
@@ -829,7 +1205,7 @@ async fn a_reflector_that_dies_makes_run_return_an_error_and_has_synced_false() 
 
 #[tokio::test]
 async fn dropping_run_aborts_the_reflector_and_the_informer_no_longer_reports_synced() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], InformerOptions::new());
+    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let run = h.start();
     let w = h.next_watch().await;
     assert!(h.informer.has_synced());

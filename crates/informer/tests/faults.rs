@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kinformer_envtest::{AnsweringProxy, Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::{LastSeen, ObjectVersions, server_versions, versions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, InformerOptions, ListPage, ListRequest, ListWatchError,
-    ListerWatcher, ReflectorOptions, ResourceEventHandler, SharedIndexInformer, WatchRequest,
-    WatchStream, WireFormat, strip_managed_fields,
+    ApiListerWatcher, CancellationToken, ListPage, ListRequest, ListWatchError, ListerWatcher,
+    ReflectorOptions, ResourceEventHandler, SharedIndexInformer, WatchRequest, WatchStream,
+    WireFormat, strip_managed_fields,
 };
 use kinformer_store::ObjectOrTombstone;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -52,7 +52,7 @@ async fn a_half_open_watch_is_noticed_within_the_idle_timeout() {
     let proxy = Proxy::start(env.api_port()).await.unwrap();
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(2))),
+        common::options().reflector(fast(Duration::from_secs(2))),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
@@ -96,7 +96,7 @@ async fn kube_apiserver_killed_and_restarted_while_writes_continue() {
     create_pods(&api, (0..40).map(|i| format!("p{i}"))).await;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
-        InformerOptions::new().reflector(fast(Duration::from_secs(10))),
+        common::options().reflector(fast(Duration::from_secs(10))),
     );
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
@@ -166,7 +166,7 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
         use_watch_list: false,
         ..fast(Duration::from_secs(30))
     };
-    let informer = SharedIndexInformer::new(lw, InformerOptions::new().reflector(options));
+    let informer = SharedIndexInformer::new(lw, common::options().reflector(options));
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
     // First page, the expired second page, then one full list.
@@ -198,7 +198,7 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     // client-go's backoff: 800 ms doubling to 30 s.
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
     let (seen, shutdown) = run(&informer);
     // Two layers back off, as in client-go: the client retries a 429/503
@@ -235,6 +235,70 @@ async fn a_server_answering_429_then_503_is_backed_off_without_a_relist_storm() 
     // The server recovers: the informer syncs and equals it.
     proxy.forward();
     no_difference(&api, &informer, [&seen], Duration::from_secs(60)).await;
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_answered_with_500_relists_once_the_server_answers_again() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("internal").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
+    create_pods(&api, (0..10).map(|i| format!("p{i}"))).await;
+    let proxy = AnsweringProxy::start(env).await.unwrap();
+    let options = ReflectorOptions {
+        use_watch_list: false,
+        ..fast(Duration::from_secs(30))
+    };
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
+        common::options().reflector(options),
+    );
+    let errors = errors_seen(&informer);
+    let (seen, shutdown) = run(&informer);
+    wait_synced(&informer).await;
+    let stats = informer.reflector_stats().unwrap();
+    // An event first: a watch cut before any event within a second is a
+    // "very short watch", which relists whatever comes next.
+    create_pods(&api, std::iter::once("first-event".to_owned())).await;
+    for _ in 0..300 {
+        if informer
+            .indexer()
+            .get_by_key(&format!("{ns}/first-event"))
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stats.events.load(Ordering::SeqCst), 1);
+    assert_eq!(stats.lists_completed.load(Ordering::SeqCst), 1);
+    // The open watch is cut and the next one answered 500 (kube-client
+    // does not retry a 500 itself), while the Pods change on the server.
+    proxy.answer(500);
+    for _ in 0..300 {
+        if errors.any("500") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(errors.any("500"), "{:?}", errors.messages());
+    delete_pods(&api, (0..5).map(|i| format!("p{i}"))).await;
+    create_pods(&api, (10..15).map(|i| format!("p{i}"))).await;
+    proxy.forward();
+    // The Reflector relists (as client-go) instead of watching on from
+    // where it was.
+    for _ in 0..300 {
+        if stats.lists_completed.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stats.lists_completed.load(Ordering::SeqCst) >= 2,
+        "no relist after the watch was answered 500: {:?}",
+        errors.messages()
+    );
+    no_difference(&api, &informer, [&seen], Duration::from_secs(30)).await;
     shutdown.cancel();
 }
 
@@ -312,7 +376,7 @@ async fn undecodable_added(format: WireFormat) {
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
             .wire_format(format),
-        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+        common::options().reflector(fast(Duration::from_secs(30))),
     );
     let errors = errors_seen(&informer);
     let (seen, shutdown) = run(&informer);
@@ -337,7 +401,7 @@ async fn undecodable_added(format: WireFormat) {
     let listing = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
             .wire_format(format),
-        InformerOptions::new().reflector(ReflectorOptions {
+        common::options().reflector(ReflectorOptions {
             use_watch_list: false,
             ..fast(Duration::from_secs(30))
         }),
@@ -372,7 +436,7 @@ async fn cached_then_garbled(prefix: &str, victim: &str, format: WireFormat) -> 
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
             .wire_format(format),
-        InformerOptions::new().reflector(fast(Duration::from_secs(30))),
+        common::options().reflector(fast(Duration::from_secs(30))),
     );
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
@@ -513,7 +577,7 @@ async fn a_slow_handler_beside_a_fast_one_holds_up_neither_the_fast_one_nor_the_
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client().unwrap(), &ns),
-        InformerOptions::new(),
+        common::options(),
     );
     // The slow handler is stuck on its first notification until the test
     // lets it go, however fast or slow the machine is.

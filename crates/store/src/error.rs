@@ -61,10 +61,6 @@ pub enum StoreError {
     /// `add_indexers` named an index that already exists.
     #[error("indexer {0:?} already exists")]
     IndexerConflict(String),
-    /// `add_indexers` was called on a store that already holds items (as in
-    /// client-go, indexes cannot be added to a running store).
-    #[error("cannot add indexers to a store that already holds {0} items")]
-    IndexersAfterItems(usize),
     /// An index function failed on the object of a query (`index`).
     #[error(transparent)]
     IndexFunc(IndexError),

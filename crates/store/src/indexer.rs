@@ -24,8 +24,8 @@ pub trait KnownObjects<K>: Send + Sync {
 ///
 /// Semantics are client-go's `Indexer`: `add` and `update` both upsert,
 /// `delete` of an absent object is not an error, `replace` swaps the whole
-/// content atomically and rebuilds the indexes, and indexes can only be added
-/// while the store is empty. Unlike client-go, an object without a key is an
+/// content atomically and rebuilds the indexes, and indexes added to a
+/// populated store index what it holds. Unlike client-go, an object without a key is an
 /// error naming the object (and the store is left unchanged), and an index
 /// function that fails or panics does not panic the caller: the object is
 /// stored, left out of that index only, and the write returns
@@ -143,7 +143,8 @@ impl<K> Indexer<K> {
     }
 
     /// Swaps the whole content for `list` at once. The resource version is
-    /// the list's; the store does not keep it (client-go parity). An object
+    /// the list's; the store does not keep it (client-go's does since v0.36,
+    /// for its AtomicFIFO; an informer here reports the Reflector's). An object
     /// without a key refuses the whole list (the store is left unchanged);
     /// failing index functions give [`StoreError::Unindexed`] after the swap.
     pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), StoreError> {
@@ -159,7 +160,8 @@ impl<K> Indexer<K> {
         self.store.resync()
     }
 
-    /// Adds indexes; refused once the indexer holds items.
+    /// Adds indexes and indexes the objects already held; refused when a
+    /// name is taken. See [`ThreadSafeStore::add_indexers`].
     pub fn add_indexers(&self, indexers: Indexers<K>) -> Result<(), StoreError> {
         self.store.add_indexers(indexers)
     }
@@ -174,7 +176,7 @@ impl<K> Indexer<K> {
         self.store.by_index(index_name, value)
     }
 
-    /// Keys of the objects whose index `index_name` includes `value`.
+    /// Keys of the objects whose index `index_name` includes `value`, sorted.
     pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<String>, StoreError> {
         self.store.index_keys(index_name, value)
     }

@@ -52,15 +52,17 @@ pub fn deletion_handling_meta_namespace_key<K: Object>(
 }
 
 /// Splits a key into `(namespace, name)`; the namespace is `None` for a
-/// cluster-scoped key.
+/// cluster-scoped key, and for a key with an empty namespace (`"/b"`), which
+/// client-go's `SplitMetaNamespaceKey` reads as namespace `""`.
 ///
-/// Rejects the empty key, an empty namespace or name (`"/x"`, `"x/"`) and
-/// keys with more than one `/`.
+/// Rejects keys with more than one `/`, as client-go does. Unlike client-go,
+/// it also rejects keys with an empty name (`""`, `"a/"`): no object has one.
 ///
 /// ```
 /// use kinformer_store::split_meta_namespace_key;
 /// assert_eq!(split_meta_namespace_key("web/frontend").unwrap(), (Some("web"), "frontend"));
 /// assert_eq!(split_meta_namespace_key("node-1").unwrap(), (None, "node-1"));
+/// assert_eq!(split_meta_namespace_key("/node-1").unwrap(), (None, "node-1"));
 /// assert!(split_meta_namespace_key("a/b/c").is_err());
 /// ```
 pub fn split_meta_namespace_key(key: &str) -> Result<(Option<&str>, &str), KeyError> {
@@ -68,16 +70,14 @@ pub fn split_meta_namespace_key(key: &str) -> Result<(Option<&str>, &str), KeyEr
         key: key.to_owned(),
         reason,
     };
-    if key.is_empty() {
-        return Err(invalid("the key is empty"));
-    }
     match key.split_once('/') {
-        None => Ok((None, key)),
         Some((_, rest)) if rest.contains('/') => {
             Err(invalid("a key has at most one '/' (namespace/name)"))
         }
-        Some(("", _)) => Err(invalid("the namespace before '/' is empty")),
+        None if key.is_empty() => Err(invalid("the key is empty")),
+        None => Ok((None, key)),
         Some((_, "")) => Err(invalid("the name after '/' is empty")),
+        Some(("", name)) => Ok((None, name)),
         Some((ns, name)) => Ok((Some(ns), name)),
     }
 }
@@ -146,8 +146,8 @@ mod tests {
     fn split_rejects_malformed_keys_saying_why() {
         for (key, why) in [
             ("", "empty"),
-            ("/x", "namespace"),
             ("x/", "name"),
+            ("/", "name"),
             ("a/b/c", "at most one"),
             ("//", "at most one"),
         ] {
@@ -156,6 +156,11 @@ mod tests {
             assert!(msg.contains(why), "{key:?}: {msg}");
             assert!(msg.contains(&format!("{key:?}")), "{key:?}: {msg}");
         }
+    }
+
+    #[test]
+    fn split_reads_an_empty_namespace_as_cluster_scoped() {
+        assert_eq!(split_meta_namespace_key("/b").unwrap(), (None, "b"));
     }
 
     #[test]

@@ -101,13 +101,12 @@ impl<K> ThreadSafeStore<K> {
         store
     }
 
-    /// Adds indexes. Refused, as in client-go, once the store holds items, and
-    /// when a name is already taken.
+    /// Adds indexes, indexing the objects already stored (as client-go since
+    /// v0.30). Refused, changing nothing, when a name is already taken.
+    /// [`StoreError::Unindexed`] when a new index function fails for stored
+    /// objects: the indexes are added, with those objects left out of them.
     pub fn add_indexers(&self, new: Indexers<K>) -> Result<(), StoreError> {
         let mut inner = self.inner.write();
-        if !inner.items.is_empty() {
-            return Err(StoreError::IndexersAfterItems(inner.items.len()));
-        }
         if let Some(name) = new
             .keys()
             .find(|name| inner.indexers.iter().any(|(n, _)| n == *name))
@@ -116,11 +115,40 @@ impl<K> ThreadSafeStore<K> {
         }
         let mut new: Vec<_> = new.into_iter().collect();
         new.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut unindexed = Vec::new();
         for (name, func) in new {
+            let mut index: Map<Arc<str>, KeySet> = Map::default();
+            for (key, entry) in inner.items.iter_mut() {
+                let values: Box<[Arc<str>]> = match call_index_func(&func, &entry.obj) {
+                    Ok(values) => normalized(values),
+                    Err(source) => {
+                        unindexed.push(IndexError {
+                            index: name.clone(),
+                            key: key.to_string(),
+                            source,
+                        });
+                        Box::default()
+                    }
+                };
+                for value in values.iter() {
+                    index
+                        .entry(Arc::clone(value))
+                        .or_default()
+                        .insert(Arc::clone(key));
+                }
+                // Index values are kept in `indexers` order: append this one.
+                let mut all = std::mem::take(&mut entry.index_values).into_vec();
+                all.push(values);
+                entry.index_values = all.into_boxed_slice();
+            }
             inner.indexers.push((name, func));
-            inner.indices.push(Map::default());
+            inner.indices.push(index);
         }
-        Ok(())
+        if unindexed.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unindexed(unindexed))
+        }
     }
 
     /// The names of the indexes.
@@ -248,7 +276,7 @@ impl<K> ThreadSafeStore<K> {
         }
         let mut inner = self.inner.write();
         if inner.indexers.len() != indexers.len() {
-            // add_indexers ran meanwhile (only possible on an empty store); redo.
+            // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             let items: Vec<_> = entries
                 .into_iter()
@@ -304,14 +332,17 @@ impl<K> ThreadSafeStore<K> {
             .unwrap_or_default())
     }
 
-    /// Keys of the objects whose index `index_name` includes `value`.
+    /// Keys of the objects whose index `index_name` includes `value`, sorted
+    /// (client-go's `sets.List`).
     pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<String>, StoreError> {
         let inner = self.inner.read();
         let i = inner.index_position(index_name)?;
-        Ok(inner.indices[i]
+        let mut keys: Vec<String> = inner.indices[i]
             .get(value)
             .map(|keys| keys.iter().map(|k| k.to_string()).collect())
-            .unwrap_or_default())
+            .unwrap_or_default();
+        keys.sort_unstable();
+        Ok(keys)
     }
 
     /// Every value of index `index_name` that at least one object has; empty
@@ -344,6 +375,13 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
+/// One index function's values for an object, sorted and without repeats.
+fn normalized(mut values: Vec<String>) -> Box<[Arc<str>]> {
+    values.sort_unstable();
+    values.dedup();
+    values.into_iter().map(Arc::from).collect()
+}
+
 /// The values of every index for `obj`; an index whose function fails gets
 /// no values (the object is left out of it) and an [`IndexError`].
 fn compute_index_values<K>(
@@ -355,11 +393,7 @@ fn compute_index_values<K>(
     let values = indexers
         .iter()
         .map(|(name, func)| match call_index_func(func, obj) {
-            Ok(mut values) => {
-                values.sort_unstable();
-                values.dedup();
-                values.into_iter().map(Arc::from).collect()
-            }
+            Ok(values) => normalized(values),
             Err(source) => {
                 failed.push(IndexError {
                     index: name.clone(),

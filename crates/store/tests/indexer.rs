@@ -171,18 +171,46 @@ fn replace_with_a_keyless_object_is_refused_and_keeps_the_old_content() {
 }
 
 #[test]
-fn add_indexers_is_refused_once_items_exist() {
+fn add_indexers_with_a_name_already_taken_is_refused_and_changes_nothing() {
     let idx = Indexer::<Pod>::new();
     idx.add_indexers(namespace_indexers()).unwrap();
-    assert!(matches!(
-        idx.add_indexers(namespace_indexers()),
-        Err(StoreError::IndexerConflict(name)) if name == NAMESPACE_INDEX
-    ));
-    idx.add(pod("a", "b", &[])).unwrap();
+    idx.add(pod("a", "b", &[("tier", "web")])).unwrap();
     assert!(matches!(
         idx.add_indexers(by_label_values()),
-        Err(StoreError::IndexersAfterItems(1))
+        Err(StoreError::IndexerConflict(name)) if name == NAMESPACE_INDEX
     ));
+    assert_eq!(idx.indexer_names(), [NAMESPACE_INDEX]);
+}
+
+#[test]
+fn add_indexers_on_a_populated_store_indexes_the_items_it_holds() {
+    let idx = Indexer::<Pod>::with_indexers(namespace_indexers());
+    idx.add(pod("a", "x", &[("tier", "web")])).unwrap();
+    idx.add(pod("b", "y", &[("tier", "db")])).unwrap();
+    let mut labels = by_label_values();
+    labels.remove(NAMESPACE_INDEX);
+    idx.add_indexers(labels).unwrap();
+    assert_eq!(idx.index_keys("labels", "web").unwrap(), ["a/x"]);
+    assert_eq!(idx.index_keys("labels", "db").unwrap(), ["b/y"]);
+    // The old index is untouched, and later writes keep both up to date.
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "a").unwrap(), ["a/x"]);
+    idx.update(pod("a", "x", &[("tier", "db")])).unwrap();
+    assert!(idx.index_keys("labels", "web").unwrap().is_empty());
+    assert_eq!(idx.index_keys("labels", "db").unwrap(), ["a/x", "b/y"]);
+    idx.delete_by_key("b/y");
+    assert_eq!(idx.index_keys("labels", "db").unwrap(), ["a/x"]);
+}
+
+#[test]
+fn index_keys_are_sorted() {
+    let idx = Indexer::<Pod>::with_indexers(namespace_indexers());
+    let names: Vec<String> = (0..64).map(|i| format!("p{:02}", (i * 37) % 64)).collect();
+    for name in &names {
+        idx.add(pod("n", name, &[])).unwrap();
+    }
+    let mut sorted: Vec<String> = names.iter().map(|n| format!("n/{n}")).collect();
+    sorted.sort();
+    assert_eq!(idx.index_keys(NAMESPACE_INDEX, "n").unwrap(), sorted);
 }
 
 #[test]
@@ -291,6 +319,26 @@ fn a_panicking_index_function_is_caught_and_reported_with_the_key_and_the_index(
         .index("strict", &pod("n", "x", &[("boom", "1")]))
         .unwrap_err();
     assert!(matches!(err, StoreError::IndexFunc(_)), "{err}");
+}
+
+#[test]
+fn add_indexers_whose_function_fails_for_a_held_item_adds_the_index_without_that_item() {
+    let idx = Indexer::<Pod>::new();
+    idx.add(pod("n", "good", &[])).unwrap();
+    idx.add(pod("n", "bad", &[("bad", "1")])).unwrap();
+    let mut strict = strict_indexers();
+    strict.remove(NAMESPACE_INDEX);
+    let err = idx.add_indexers(strict).unwrap_err();
+    assert_eq!(
+        unindexed(err),
+        [(
+            "strict".to_string(),
+            "n/bad".to_string(),
+            "label \"bad\" is not allowed".to_string()
+        )]
+    );
+    assert_eq!(idx.index_keys("strict", "ok").unwrap(), ["n/good"]);
+    assert_eq!(idx.len(), 2);
 }
 
 #[test]

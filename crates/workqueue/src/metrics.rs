@@ -31,11 +31,14 @@ pub trait HistogramMetric: Send + Sync {
 /// Makes the metrics of one named queue. Every method is called once, when
 /// the queue is built.
 pub trait MetricsProvider: Send + Sync {
-    /// Current number of queued (not yet taken) items.
+    /// Current number of queued (not yet taken) items, always equal to the
+    /// queue's `len()`. An item added again while it is processed counts
+    /// once `done` queues it again; client-go counts it at the add already.
     fn new_depth_metric(&self, name: &str) -> Box<dyn GaugeMetric>;
     /// Items added (duplicates of a queued item excluded).
     fn new_adds_metric(&self, name: &str) -> Box<dyn CounterMetric>;
-    /// Seconds an item waited between add and get.
+    /// Seconds an item waited between add and get; for an item added again
+    /// while it was processed, from that add (as client-go).
     fn new_latency_metric(&self, name: &str) -> Box<dyn HistogramMetric>;
     /// Seconds between get and done.
     fn new_work_duration_metric(&self, name: &str) -> Box<dyn HistogramMetric>;

@@ -284,10 +284,8 @@ impl<T: QueueItem> Queue<T> {
         state.processing -= 1;
         if requeue {
             if let Some(m) = &self.shared.metrics {
+                // Queued from now; its latency runs from the re-add.
                 m.depth.inc();
-                if let Some(e) = state.items.get_mut(item) {
-                    e.added = Some(Instant::now());
-                }
             }
             state.queue.push_back(item.clone());
             if state.getters_waiting > 0 {
@@ -449,14 +447,17 @@ impl<T: QueueItem> Shared<T> {
                 entry.dirty = true;
                 if let Some(m) = metrics {
                     m.adds.inc();
+                    // Queue latency counts from this add, also for an item
+                    // being processed (client-go's `addTimes`).
+                    entry.added = Some(Instant::now());
                 }
-                // Being processed: `done` queues it again.
+                // Being processed: `done` queues it again (and counts it in
+                // depth then).
                 if entry.processing {
                     return;
                 }
                 if let Some(m) = metrics {
                     m.depth.inc();
-                    entry.added = Some(Instant::now());
                 }
                 e.key().clone()
             }

@@ -503,3 +503,37 @@ async fn metrics_report_depth_adds_latency_work_retries_and_unfinished_work() {
     q.update_unfinished_work();
     assert_eq!(*rec.unfinished.lock(), 0.0);
 }
+
+/// client-go's queue_test metrics case: an item re-added while it is
+/// processed waits in the queue from that re-add, not from `done`.
+#[tokio::test(start_paused = true)]
+async fn an_item_re_added_while_processing_counts_its_queue_latency_from_the_re_add() {
+    let rec = Arc::new(Recorded::default());
+    let q: Queue<&str> =
+        Queue::with_config(QueueConfig::new().metrics_provider(Arc::new(Recorder(rec.clone()))));
+    q.add("foo");
+    sleep(Duration::from_millis(50)).await;
+    let foo = get(&q).await.unwrap();
+    assert_eq!(rec.latency.lock().as_slice(), [0.05]);
+
+    // Added back while processing; repeated adds are one.
+    for _ in 0..5 {
+        q.add(foo);
+    }
+    assert_eq!(rec.adds.load(Ordering::SeqCst), 2);
+    // Not queued yet: depth follows len() (client-go already counts it).
+    assert_eq!(*rec.depth.lock(), 0);
+    assert_eq!(q.len(), 0);
+
+    sleep(Duration::from_millis(25)).await;
+    q.done(&foo);
+    assert_eq!(rec.work.lock().as_slice(), [0.025]);
+    // Queued again by done: in depth now, once.
+    assert_eq!(*rec.depth.lock(), 1);
+    assert_eq!(q.len(), 1);
+
+    assert_eq!(get(&q).await, Some("foo"));
+    // 25 ms since the re-add, although done came just before this get.
+    assert_eq!(rec.latency.lock().as_slice(), [0.05, 0.025]);
+    assert_eq!(*rec.depth.lock(), 0);
+}

@@ -6,12 +6,27 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kinformer_informer::SharedIndexInformer;
 use kinformer_informer::consistency::{Difference, LastSeen, diff, diff_cache, server_versions};
+use kinformer_informer::{FifoKind, InformerOptions, SharedIndexInformer};
 use kinformer_store::Object;
 use kube_client::Resource;
 use kube_client::api::{Api, DeleteParams, PostParams};
 use serde::de::DeserializeOwned;
+
+/// The queue the informers of these tests use: a RealFifo when
+/// `KINFORMER_TEST_FIFO=real` (`cargo xtask test` runs the informer tests
+/// once per queue), otherwise the default DeltaFifo.
+pub fn fifo() -> FifoKind {
+    match std::env::var("KINFORMER_TEST_FIFO").as_deref() {
+        Ok("real") => FifoKind::RealFifo,
+        _ => FifoKind::DeltaFifo,
+    }
+}
+
+/// Informer options on the queue of [`fifo`].
+pub fn options<K>() -> InformerOptions<K> {
+    InformerOptions::new().fifo(fifo())
+}
 
 /// Every list and watch error an informer reported, with when.
 #[derive(Clone, Default)]

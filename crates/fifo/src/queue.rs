@@ -1,0 +1,161 @@
+//! Either queue, behind one type: what a Reflector feeds and an informer pops.
+
+use std::sync::Arc;
+
+use kinformer_store::{KeyFunc, KnownObjects, Object, ObjectOrTombstone};
+
+use crate::{
+    DeltaFifo, DeltaFifoOptions, Deltas, FifoError, PopError, RealFifo, RealFifoOptions, Requeue,
+};
+
+/// Which queue an informer puts between its Reflector and its cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FifoKind {
+    /// [`DeltaFifo`]: the changes of one key merged into one pop (default).
+    #[default]
+    DeltaFifo,
+    /// [`RealFifo`]: every change its own pop, in arrival order.
+    RealFifo,
+}
+
+/// A [`DeltaFifo`] or a [`RealFifo`], shared: the operations a Reflector and
+/// an informer use, dispatched to whichever it is. Clones share the queue.
+#[derive(Debug)]
+pub enum InformerQueue<K> {
+    /// A DeltaFifo.
+    DeltaFifo(Arc<DeltaFifo<K>>),
+    /// A RealFifo.
+    RealFifo(Arc<RealFifo<K>>),
+}
+
+impl<K> Clone for InformerQueue<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::DeltaFifo(f) => Self::DeltaFifo(Arc::clone(f)),
+            Self::RealFifo(f) => Self::RealFifo(Arc::clone(f)),
+        }
+    }
+}
+
+impl<K> From<Arc<DeltaFifo<K>>> for InformerQueue<K> {
+    fn from(fifo: Arc<DeltaFifo<K>>) -> Self {
+        Self::DeltaFifo(fifo)
+    }
+}
+
+impl<K> From<Arc<RealFifo<K>>> for InformerQueue<K> {
+    fn from(fifo: Arc<RealFifo<K>>) -> Self {
+        Self::RealFifo(fifo)
+    }
+}
+
+impl<K: Object> InformerQueue<K> {
+    /// A new queue of `kind`, keying objects with `key_func` and finding
+    /// deletions and resyncs among `known`.
+    pub fn new(kind: FifoKind, key_func: KeyFunc<K>, known: Arc<dyn KnownObjects<K>>) -> Self {
+        match kind {
+            FifoKind::DeltaFifo => Self::DeltaFifo(Arc::new(DeltaFifo::with_options(
+                DeltaFifoOptions::new()
+                    .key_func(key_func)
+                    .known_objects(known),
+            ))),
+            FifoKind::RealFifo => Self::RealFifo(Arc::new(RealFifo::with_options(
+                RealFifoOptions::new()
+                    .key_func(key_func)
+                    .known_objects(known),
+            ))),
+        }
+    }
+}
+
+impl<K> InformerQueue<K> {
+    /// Which queue this is.
+    pub fn kind(&self) -> FifoKind {
+        match self {
+            Self::DeltaFifo(_) => FifoKind::DeltaFifo,
+            Self::RealFifo(_) => FifoKind::RealFifo,
+        }
+    }
+
+    /// Records that the object was added.
+    pub fn add(&self, obj: Arc<K>) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(f) => f.add(obj),
+            Self::RealFifo(f) => f.add(obj),
+        }
+    }
+
+    /// Records that the object was updated.
+    pub fn update(&self, obj: Arc<K>) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(f) => f.update(obj),
+            Self::RealFifo(f) => f.update(obj),
+        }
+    }
+
+    /// Records that the object was deleted.
+    pub fn delete(&self, obj: impl Into<ObjectOrTombstone<K>>) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(f) => f.delete(obj),
+            Self::RealFifo(f) => f.delete(obj),
+        }
+    }
+
+    /// Records a full list as of `resource_version`.
+    pub fn replace(&self, list: Vec<Arc<K>>, resource_version: &str) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(f) => f.replace(list, resource_version),
+            Self::RealFifo(f) => f.replace(list, resource_version),
+        }
+    }
+
+    /// Queues a `Sync` for every known object with nothing queued.
+    pub fn resync(&self) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(f) => f.resync(),
+            Self::RealFifo(f) => f.resync(),
+        }
+    }
+
+    /// Waits for the next pop and hands it to `process` with its key and
+    /// `is_in_initial_list`; see [`DeltaFifo::pop_with_key`] and
+    /// [`RealFifo::pop_with_key`].
+    pub async fn pop_with_key<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
+    where
+        F: FnOnce(&str, &Deltas<K>, bool) -> Result<T, Requeue<E>>,
+    {
+        match self {
+            Self::DeltaFifo(f) => f.pop_with_key(process).await,
+            Self::RealFifo(f) => f.pop_with_key(process).await,
+        }
+    }
+
+    /// Closes the queue.
+    pub fn close(&self) {
+        match self {
+            Self::DeltaFifo(f) => f.close(),
+            Self::RealFifo(f) => f.close(),
+        }
+    }
+
+    /// True once the first list has been popped entirely.
+    pub fn has_synced(&self) -> bool {
+        match self {
+            Self::DeltaFifo(f) => f.has_synced(),
+            Self::RealFifo(f) => f.has_synced(),
+        }
+    }
+
+    /// Pops waiting: keys for a DeltaFifo, entries for a RealFifo.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::DeltaFifo(f) => f.len(),
+            Self::RealFifo(f) => f.len(),
+        }
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
