@@ -51,6 +51,17 @@ fn status_kb(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) this process has used, in ms.
+fn process_cpu_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime, fields 14 and 15 of stat; Linux reports them in
+    // USER_HZ = 100 ticks per second.
+    (ticks(11) + ticks(12)) * 10.0
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -284,6 +295,7 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
     informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
     let shutdown = CancellationToken::new();
     let start = Instant::now();
+    let cpu_start = process_cpu_ms();
     let i = informer.clone();
     let s = shutdown.clone();
     tokio::spawn(async move { i.run(s).await });
@@ -291,6 +303,7 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let sync_secs = start.elapsed().as_secs_f64();
+    let cpu_ms = process_cpu_ms() - cpu_start;
     // Let transient buffers go before measuring the steady state.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_kb = status_kb("VmRSS:");
@@ -299,7 +312,7 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
     shutdown.cancel();
     Ok(
         serde_json::json!({"system": "kinformer", "scenario": scenario, "pods": objects,
-        "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "sync_seconds": sync_secs, "cpu_ms": cpu_ms, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )
 }

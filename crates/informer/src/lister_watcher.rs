@@ -578,31 +578,41 @@ fn decode_protobuf_event<K: Resource + DeserializeOwned>(
     })
 }
 
-/// A JSON watch body: one event a line.
+/// A JSON watch body: one event a line, each read into one reused buffer
+/// and decoded from its bytes (no `String` and no UTF-8 pass per line:
+/// serde_json checks the strings it decodes).
 fn json_events<K: DeserializeOwned + Send + 'static>(
     body: impl futures::AsyncBufRead + Send + 'static,
     drop_managed_fields: bool,
 ) -> WatchStream<K> {
-    let lines = futures::io::AsyncBufReadExt::lines(body);
-    lines
-        .filter_map(move |line| async move {
-            let line = match line {
-                Ok(line) => line,
+    let body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>> = Box::pin(body);
+    futures::stream::unfold((body, Vec::new()), move |(mut body, mut line)| async move {
+        use futures::AsyncBufReadExt;
+        loop {
+            line.clear();
+            match body.read_until(b'\n', &mut line).await {
+                Ok(0) => return None,
+                Ok(_) => {}
                 // A watch the server or the network ended: resumable.
                 Err(e) if is_resumable_end(&e) => return None,
-                Err(e) => return Some(Err(ListWatchError::Connect(e.to_string()))),
-            };
-            if line.trim().is_empty() {
-                return None;
+                Err(e) => {
+                    return Some((Err(ListWatchError::Connect(e.to_string())), (body, line)));
+                }
             }
-            Some(if drop_managed_fields {
-                let stripped = strip_managed_fields_json(line.as_bytes(), JsonShape::WatchEvent);
-                decode_stripped(line.as_bytes(), stripped, decode_event::<K>)
+            let json = line.trim_ascii();
+            if json.is_empty() {
+                continue;
+            }
+            let event = if drop_managed_fields {
+                let stripped = strip_managed_fields_json(json, JsonShape::WatchEvent);
+                decode_stripped(json, stripped, decode_event::<K>)
             } else {
-                decode_event::<K>(line.as_bytes())
-            })
-        })
-        .boxed()
+                decode_event::<K>(json)
+            };
+            return Some((event, (body, line)));
+        }
+    })
+    .boxed()
 }
 
 /// What a metadata-only watch asks for (kube-client's value).
