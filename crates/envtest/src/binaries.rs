@@ -18,8 +18,12 @@ pub const KUBERNETES_VERSION: &str = "v1.37.2";
 /// The etcd version.
 pub const ETCD_VERSION: &str = "v3.6.16";
 
-/// Where the binaries live: `$KINFORMER_ENVTEST_BIN`, or
-/// `$XDG_CACHE_HOME/kinformer/envtest/<versions>` (`~/.cache` by default).
+/// Where the binaries live: `$KINFORMER_ENVTEST_BIN`; else
+/// `$KUBEBUILDER_ASSETS` (setup-envtest's directory holding `etcd`,
+/// `kube-apiserver` and `kubectl`, as controller-runtime's envtest reads
+/// it); else `$XDG_CACHE_HOME/kinformer/envtest/<versions>` (`~/.cache` by
+/// default), built there from the pinned Go modules when missing. A
+/// directory named by either variable is used as it is, never built into.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     /// The directory holding all three.
@@ -29,8 +33,8 @@ pub struct Binaries {
 impl Binaries {
     /// The cache directory for the pinned versions (it may not exist yet).
     pub fn default_dir() -> PathBuf {
-        if let Some(dir) = std::env::var_os("KINFORMER_ENVTEST_BIN") {
-            return PathBuf::from(dir);
+        if let Some((_, dir)) = Self::given_dir() {
+            return dir;
         }
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -40,6 +44,18 @@ impl Binaries {
             .join("kinformer")
             .join("envtest")
             .join(format!("k8s-{KUBERNETES_VERSION}_etcd-{ETCD_VERSION}"))
+    }
+
+    /// The directory a variable names, and the variable:
+    /// `KINFORMER_ENVTEST_BIN` first, then `KUBEBUILDER_ASSETS`.
+    fn given_dir() -> Option<(&'static str, PathBuf)> {
+        ["KINFORMER_ENVTEST_BIN", "KUBEBUILDER_ASSETS"]
+            .into_iter()
+            .find_map(|var| {
+                std::env::var_os(var)
+                    .filter(|v| !v.is_empty())
+                    .map(|v| (var, PathBuf::from(v)))
+            })
     }
 
     /// The binaries in the default directory, without building.
@@ -57,8 +73,10 @@ impl Binaries {
 
     /// The binaries, built first if any is missing. Progress goes to stderr.
     pub fn ensure() -> Result<Self, EnvtestError> {
-        if let Ok(bins) = Self::locate() {
-            return Ok(bins);
+        let located = Self::locate();
+        if located.is_ok() || Self::given_dir().is_some() {
+            // A directory the user named is theirs: found, or reported missing.
+            return located;
         }
         let dir = Self::default_dir();
         fs::create_dir_all(&dir).map_err(|e| EnvtestError::io("creating", &dir, e))?;

@@ -29,7 +29,11 @@ pub enum EnvtestError {
         output: String,
     },
     /// The binaries are not where they should be and building was not allowed.
-    #[error("{0} not found; run `cargo xtask envtest build` to build the control plane")]
+    #[error(
+        "{0} not found; run `cargo xtask envtest build` to build the control plane \
+         (or, if KINFORMER_ENVTEST_BIN or KUBEBUILDER_ASSETS is set, point it at a \
+         directory holding etcd, kube-apiserver and kubectl)"
+    )]
     NotBuilt(PathBuf),
     /// A process of the control plane could not be started.
     #[error("could not start {component} ({path}): {source}")]
