@@ -40,7 +40,7 @@ pub async fn run(kubeconfig: Option<PathBuf>, root: &Path) -> Result<()> {
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(root)
-            .args(["build", "--quiet", "-p", "kinformer-cli"])
+            .args(["build", "-p", "kinformer-cli"])
             .status()
             .context("running cargo build")?;
     if !status.success() {
@@ -313,8 +313,11 @@ async fn scenario(binary: &Path, kubeconfig: &Path, client: &Client, ns: &str) -
     Ok(())
 }
 
+/// A step of the demo, with the time since the demo started.
 fn step(text: &str) {
-    println!("\n==> {text}");
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = STARTED.get_or_init(std::time::Instant::now).elapsed();
+    println!("\n==> {text} ({:.0} s)", elapsed.as_secs_f64());
 }
 
 async fn settle() {
