@@ -16,6 +16,18 @@
 //! - [`SharedInformerFactory`] shares informers by type, kind and scope;
 //!   [`Lister`] reads the cache; [`wait_for_cache_sync`] waits for it.
 //!
+//! On the wire, built-in kinds travel as Kubernetes protobuf
+//! ([`WireFormat::Auto`], the default; what client-go's typed clients ask
+//! for), decoded straight into the same k8s-openapi types a JSON decode
+//! gives: one serde `Deserializer` walks the protobuf bytes with a schema
+//! generated from the Go types of the pinned k8s.io modules (`cargo xtask
+//! proto-schema`), which knows what the `.proto` files do not: which zero
+//! values JSON leaves out (`omitempty` on a non-pointer field), which fields
+//! it inlines, how `Time`, `MicroTime`, `IntOrString`, `Quantity`, raw
+//! extensions and the apiextensions unions read. Custom resources,
+//! `DynamicObject` and metadata-only informers use JSON, as does any answer
+//! the server sends in JSON. [`WireFormat::Json`] forces JSON.
+//!
 //! ```no_run
 //! # async fn demo(client: kube_client::Client) {
 //! use k8s_openapi::api::core::v1::Pod;

@@ -282,3 +282,169 @@ async fn the_same_objects_decode_equal_from_protobuf_and_from_json() {
     }
     assert!(same_in_both::<CustomResourceDefinition>(&client, None).await >= 1);
 }
+
+mod generated {
+    //! Generated objects, created on the real server and read back in both
+    //! formats: the decoded values are equal.
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Strings the server accepts as data values and annotations: any
+    /// Unicode scalar but NUL-free, with escapes JSON must write.
+    fn text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just('"'),
+                Just('\\'),
+                Just('\n'),
+                Just('\u{2028}'),
+                Just('é'),
+                Just('😀'),
+                proptest::char::range(' ', '~'),
+                proptest::char::range('\u{a0}', '\u{d7ff}'),
+            ],
+            0..24,
+        )
+        .prop_map(|c| c.into_iter().collect())
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9.-]{0,10}[a-z0-9]"
+    }
+
+    fn configmap() -> impl Strategy<Value = serde_json::Value> {
+        (
+            proptest::collection::btree_map(key(), text(), 0..5),
+            proptest::collection::btree_map(key(), proptest::collection::vec(any::<u8>(), 0..16), 0..3),
+            proptest::collection::btree_map(key(), "[a-z0-9]{0,8}", 0..3),
+            proptest::collection::btree_map(key(), text(), 0..3),
+            proptest::option::of(any::<bool>()),
+        )
+            .prop_filter("data and binaryData keys are disjoint", |(d, b, ..)| {
+                d.keys().all(|k| !b.contains_key(k))
+            })
+            .prop_map(|(data, binary, labels, annotations, immutable)| {
+                use base64::Engine;
+                let binary: BTreeMap<_, _> = binary
+                    .into_iter()
+                    .map(|(k, v)| (k, base64::engine::general_purpose::STANDARD.encode(v)))
+                    .collect();
+                let mut cm = serde_json::json!({
+                    "metadata": {"generateName": "gen-", "labels": labels, "annotations": annotations},
+                    "data": data, "binaryData": binary,
+                });
+                if let Some(i) = immutable {
+                    cm["immutable"] = i.into();
+                }
+                cm
+            })
+    }
+
+    fn pod() -> impl Strategy<Value = serde_json::Value> {
+        (
+            proptest::collection::vec((1..65535i32, proptest::option::of(0..65535i32)), 0..3),
+            proptest::collection::vec((key(), text()), 0..3),
+            proptest::sample::select(vec!["0", "1", "100m", "1.5", "2Gi", "1e3", "500M"]),
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(0..3600i64),
+            proptest::option::of(prop_oneof![
+                (1..65535i32).prop_map(serde_json::Value::from),
+                "[a-z]{1,8}".prop_map(serde_json::Value::from)
+            ]),
+        )
+            .prop_map(|(ports, env, quantity, flag, grace, probe_port)| {
+                let ports: Vec<_> = ports
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (p, host))| {
+                        let mut port =
+                            serde_json::json!({"containerPort": p, "name": format!("p{i}")});
+                        if let Some(h) = host {
+                            port["hostPort"] = (*h).into();
+                        }
+                        port
+                    })
+                    .collect();
+                let env: Vec<_> = env
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, v))| serde_json::json!({"name": format!("E{i}"), "value": v}))
+                    .collect();
+                let mut container = serde_json::json!({
+                    "name": "c", "image": "x", "ports": ports, "env": env,
+                    "resources": {"requests": {"cpu": quantity, "memory": quantity}},
+                });
+                if let Some(f) = flag {
+                    container["tty"] = f.into();
+                    container["stdin"] = f.into();
+                }
+                if let Some(p) = probe_port {
+                    container["readinessProbe"] = serde_json::json!({"httpGet": {"port": p}});
+                }
+                let mut pod = serde_json::json!({
+                    "metadata": {"generateName": "gen-"},
+                    "spec": {"containers": [container]},
+                });
+                if let Some(g) = grace {
+                    pod["spec"]["terminationGracePeriodSeconds"] = g.into();
+                }
+                pod
+            })
+    }
+
+    /// Creates `objects` in a fresh namespace and compares the two formats.
+    fn round_trip<K>(objects: Vec<serde_json::Value>)
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Serialize
+            + Debug
+            + PartialEq
+            + Send
+            + Sync
+            + 'static,
+    {
+        // One runtime for every case: the shared control plane lives as long.
+        static RUNTIME: std::sync::LazyLock<tokio::runtime::Runtime> =
+            std::sync::LazyLock::new(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            });
+        RUNTIME.block_on(async {
+            let env = TestEnv::shared().await.unwrap();
+            let ns = env.create_namespace("proto-gen").await.unwrap();
+            let client = env.client().unwrap();
+            let api: Api<K> = Api::namespaced(client.clone(), &ns);
+            for o in objects {
+                create(&api, o).await;
+            }
+            same_in_both::<K>(&client, Some(&ns)).await;
+        });
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        #[test]
+        fn generated_configmaps_decode_equal_from_protobuf_and_from_json(
+            objects in proptest::collection::vec(configmap(), 1..6)
+        ) {
+            round_trip::<ConfigMap>(objects);
+        }
+
+        #[test]
+        fn generated_pods_decode_equal_from_protobuf_and_from_json(
+            objects in proptest::collection::vec(pod(), 1..6)
+        ) {
+            round_trip::<Pod>(objects);
+        }
+    }
+}
