@@ -332,6 +332,41 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 );
             }
         }
+        if size == *sizes.last().unwrap_or(&size) {
+            // Relist peak memory (kinformer alone: the peers have no way to
+            // force a 410 from inside their process).
+            let scenario = format!(
+                "relist after a forced 410 Gone, {size} pods cached (kinformer, protobuf, managedFields stripped)"
+            );
+            for _ in 0..sync_rounds {
+                let v =
+                    harness(&harnesses, System::Kinformer, &["relist", &kubeconfig, &ns]).await?;
+                results.add(
+                    &scenario,
+                    "steady RSS, MiB",
+                    System::Kinformer,
+                    num(&v, "steady_rss_bytes")? / 1048576.0,
+                );
+                results.add(
+                    &scenario,
+                    "peak RSS during the relist, MiB",
+                    System::Kinformer,
+                    num(&v, "relist_peak_rss_bytes")? / 1048576.0,
+                );
+                results.add(
+                    &scenario,
+                    "peak ÷ steady",
+                    System::Kinformer,
+                    num(&v, "peak_over_steady")?,
+                );
+                results.add(
+                    &scenario,
+                    "relist, ms",
+                    System::Kinformer,
+                    num(&v, "relist_seconds")? * 1e3,
+                );
+            }
+        }
         println!(
             "    sync of {size} done ({:.0} s)",
             started.elapsed().as_secs_f64()

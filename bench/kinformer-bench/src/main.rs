@@ -11,6 +11,8 @@
 //!
 //! The informer scenarios use a RealFifo instead of the default DeltaFifo
 //! when `KINFORMER_BENCH_FIFO=real`.
+//! - `relist KUBECONFIG NAMESPACE`: a synced informer forced to relist by
+//!   a 410 on its watch: peak RSS during the relist against the steady RSS.
 //! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json]`: informer
 //!   initial sync of every Pod in NAMESPACE (managedFields stripped unless
 //!   kept; protobuf unless `json`): time to has_synced, RSS.
@@ -31,9 +33,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
+use futures::StreamExt;
+use futures::future::BoxFuture;
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, FifoKind, InformerOptions, ResourceEventHandlerFuncs,
-    SharedIndexInformer, WireFormat, strip_managed_fields,
+    ApiListerWatcher, CancellationToken, FifoKind, InformerOptions, ListPage, ListRequest,
+    ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
+    WatchStream, WireFormat, strip_managed_fields,
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -105,6 +110,7 @@ fn main() -> Result<()> {
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
         Some("metadata-sync") => rt.block_on(metadata_sync(&arg(1)?, &arg(2)?)),
+        Some("relist") => rt.block_on(relist(&arg(1)?, &arg(2)?)),
         Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;
@@ -272,6 +278,77 @@ async fn sync(
     v["strip_managed_fields"] = strip.into();
     v["wire"] = if protobuf { "protobuf" } else { "json" }.into();
     Ok(v)
+}
+
+/// The Pod lister-watcher, whose open watch ends in 410 Gone when `gone`
+/// is notified: the Reflector then relists while the old cache is held.
+struct GoneOnDemand {
+    inner: ApiListerWatcher<Pod>,
+    gone: Arc<tokio::sync::Notify>,
+}
+
+impl ListerWatcher<Pod> for GoneOnDemand {
+    fn list(&self, request: ListRequest) -> BoxFuture<'_, Result<ListPage<Pod>, ListWatchError>> {
+        self.inner.list(request)
+    }
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<Pod>, ListWatchError>> {
+        Box::pin(async move {
+            let events = self.inner.watch(request).await?;
+            let gone = Arc::clone(&self.gone);
+            let end = futures::stream::once(async move {
+                gone.notified().await;
+                Err(ListWatchError::Gone("forced by the bench".into()))
+            });
+            Ok(futures::stream::select(events, end).boxed())
+        })
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// Relist peak memory: a synced informer (protobuf, managedFields
+/// dropped) gets a 410 on its watch and relists everything while its cache
+/// is held; the peak RSS during the relist against the steady RSS before.
+async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let gone = Arc::new(tokio::sync::Notify::new());
+    let lw = GoneOnDemand {
+        inner: ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
+        gone: Arc::clone(&gone),
+    };
+    let informer = SharedIndexInformer::new(lw, options());
+    informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
+    let shutdown = CancellationToken::new();
+    let (i, s) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(s).await });
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let steady_kb = status_kb("VmRSS:");
+    // Reset VmHWM to the current RSS, so the peak is the relist's.
+    std::fs::write("/proc/self/clear_refs", "5").context("resetting VmHWM")?;
+    let stats = informer.reflector_stats().context("no reflector stats")?;
+    let lists = stats.lists_completed.load(Ordering::SeqCst);
+    let started = Instant::now();
+    gone.notify_waiters();
+    while stats.lists_completed.load(Ordering::SeqCst) == lists {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let relist_secs = started.elapsed().as_secs_f64();
+    let peak_kb = status_kb("VmHWM:");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after_kb = status_kb("VmRSS:");
+    let objects = informer.indexer().len();
+    shutdown.cancel();
+    Ok(serde_json::json!({"system": "kinformer", "scenario": "relist", "pods": objects,
+        "relist_seconds": relist_secs, "steady_rss_bytes": steady_kb * 1024,
+        "relist_peak_rss_bytes": peak_kb * 1024, "after_rss_bytes": after_kb * 1024,
+        "peak_over_steady": peak_kb as f64 / steady_kb.max(1) as f64}))
 }
 
 async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
