@@ -54,6 +54,8 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 mod builder;
 mod error;
 mod events;

@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod answering_proxy;
 mod binaries;
 mod certs;

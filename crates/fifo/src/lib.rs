@@ -56,6 +56,8 @@
 //! # });
 //! ```
 
+#![deny(missing_docs)]
+
 mod delta;
 mod delta_fifo;
 mod error;

@@ -99,6 +99,8 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 mod backoff;
 pub mod consistency;
 mod error;

@@ -37,6 +37,8 @@
 //! assert_eq!(indexer.by_index(NAMESPACE_INDEX, "web").unwrap().len(), 1);
 //! ```
 
+#![deny(missing_docs)]
+
 mod error;
 mod index;
 mod indexer;

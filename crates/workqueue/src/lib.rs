@@ -41,6 +41,8 @@
 //! # });
 //! ```
 
+#![deny(missing_docs)]
+
 mod delaying;
 mod metrics;
 mod queue;
