@@ -38,6 +38,13 @@ fn names(lookup: &Lookup<impl kube_client::Resource>) -> String {
     }
 }
 
+/// Holds reconciles until the test opens it.
+struct Gate {
+    open: tokio::sync::Semaphore,
+    /// Reconciles that reached the gate.
+    entered: std::sync::atomic::AtomicUsize,
+}
+
 /// A Manager on `ns` with a ConfigMap controller and a Secret controller
 /// that also watches ConfigMaps (the Secret of the same name); both record
 /// what they reconcile as `controller:name` in `seen`. The ConfigMap
@@ -47,7 +54,7 @@ fn two_controllers(
     ns: &str,
     options: ManagerOptions,
     seen: &Seen,
-    gate: Option<Arc<tokio::sync::Semaphore>>,
+    gate: Option<Arc<Gate>>,
 ) -> Manager {
     let factory = SharedInformerFactory::new(client.clone()).namespace(ns);
     let mut manager = Manager::with_factory(factory, client.clone(), options).unwrap();
@@ -56,7 +63,9 @@ fn two_controllers(
         .controller::<ConfigMap>("cm")
         .reconcile(Arc::new((Arc::clone(seen), gate)), |cm, ctx| async move {
             if let Some(gate) = &ctx.1 {
-                gate.acquire().await?.forget();
+                gate.entered
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                gate.open.acquire().await?.forget();
             }
             ctx.0.lock().push(format!("cm:{}", names(&cm)));
             Ok(Action::Done)
@@ -175,7 +184,10 @@ async fn one_lease_covers_every_controller_and_is_released_only_after_all_have_d
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let (seen_a, seen_b) = (Seen::default(), Seen::default());
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = Arc::new(Gate {
+        open: tokio::sync::Semaphore::new(0),
+        entered: Default::default(),
+    });
     let a = two_controllers(
         &client,
         &ns,
@@ -211,7 +223,7 @@ async fn one_lease_covers_every_controller_and_is_released_only_after_all_have_d
     .await;
     // a's ConfigMap reconcile of "held" is now blocked on the gate.
     eventually("a's ConfigMap reconcile to start", async || {
-        gate.available_permits() == 0 && !seen_a.lock().is_empty()
+        gate.entered.load(std::sync::atomic::Ordering::SeqCst) > 0
     })
     .await;
     stop_a.cancel();
@@ -227,7 +239,7 @@ async fn one_lease_covers_every_controller_and_is_released_only_after_all_have_d
         "the standby reconciled: {:?}",
         seen_b.lock()
     );
-    gate.add_permits(1);
+    gate.open.add_permits(1);
     task_a.await.unwrap().unwrap();
     assert!(seen_a.lock().contains(&"cm:held".to_owned()));
 
