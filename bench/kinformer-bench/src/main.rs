@@ -109,7 +109,15 @@ fn main() -> Result<()> {
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
-        Some("metadata-sync") => rt.block_on(metadata_sync(&arg(1)?, &arg(2)?)),
+        Some("metadata-sync") => rt.block_on(metadata_sync(
+            &arg(1)?,
+            &arg(2)?,
+            if args.get(3).map(String::as_str) == Some("json") {
+                WireFormat::Json
+            } else {
+                WireFormat::Auto
+            },
+        )),
         Some("relist") => rt.block_on(relist(&arg(1)?, &arg(2)?)),
         Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
@@ -351,11 +359,13 @@ async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
         "peak_over_steady": peak_kb as f64 / steady_kb.max(1) as f64}))
 }
 
-async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+async fn metadata_sync(kubeconfig: &str, ns: &str, wire: WireFormat) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).drop_managed_fields(),
+        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns)
+            .drop_managed_fields()
+            .wire_format(wire),
         options(),
     );
     measure_sync(informer, baseline_kb, "metadata-sync").await

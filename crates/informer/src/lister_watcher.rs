@@ -74,10 +74,11 @@ pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, ListWatchErro
 /// How objects travel from the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WireFormat {
-    /// Kubernetes protobuf for the built-in kinds (lists, watches and the
-    /// streaming list; what client-go's typed clients ask for), JSON for
-    /// custom resources, `DynamicObject` and metadata-only informers, and
-    /// whenever the server answers in JSON instead. The default.
+    /// Kubernetes protobuf for the built-in kinds and for metadata-only
+    /// informers of any kind (lists, watches and the streaming list; what
+    /// client-go's typed and metadata clients ask for), JSON for custom
+    /// resources and `DynamicObject`, and whenever the server answers in
+    /// JSON instead. The default.
     #[default]
     Auto,
     /// JSON always.
@@ -203,7 +204,8 @@ where
     }
 
     /// Whether lists and watches ask for protobuf: `K` is a built-in kind
-    /// (not `DynamicObject`, not metadata-only) and the format is `Auto`.
+    /// or metadata only (`PartialObjectMeta<K>`, as
+    /// `PartialObjectMetadata`), not `DynamicObject`, and the format is `Auto`.
     pub fn uses_protobuf(&self) -> bool {
         self.protobuf().is_some()
     }
@@ -213,15 +215,33 @@ where
             .filter(|_| self.wire_format == WireFormat::Auto)
     }
 
-    /// Sends `request` asking for protobuf (`accept`), with JSON as the
-    /// fallback; the response if it succeeded, its Status as an error if not.
+    /// What to accept: protobuf first, JSON as the fallback; for a list or
+    /// a watch; metadata only as `PartialObjectMetadata(List)`.
+    fn accept(&self, list: bool) -> String {
+        if K::metadata_api() {
+            let as_ = if list {
+                "PartialObjectMetadataList"
+            } else {
+                "PartialObjectMetadata"
+            };
+            let media = format!(";as={as_};g=meta.k8s.io;v=v1");
+            format!("{MEDIA_TYPE}{media}, application/json{media}")
+        } else if list {
+            format!("{MEDIA_TYPE}, application/json")
+        } else {
+            format!("{MEDIA_TYPE};stream=watch, application/json")
+        }
+    }
+
+    /// Sends `request` accepting `accept`; the response if it succeeded,
+    /// its Status as an error if not.
     async fn send_protobuf(
         &self,
         request: http::Request<Vec<u8>>,
         accept: &str,
     ) -> Result<http::Response<kube_client::client::Body>, ListWatchError> {
         let (mut parts, body) = request.into_parts();
-        let accept = http::HeaderValue::from_str(&format!("{accept}, application/json"))
+        let accept = http::HeaderValue::from_str(accept)
             .map_err(|e| ListWatchError::Connect(format!("building the request: {e}")))?;
         parts.headers.insert(http::header::ACCEPT, accept);
         let request = http::Request::from_parts(parts, kube_client::client::Body::from(body));
@@ -259,7 +279,7 @@ where
         kind: &'static ProtoKind,
         request: http::Request<Vec<u8>>,
     ) -> Result<ListPage<K>, ListWatchError> {
-        let response = self.send_protobuf(request, MEDIA_TYPE).await?;
+        let response = self.send_protobuf(request, &self.accept(true)).await?;
         let protobuf = is_protobuf(&response);
         let body = collect(response).await?;
         if !protobuf {
@@ -296,9 +316,7 @@ where
         kind: &'static ProtoKind,
         request: http::Request<Vec<u8>>,
     ) -> Result<WatchStream<K>, ListWatchError> {
-        let response = self
-            .send_protobuf(request, &format!("{MEDIA_TYPE};stream=watch"))
-            .await?;
+        let response = self.send_protobuf(request, &self.accept(false)).await?;
         let protobuf = is_protobuf(&response);
         let body = futures::TryStreamExt::into_async_read(futures::TryStreamExt::map_err(
             http_body_util::BodyDataStream::new(response.into_body()),
@@ -501,7 +519,10 @@ const MAX_FRAME: usize = 64 << 20;
 fn protobuf_kind<K: Resource + 'static>(dyntype: &K::DynamicType) -> Option<&'static ProtoKind> {
     let dynamic =
         std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>();
-    if K::metadata_api() || dynamic {
+    if K::metadata_api() {
+        return crate::protobuf::envelope::metadata_kind();
+    }
+    if dynamic {
         return None;
     }
     crate::protobuf::envelope::kind(&K::api_version(dyntype), &K::kind(dyntype))

@@ -283,6 +283,70 @@ async fn the_same_objects_decode_equal_from_protobuf_and_from_json() {
     assert!(same_in_both::<CustomResourceDefinition>(&client, None).await >= 1);
 }
 
+/// Metadata-only informers ask for `PartialObjectMetadata` in protobuf as
+/// client-go's metadata client does; what they cache equals the JSON's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_only_objects_decode_equal_from_protobuf_and_from_json() {
+    use kube_client::core::PartialObjectMeta;
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("proto-meta").await.unwrap();
+    let client = env.client().unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create(&pods, spec_pod("rich")).await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create(&configmaps, serde_json::json!({"metadata": {"name": "c", "labels": {"a": "b"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "rich", "uid": "u", "controller": true}]}})).await;
+    async fn both<K>(client: &Client, ns: &str) -> usize
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let lw = |format| {
+            ApiListerWatcher::<PartialObjectMeta<K>>::namespaced(client.clone(), ns)
+                .wire_format(format)
+        };
+        let (json, proto) = (lw(WireFormat::Json), lw(WireFormat::Auto));
+        assert!(proto.uses_protobuf() && !json.uses_protobuf());
+        let view = |items: Vec<PartialObjectMeta<K>>| {
+            let mut v: Vec<_> = items.into_iter().map(|o| (o.types, o.metadata)).collect();
+            v.sort_by_key(|(_, m)| m.name.clone());
+            v
+        };
+        let a = view(json.list(ListRequest::default()).await.unwrap().items);
+        let b = view(proto.list(ListRequest::default()).await.unwrap().items);
+        assert!(!a.is_empty());
+        assert_eq!(
+            a,
+            b,
+            "{} metadata differs between JSON and protobuf",
+            K::kind(&())
+        );
+        // The watch's initial events too.
+        let mut watched = Vec::new();
+        for lw in [&json, &proto] {
+            let request = WatchRequest {
+                resource_version: "0".into(),
+                timeout: Duration::from_secs(30),
+                allow_bookmarks: false,
+                send_initial_events: false,
+            };
+            let mut stream = lw.watch(request).await.unwrap();
+            let mut objects = Vec::new();
+            while objects.len() < a.len() {
+                match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+                    Ok(Some(Ok(WatchEvent::Added(o)))) => objects.push(o),
+                    Ok(Some(Ok(_))) => {}
+                    other => panic!("watching {} metadata: {other:?}", K::kind(&())),
+                }
+            }
+            watched.push(view(objects));
+        }
+        assert_eq!(watched[0], watched[1]);
+        a.len()
+    }
+    assert_eq!(both::<Pod>(&client, &ns).await, 1);
+    assert_eq!(both::<ConfigMap>(&client, &ns).await, 1);
+}
+
 mod generated {
     //! Generated objects, created on the real server and read back in both
     //! formats: the decoded values are equal.

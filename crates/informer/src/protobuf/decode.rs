@@ -134,6 +134,7 @@ pub(crate) fn from_message<'de, T: de::Deserialize<'de>>(
         message: message_at(message)?,
         bytes,
         drop_managed_fields: false,
+        type_meta: None,
     })
 }
 
@@ -142,16 +143,21 @@ const MANAGED_FIELDS: u32 = 17;
 
 /// Deserializes an object of message `message` from `bytes`, leaving out its
 /// own `metadata.managedFields` (only the top-level object's) when
-/// `drop_managed_fields`: they are skipped, never decoded.
-pub(crate) fn from_object<'de, T: de::Deserialize<'de>>(
+/// `drop_managed_fields`: they are skipped, never decoded. `type_meta`, if
+/// given, is presented as its `apiVersion` and `kind`: for the kinds whose
+/// JSON carries them on every object, list items included
+/// (`PartialObjectMetadata`), where the protobuf message does not.
+pub(crate) fn from_typed_object<'de, T: de::Deserialize<'de>>(
     message: u16,
     bytes: &'de [u8],
     drop_managed_fields: bool,
+    type_meta: Option<(&'static str, &'static str)>,
 ) -> Result<T> {
     T::deserialize(MessageDe {
         message: message_at(message)?,
         bytes,
         drop_managed_fields,
+        type_meta,
     })
 }
 
@@ -167,6 +173,8 @@ struct MessageDe<'de> {
     bytes: &'de [u8],
     /// Leave out `metadata.managedFields`.
     drop_managed_fields: bool,
+    /// `apiVersion` and `kind` to present first.
+    type_meta: Option<(&'static str, &'static str)>,
 }
 
 /// The fields present in a message (with those of inlined messages), each
@@ -178,6 +186,10 @@ struct MessageAccess<'de> {
     value: (usize, usize),
     /// Leave out `metadata.managedFields` (this is the top-level object).
     drop_managed_fields: bool,
+    /// `apiVersion` and `kind` entries still to present, and the value of
+    /// the one whose key was read last.
+    type_meta: Vec<(&'static str, &'static str)>,
+    type_value: Option<&'static str>,
 }
 
 fn scan<'de>(
@@ -229,6 +241,8 @@ impl<'de> MessageAccess<'de> {
             next: 0,
             value: (0, 0),
             drop_managed_fields: false,
+            type_meta: Vec::new(),
+            type_value: None,
         })
     }
 }
@@ -257,6 +271,10 @@ impl<'de> MapAccess<'de> for MessageAccess<'de> {
     type Error = ProtobufError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
+        if let Some((key, value)) = self.type_meta.pop() {
+            self.type_value = Some(value);
+            return seed.deserialize(key.into_deserializer()).map(Some);
+        }
         loop {
             let Some(&(field, _)) = self.entries.get(self.next) else {
                 return Ok(None);
@@ -282,6 +300,9 @@ impl<'de> MapAccess<'de> for MessageAccess<'de> {
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value> {
+        if let Some(value) = self.type_value.take() {
+            return seed.deserialize(value.into_deserializer());
+        }
         let (start, end) = self.value;
         let field = self.entries[start].0;
         let occurrences = &self.entries[start..end];
@@ -314,7 +335,7 @@ impl<'de> MapAccess<'de> for MessageAccess<'de> {
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.entries.len() - self.next)
+        Some(self.entries.len() - self.next + self.type_meta.len())
     }
 }
 
@@ -324,6 +345,10 @@ impl<'de> de::Deserializer<'de> for MessageDe<'de> {
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         let mut access = MessageAccess::new(self.message, self.bytes, 0)?;
         access.drop_managed_fields = self.drop_managed_fields;
+        if let Some((api_version, kind)) = self.type_meta {
+            // Popped from the end: apiVersion first.
+            access.type_meta = vec![("kind", kind), ("apiVersion", api_version)];
+        }
         visitor.visit_map(access)
     }
 

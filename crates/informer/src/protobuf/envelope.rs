@@ -4,7 +4,7 @@
 
 use serde::de::DeserializeOwned;
 
-use super::decode::{Fields, ProtobufError, Raw, from_message, from_object};
+use super::decode::{Fields, ProtobufError, Raw, from_message, from_typed_object};
 use super::generated::{KINDS, MESSAGES};
 use super::schema::{Kind, Ty};
 
@@ -74,7 +74,7 @@ pub(crate) fn kind(api_version: &str, kind: &str) -> Option<&'static Kind> {
         .map(|i| &KINDS[i])
 }
 
-fn message_named(name: &str) -> Result<u16> {
+pub(crate) fn message_named(name: &str) -> Result<u16> {
     MESSAGES
         .binary_search_by(|m| m.name.cmp(name))
         .ok()
@@ -94,7 +94,35 @@ pub(crate) fn object<K: DeserializeOwned>(
             expected.api_version, expected.kind, envelope.api_version, envelope.kind
         ));
     }
-    from_object(expected.message, envelope.raw, drop_managed_fields)
+    from_typed_object(
+        expected.message,
+        envelope.raw,
+        drop_managed_fields,
+        type_meta(expected),
+    )
+}
+
+/// The metadata-only kind: `PartialObjectMetadata`, whose JSON carries
+/// `apiVersion` and `kind` on every object, list items included.
+pub(crate) fn metadata_kind() -> Option<&'static Kind> {
+    static KIND: std::sync::OnceLock<Option<Kind>> = std::sync::OnceLock::new();
+    KIND.get_or_init(|| {
+        Some(Kind {
+            api_version: "meta.k8s.io/v1",
+            kind: "PartialObjectMetadata",
+            message: message_named("k8s.io.apimachinery.pkg.apis.meta.v1.PartialObjectMetadata")
+                .ok()?,
+            list: message_named("k8s.io.apimachinery.pkg.apis.meta.v1.PartialObjectMetadataList")
+                .ok()?,
+        })
+    })
+    .as_ref()
+}
+
+/// What `expected`'s objects carry as `apiVersion` and `kind` in JSON that
+/// their protobuf does not.
+fn type_meta(expected: &Kind) -> Option<(&'static str, &'static str)> {
+    (expected.kind == "PartialObjectMetadata").then_some((expected.api_version, expected.kind))
 }
 
 /// A list: its metadata and its items, each decoded alone (an item that
@@ -173,7 +201,7 @@ pub(crate) fn list<K: DeserializeOwned>(
                 }
             }
             (2, Raw::Bytes(item)) => out.items.push(
-                from_object(item_message, item, drop_managed_fields)
+                from_typed_object(item_message, item, drop_managed_fields, type_meta(expected))
                     .map_err(|e| format!("{}: {e}", object_name(item))),
             ),
             _ => {}
