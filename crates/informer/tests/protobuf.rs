@@ -29,6 +29,30 @@ where
         .unwrap_or_else(|e| panic!("creating {json}: {e}"));
 }
 
+/// The first `n` ADDED objects of a watch of `lw` from "0" (the server's
+/// current state, from its watch cache).
+async fn initial_events<K>(lw: &ApiListerWatcher<K>, n: usize) -> Vec<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let request = WatchRequest {
+        resource_version: "0".into(),
+        timeout: Duration::from_secs(30),
+        allow_bookmarks: false,
+        send_initial_events: false,
+    };
+    let mut stream = lw.watch(request).await.unwrap();
+    let mut objects = Vec::new();
+    while objects.len() < n {
+        match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
+            Ok(Some(Ok(WatchEvent::Added(o)))) => objects.push(o),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("watching {}: {other:?}", lw.describe()),
+        }
+    }
+    objects
+}
+
 /// Lists `K` in both formats, then watches from "0" in both, and asserts
 /// that every object decodes equal; returns how many there were.
 async fn same_in_both<K>(client: &Client, namespace: Option<&str>) -> usize
@@ -68,21 +92,7 @@ where
     // The watch's initial events, in both formats.
     let mut watched = Vec::new();
     for lw in [&json, &proto] {
-        let request = WatchRequest {
-            resource_version: "0".into(),
-            timeout: Duration::from_secs(30),
-            allow_bookmarks: false,
-            send_initial_events: false,
-        };
-        let mut stream = lw.watch(request).await.unwrap();
-        let mut objects = Vec::new();
-        while objects.len() < a.len() {
-            match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
-                Ok(Some(Ok(WatchEvent::Added(o)))) => objects.push(o),
-                Ok(Some(Ok(_))) => {}
-                other => panic!("watching {}: {other:?}", K::kind(&())),
-            }
-        }
+        let mut objects = initial_events(lw, a.len()).await;
         objects.sort_by_key(key);
         watched.push(objects);
     }
@@ -323,22 +333,7 @@ async fn metadata_only_objects_decode_equal_from_protobuf_and_from_json() {
         // The watch's initial events too.
         let mut watched = Vec::new();
         for lw in [&json, &proto] {
-            let request = WatchRequest {
-                resource_version: "0".into(),
-                timeout: Duration::from_secs(30),
-                allow_bookmarks: false,
-                send_initial_events: false,
-            };
-            let mut stream = lw.watch(request).await.unwrap();
-            let mut objects = Vec::new();
-            while objects.len() < a.len() {
-                match tokio::time::timeout(Duration::from_secs(20), stream.next()).await {
-                    Ok(Some(Ok(WatchEvent::Added(o)))) => objects.push(o),
-                    Ok(Some(Ok(_))) => {}
-                    other => panic!("watching {} metadata: {other:?}", K::kind(&())),
-                }
-            }
-            watched.push(view(objects));
+            watched.push(view(initial_events(lw, a.len()).await));
         }
         assert_eq!(watched[0], watched[1]);
         a.len()
