@@ -184,12 +184,15 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 // Kinformer also on a RealFifo (protobuf); client-go's
                 // informers run on its RealFIFO already.
                 let on_real_fifo = format!("{protobuf}, kinformer on a RealFifo");
+                // And with a compact cache (JSON bytes, no decoded cache).
+                let compact = format!("{protobuf}, kinformer with a compact cache");
                 let variants: Vec<(&str, &String, EnvVars)> = match system {
                     System::KubeRuntime => vec![("", &json, &[]), ("paged", &paged, &[])],
                     System::Kinformer => vec![
                         ("", &protobuf, &[]),
                         ("json", &json, &[]),
                         ("", &on_real_fifo, REAL_FIFO),
+                        ("compact", &compact, &[]),
                     ],
                     System::ClientGo => vec![("", &protobuf, &[]), ("json", &json, &[])],
                 };
@@ -204,6 +207,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                     let mut rows = vec![scenario.clone()];
                     if system == System::ClientGo && scenario == &protobuf {
                         rows.push(on_real_fifo.clone());
+                        rows.push(compact.clone());
                     }
                     for scenario in &rows {
                         results.add(
@@ -225,6 +229,17 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                             num(&v, "bytes_per_pod")?,
                         );
                         results.add(scenario, "kube-apiserver CPU, ms", system, server_ms);
+                    }
+                    if system == System::Kinformer {
+                        results.add(
+                            scenario,
+                            "Lister get, µs",
+                            system,
+                            num(&v, "lister_get_us")?,
+                        );
+                        if let Ok(bytes) = num(&v, "encoded_bytes_per_pod") {
+                            results.add(scenario, "encoded bytes per cached pod", system, bytes);
+                        }
                     }
                 }
             }

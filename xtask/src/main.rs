@@ -180,12 +180,14 @@ fn test(args: &[String]) -> Result<ExitCode> {
     if !status.success() {
         return Ok(ExitCode::FAILURE);
     }
-    // The informer's tests again, on the other queue (see tests/common).
-    eprintln!("xtask: the informer tests again, on a RealFifo");
+    // The informer's tests again, on the other queue and the compact cache
+    // (see tests/common).
+    eprintln!("xtask: the informer tests again, on a RealFifo with a compact cache");
     let status = Command::new(&cargo)
         .current_dir(workspace_root())
         .args(["test", "-p", "kinformer-informer", "--tests"])
         .env("KINFORMER_TEST_FIFO", "real")
+        .env("KINFORMER_TEST_CACHE", "compact")
         .args(args)
         .status()
         .context("running cargo test on a RealFifo")?;

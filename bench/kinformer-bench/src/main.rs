@@ -13,9 +13,11 @@
 //! when `KINFORMER_BENCH_FIFO=real`.
 //! - `relist KUBECONFIG NAMESPACE`: a synced informer forced to relist by
 //!   a 410 on its watch: peak RSS during the relist against the steady RSS.
-//! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json]`: informer
-//!   initial sync of every Pod in NAMESPACE (managedFields stripped unless
-//!   kept; protobuf unless `json`): time to has_synced, RSS.
+//! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json] [compact]`:
+//!   informer initial sync of every Pod in NAMESPACE (managedFields stripped
+//!   unless kept; protobuf unless `json`; whole objects unless `compact`, a
+//!   compact cache of JSON without a decoded-object cache): time to
+//!   has_synced, RSS; then the mean time of a Lister `get` over every key.
 //! - `metadata-sync KUBECONFIG NAMESPACE`: a metadata-only informer
 //!   (`PartialObjectMeta<Pod>`, managedFields dropped) of every Pod in
 //!   NAMESPACE: time to has_synced, RSS per cached object.
@@ -36,7 +38,7 @@ use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, FifoKind, InformerOptions, ListPage, ListRequest,
+    ApiListerWatcher, CancellationToken, Compact, FifoKind, InformerOptions, ListPage, ListRequest,
     ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
     WatchStream, WireFormat, strip_managed_fields,
 };
@@ -106,6 +108,7 @@ fn main() -> Result<()> {
             } else {
                 WireFormat::Auto
             },
+            args[3..].iter().any(|a| a == "compact"),
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
@@ -269,6 +272,7 @@ async fn sync(
     ns: &str,
     strip: bool,
     wire: WireFormat,
+    compact: bool,
 ) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
@@ -278,13 +282,41 @@ async fn sync(
         // Dropped before decoding; the transform is then a no-op.
         lw = lw.drop_managed_fields();
     }
-    let informer = SharedIndexInformer::new(lw, options());
+    let mut options = options();
+    if compact {
+        options = options.compact(Compact::json());
+    }
+    let informer = SharedIndexInformer::new(lw, options);
     if strip {
         informer.set_transform(strip_managed_fields)?;
     }
-    let mut v = measure_sync(informer, baseline_kb, "sync").await?;
+    let mut v = measure_sync(informer.clone(), baseline_kb, "sync").await?;
     v["strip_managed_fields"] = strip.into();
     v["wire"] = if protobuf { "protobuf" } else { "json" }.into();
+    v["compact"] = compact.into();
+    // Lister gets over every key, in an order unrelated to insertion.
+    let lister = informer.lister();
+    let mut keys = informer.indexer().list_keys();
+    keys.sort_by_key(|k| k.bytes().rev().collect::<Vec<_>>());
+    let names: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|k| k.split_once('/'))
+        .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+        .collect();
+    let started = Instant::now();
+    let mut found = 0;
+    for (ns, name) in &names {
+        found += usize::from(lister.namespaced(ns).get(name).is_some());
+    }
+    let per_get = started.elapsed().as_secs_f64() / names.len().max(1) as f64;
+    if found != names.len() {
+        bail!("the Lister found {found} of {} cached keys", names.len());
+    }
+    v["lister_get_us"] = (per_get * 1e6).into();
+    if let Some(stats) = informer.indexer().compact_stats() {
+        v["encoded_bytes_per_pod"] =
+            (stats.encoded_bytes as f64 / stats.encoded_objects.max(1) as f64).into();
+    }
     Ok(v)
 }
 

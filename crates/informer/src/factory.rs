@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinformer_fifo::FifoKind;
-use kinformer_store::{Object, namespace_indexers};
+use kinformer_store::{Compact, Object, namespace_indexers};
 use kube_client::core::{ApiResource, ClusterResourceScope, DynamicObject, PartialObjectMeta};
 use kube_client::{Client, Resource};
 use parking_lot::Mutex;
@@ -86,6 +86,8 @@ pub struct SharedInformerFactory {
     drop_managed_fields: bool,
     wire_format: WireFormat,
     fifo: FifoKind,
+    /// Per type: the `Compact<K>` its informers keep their cache with.
+    compact: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
     informers: Mutex<HashMap<InformerKey, Entry>>,
 }
 
@@ -108,6 +110,7 @@ impl SharedInformerFactory {
             drop_managed_fields: false,
             wire_format: WireFormat::default(),
             fifo: FifoKind::default(),
+            compact: HashMap::new(),
             informers: Mutex::new(HashMap::new()),
         }
     }
@@ -134,6 +137,25 @@ impl SharedInformerFactory {
     /// (see [`ApiListerWatcher::drop_managed_fields`]).
     pub fn drop_managed_fields(mut self) -> Self {
         self.drop_managed_fields = true;
+        self
+    }
+
+    /// The factory's informers of `K` keep a compact cache
+    /// ([`InformerOptions::compact`]): objects encoded, decoded on read.
+    ///
+    /// ```no_run
+    /// # fn demo(client: kube_client::Client) {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kinformer_informer::{Compact, SharedInformerFactory};
+    ///
+    /// let factory = SharedInformerFactory::new(client)
+    ///     .drop_managed_fields()
+    ///     .compact::<Pod>(Compact::json().decoded_cache(1000));
+    /// let pods = factory.informer::<Pod>();
+    /// # }
+    /// ```
+    pub fn compact<K: 'static>(mut self, compact: Compact<K>) -> Self {
+        self.compact.insert(TypeId::of::<K>(), Box::new(compact));
         self
     }
 
@@ -243,6 +265,13 @@ impl SharedInformerFactory {
             .fifo(self.fifo);
         if let Some(p) = self.default_resync {
             options = options.default_resync(p);
+        }
+        if let Some(compact) = self
+            .compact
+            .get(&TypeId::of::<K>())
+            .and_then(|c| c.downcast_ref::<Compact<K>>())
+        {
+            options = options.compact(compact.clone());
         }
         let informer = SharedIndexInformer::new(lw, options);
         informers.insert(

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, PopError, Requeue};
-use kinformer_store::{CacheReader, Indexer, Indexers, KnownObjects, Object, StoreError};
+use kinformer_store::{CacheReader, Compact, Indexer, Indexers, KnownObjects, Object, StoreError};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
@@ -124,6 +124,14 @@ pub struct InformerOptions<K> {
     /// RealFifo hands them out one by one in arrival order, and on a relist
     /// delivers the deletions before the listed objects.
     pub fifo: FifoKind,
+    /// Keep the cache compact: each object encoded (stripped JSON with
+    /// [`Compact::json`]) with its key and index values, decoded when a
+    /// Lister reads it, with an optional bounded cache of decoded objects.
+    /// Handlers still receive decoded objects. `None` (the default) keeps
+    /// whole objects. Several times less memory per object, for a decode on
+    /// each read that the decoded cache does not serve; see
+    /// [`Compact`] for what the store checks.
+    pub compact: Option<Compact<K>>,
 }
 
 impl<K> Default for InformerOptions<K> {
@@ -133,6 +141,7 @@ impl<K> Default for InformerOptions<K> {
             default_resync: None,
             reflector: ReflectorOptions::default(),
             fifo: FifoKind::default(),
+            compact: None,
         }
     }
 }
@@ -164,6 +173,19 @@ impl<K> InformerOptions<K> {
     /// The queue between the Reflector and the cache.
     pub fn fifo(mut self, kind: FifoKind) -> Self {
         self.fifo = kind;
+        self
+    }
+
+    /// Keeps the cache compact ([`InformerOptions::compact`](Self#structfield.compact)):
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kinformer_informer::{Compact, InformerOptions};
+    ///
+    /// let options = InformerOptions::<Pod>::new().compact(Compact::json().decoded_cache(500));
+    /// ```
+    pub fn compact(mut self, compact: Compact<K>) -> Self {
+        self.compact = Some(compact);
         self
     }
 }
@@ -248,7 +270,10 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
 
     /// An informer over a shared `lw`.
     pub fn from_arc(lw: Arc<dyn ListerWatcher<K>>, options: InformerOptions<K>) -> Self {
-        let indexer = Arc::new(Indexer::with_indexers(options.indexers));
+        let indexer = Arc::new(match options.compact {
+            Some(compact) => Indexer::compact(options.indexers, compact),
+            None => Indexer::with_indexers(options.indexers),
+        });
         let known: Arc<dyn KnownObjects<K>> = indexer.clone();
         let fifo = InformerQueue::new(options.fifo, Arc::clone(indexer.key_func()), known);
         // Zero is "no resync", as client-go's defaultEventHandlerResyncPeriod.
@@ -709,7 +734,7 @@ impl<K: Object> Inner<K> {
                     }
                 }
                 DeltaType::Deleted => {
-                    self.indexer.delete_by_key(key);
+                    self.indexer.remove_by_key(key);
                     Processor::distribute(
                         &listeners,
                         Notification::Delete(delta.object.clone()),

@@ -125,6 +125,7 @@ pub use informer::{
     Transform, WatchErrorHandler, strip_managed_fields,
 };
 pub use kinformer_fifo::FifoKind;
+pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
     ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream, WireFormat,

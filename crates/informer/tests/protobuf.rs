@@ -19,6 +19,9 @@ use kube_client::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+mod common;
+use common::spec_pod;
+
 async fn create<K>(api: &Api<K>, json: serde_json::Value)
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
@@ -103,60 +106,6 @@ where
         K::kind(&())
     );
     a.len()
-}
-
-fn spec_pod(name: &str) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {
-            "name": name,
-            "labels": {"app": "web", "empty": ""},
-            "annotations": {"note": "ünïcödé \"quoted\" \n line"},
-            "finalizers": ["example.com/keep"],
-        },
-        "spec": {
-            "activeDeadlineSeconds": 1,
-            "serviceAccountName": "default",
-            "terminationGracePeriodSeconds": 30,
-            "nodeSelector": {"disk": "ssd"},
-            "hostNetwork": false,
-            "enableServiceLinks": false,
-            "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 0}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]
-            }}},
-            "securityContext": {"runAsUser": 0, "runAsNonRoot": false, "fsGroup": 2000, "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": "1024 65535"}]},
-            "containers": [{
-                "name": "c",
-                "image": "registry.example/app:1.2.3",
-                "command": ["/bin/app", "--flag=1"],
-                "args": [""],
-                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}, {"containerPort": 53, "protocol": "UDP", "hostPort": 0}],
-                "env": [
-                    {"name": "PLAIN", "value": "x"},
-                    {"name": "EMPTY", "value": ""},
-                    {"name": "FROM_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    {"name": "FROM_RESOURCE", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}
-                ],
-                "envFrom": [{"configMapRef": {"name": "settings", "optional": true}, "prefix": "CFG_"}],
-                "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1.5Gi", "ephemeral-storage": "2G"}},
-                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080, "httpHeaders": [{"name": "X", "value": "y"}]}, "initialDelaySeconds": 0, "periodSeconds": 5},
-                "readinessProbe": {"tcpSocket": {"port": "http"}, "failureThreshold": 1},
-                "startupProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 1},
-                "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
-                "securityContext": {"privileged": false, "readOnlyRootFilesystem": true, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}},
-                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg", "readOnly": true}, {"name": "scratch", "mountPath": "/tmp", "subPath": "x"}],
-                "imagePullPolicy": "IfNotPresent",
-                "stdin": false,
-                "tty": false
-            }],
-            "volumes": [
-                {"name": "cfg", "configMap": {"name": "settings", "items": [{"key": "a", "path": "a.txt", "mode": 420}], "defaultMode": 0}},
-                {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "128Mi"}},
-                {"name": "secret", "secret": {"secretName": "s", "optional": false}},
-                {"name": "proj", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3600, "audience": "api"}}]}}
-            ]
-        }
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::{
-    Indexers, KeyError, Object, StoreError, ThreadSafeStore, Upserted, meta_namespace_key,
+    Compact, CompactStats, Indexers, KeyError, Object, StoreError, ThreadSafeStore, Upserted,
+    meta_namespace_key,
 };
 
 /// Computes an object's key; [`meta_namespace_key`] by default.
@@ -60,6 +61,17 @@ impl<K: Object> Indexer<K> {
     pub fn with_indexers(indexers: Indexers<K>) -> Self {
         Self::with_key_func(Arc::new(|obj: &K| meta_namespace_key(obj)), indexers)
     }
+
+    /// An empty compact indexer keyed by [`meta_namespace_key`] with the
+    /// given indexes: objects are kept encoded and decoded on read (see
+    /// [`Compact`]).
+    pub fn compact(indexers: Indexers<K>, compact: Compact<K>) -> Self {
+        Self::compact_with_key_func(
+            Arc::new(|obj: &K| meta_namespace_key(obj)),
+            indexers,
+            compact,
+        )
+    }
 }
 
 impl<K> Indexer<K> {
@@ -69,6 +81,24 @@ impl<K> Indexer<K> {
             store: ThreadSafeStore::with_indexers(indexers),
             key_func,
         }
+    }
+
+    /// An empty compact indexer with a key function of your own.
+    pub fn compact_with_key_func(
+        key_func: KeyFunc<K>,
+        indexers: Indexers<K>,
+        compact: Compact<K>,
+    ) -> Self {
+        Self {
+            store: ThreadSafeStore::compact(indexers, compact),
+            key_func,
+        }
+    }
+
+    /// What a compact indexer holds and how its reads went; `None` when it
+    /// keeps whole objects.
+    pub fn compact_stats(&self) -> Option<CompactStats> {
+        self.store.compact_stats()
     }
 
     /// The key of `obj` under this indexer's key function.
@@ -109,6 +139,12 @@ impl<K> Indexer<K> {
     /// Removes the object under `key`; returns it.
     pub fn delete_by_key(&self, key: &str) -> Option<Arc<K>> {
         self.store.delete(key)
+    }
+
+    /// Removes the object under `key` without handing it back (a compact
+    /// indexer need not decode it); whether there was one.
+    pub fn remove_by_key(&self, key: &str) -> bool {
+        self.store.remove(key)
     }
 
     /// The stored object with `obj`'s key.

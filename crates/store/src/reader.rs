@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::{Indexer, KeyError, StoreError};
+use crate::{CompactStats, Indexer, KeyError, StoreError};
 
 /// Reads an [`Indexer`] that someone else writes: get, list, look up by
 /// index. Cheap to clone; clones read the same cache.
@@ -118,5 +118,11 @@ impl<K: crate::Object> CacheReader<K> {
     /// The names of the indexes.
     pub fn indexer_names(&self) -> Vec<String> {
         self.indexer.indexer_names()
+    }
+
+    /// What a compact cache holds and how its reads went; `None` when the
+    /// cache keeps whole objects.
+    pub fn compact_stats(&self) -> Option<CompactStats> {
+        self.indexer.compact_stats()
     }
 }

@@ -13,6 +13,11 @@
 //! out of that one index; the write reports an [`IndexError`] naming the index
 //! and the key. A later write of the same key whose index function succeeds
 //! indexes it again. A panic is caught before it can unwind through the lock.
+//!
+//! A store made with [`ThreadSafeStore::compact`] keeps each object encoded
+//! (see [`compact`](crate::Compact)): encoding happens before the write lock
+//! is taken and decoding after a read lock is released, so the lock is held
+//! no longer than for whole objects.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -21,7 +26,10 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::{BoxError, IndexError, IndexFunc, IndexFuncPanic, Indexers, StoreError};
+use crate::compact::{CompactState, Read, Stored};
+use crate::{
+    BoxError, Compact, CompactStats, IndexError, IndexFunc, IndexFuncPanic, Indexers, StoreError,
+};
 
 type Hasher = foldhash::fast::RandomState;
 type Map<K, V> = HashMap<K, V, Hasher>;
@@ -38,6 +46,8 @@ type IndexValues = Box<[Box<[Arc<str>]>]>;
 /// [`Upserted::unindexed`]).
 pub struct ThreadSafeStore<K> {
     inner: RwLock<Inner<K>>,
+    /// Set for a compact store: its codec and decoded-object cache.
+    compact: Option<CompactState<K>>,
 }
 
 /// What [`ThreadSafeStore::upsert`] did.
@@ -64,7 +74,7 @@ impl<K> Upserted<K> {
 }
 
 struct Entry<K> {
-    obj: Arc<K>,
+    obj: Stored<K>,
     index_values: IndexValues,
 }
 
@@ -90,7 +100,63 @@ impl<K> ThreadSafeStore<K> {
                 indexers: Vec::new(),
                 indices: Vec::new(),
             }),
+            compact: None,
         }
+    }
+
+    /// An empty compact store with the given indexes: each object is kept
+    /// in `compact`'s encoding and decoded when read.
+    pub fn compact(indexers: Indexers<K>, compact: Compact<K>) -> Self {
+        let store = Self {
+            compact: Some(CompactState::new(compact)),
+            ..Self::new()
+        };
+        // Cannot fail: the store is empty and the names of a map are distinct.
+        let _ = store.add_indexers(indexers);
+        store
+    }
+
+    /// What a compact store holds and how its reads went; `None` for a
+    /// store of whole objects.
+    pub fn compact_stats(&self) -> Option<CompactStats> {
+        let compact = self.compact.as_ref()?;
+        let inner = self.inner.read();
+        Some(compact.stats(inner.items.values().map(|e| &e.obj)))
+    }
+
+    /// The form `obj` is stored in: itself, or its encoding in a compact store.
+    fn store_form(&self, key: &str, obj: &Arc<K>) -> Stored<K> {
+        match &self.compact {
+            Some(compact) => compact.store_form(key, obj),
+            None => Stored::Whole(Arc::clone(obj)),
+        }
+    }
+
+    /// What a read under the lock finds for `key`; see [`finish`](Self::finish).
+    fn read(&self, key: &Arc<str>, stored: &Stored<K>) -> Read<K> {
+        match (stored, &self.compact) {
+            (Stored::Whole(obj), _) => Read::Ready(Arc::clone(obj)),
+            (_, Some(compact)) => compact.read(key, stored, None),
+            // Only a compact store holds encodings; finish gives None.
+            (Stored::Encoded { bytes, version }, None) => Read::Undecoded {
+                key: Arc::clone(key),
+                bytes: Arc::clone(bytes),
+                version: *version,
+            },
+        }
+    }
+
+    /// The object of a read, decoded (with the lock released) if need be.
+    fn finish(&self, read: Read<K>) -> Option<Arc<K>> {
+        match (read, &self.compact) {
+            (Read::Ready(obj), _) => Some(obj),
+            (read, Some(compact)) => compact.finish(read),
+            (Read::Undecoded { .. }, None) => None,
+        }
+    }
+
+    fn finish_all(&self, reads: Vec<Read<K>>) -> Vec<Arc<K>> {
+        reads.into_iter().filter_map(|r| self.finish(r)).collect()
     }
 
     /// An empty store with the given indexes.
@@ -119,7 +185,11 @@ impl<K> ThreadSafeStore<K> {
         for (name, func) in new {
             let mut index: Map<Arc<str>, KeySet> = Map::default();
             for (key, entry) in inner.items.iter_mut() {
-                let values: Box<[Arc<str>]> = match call_index_func(&func, &entry.obj) {
+                let indexed = match self.finish(self.read(key, &entry.obj)) {
+                    Some(obj) => call_index_func(&func, &obj),
+                    None => Err("the compact store could not decode the object".into()),
+                };
+                let values: Box<[Arc<str>]> = match indexed {
                     Ok(values) => normalized(values),
                     Err(source) => {
                         unindexed.push(IndexError {
@@ -178,10 +248,29 @@ impl<K> ThreadSafeStore<K> {
     /// Inserts or replaces the object under `key`, updating every index;
     /// says what it replaced and which index functions failed for it.
     pub fn upsert(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
+        let stored = self.store_form(key, &obj);
         let mut inner = self.inner.write();
         let (values, unindexed) = compute_index_values(&inner.indexers, key, &obj);
+        let previous = inner.put(key, stored.clone(), values);
+        let previous = match &self.compact {
+            // A store of whole objects holds no encodings.
+            None => previous.and_then(|old| match old {
+                Stored::Whole(obj) => Some(Read::Ready(obj)),
+                Stored::Encoded { .. } => None,
+            }),
+            Some(compact) => {
+                // The key as stored: the decoded cache shares it.
+                let key = inner
+                    .items
+                    .get_key_value(key)
+                    .map_or_else(|| Arc::from(key), |(k, _)| Arc::clone(k));
+                let cached = compact.written(&key, &stored, &obj);
+                previous.map(|old| compact.read(&key, &old, cached))
+            }
+        };
+        drop(inner);
         Upserted {
-            previous: inner.put(key, obj, values),
+            previous: previous.and_then(|read| self.finish(read)),
             unindexed,
         }
     }
@@ -191,12 +280,35 @@ impl<K> ThreadSafeStore<K> {
         let mut inner = self.inner.write();
         let (key, entry) = inner.items.remove_entry(key)?;
         inner.unindex(&key, &entry.index_values);
-        Some(entry.obj)
+        let read = self.read(&key, &entry.obj);
+        if let Some(compact) = &self.compact {
+            compact.removed(&key);
+        }
+        drop(inner);
+        self.finish(read)
+    }
+
+    /// Removes the object under `key` and its index entries, without handing
+    /// it back (a compact store need not decode it); whether there was one.
+    pub fn remove(&self, key: &str) -> bool {
+        let mut inner = self.inner.write();
+        let Some((key, entry)) = inner.items.remove_entry(key) else {
+            return false;
+        };
+        inner.unindex(&key, &entry.index_values);
+        if let Some(compact) = &self.compact {
+            compact.removed(&key);
+        }
+        true
     }
 
     /// The object under `key`.
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.inner.read().items.get(key).map(|e| Arc::clone(&e.obj))
+        let inner = self.inner.read();
+        let (key, entry) = inner.items.get_key_value(key)?;
+        let read = self.read(key, &entry.obj);
+        drop(inner);
+        self.finish(read)
     }
 
     /// Whether an object is stored under `key`.
@@ -206,12 +318,14 @@ impl<K> ThreadSafeStore<K> {
 
     /// Every object, in no particular order.
     pub fn list(&self) -> Vec<Arc<K>> {
-        self.inner
-            .read()
+        let inner = self.inner.read();
+        let reads = inner
             .items
-            .values()
-            .map(|e| Arc::clone(&e.obj))
-            .collect()
+            .iter()
+            .map(|(key, e)| self.read(key, &e.obj))
+            .collect();
+        drop(inner);
+        self.finish_all(reads)
     }
 
     /// Every key, in no particular order.
@@ -245,19 +359,19 @@ impl<K> ThreadSafeStore<K> {
         // Index values are computed before the lock is taken for writing, so
         // readers are blocked only for the swap itself.
         let indexers = self.inner.read().indexers.clone();
-        let items = items.into_iter();
+        let items: Vec<(String, Arc<K>)> = items.into_iter().collect();
         let mut entries: Map<Arc<str>, Entry<K>> =
-            Map::with_capacity_and_hasher(items.size_hint().0, Hasher::default());
+            Map::with_capacity_and_hasher(items.len(), Hasher::default());
         let mut unindexed = Vec::new();
-        for (key, obj) in items {
-            let (values, failed) = compute_index_values(&indexers, &key, &obj);
+        for (key, obj) in &items {
+            let (values, failed) = compute_index_values(&indexers, key, obj);
             // A key given twice: only the last object's failures count.
-            unindexed.retain(|e: &IndexError| e.key != key);
+            unindexed.retain(|e: &IndexError| e.key != *key);
             unindexed.extend(failed);
             entries.insert(
-                Arc::from(key),
+                Arc::from(key.as_str()),
                 Entry {
-                    obj,
+                    obj: self.store_form(key, obj),
                     index_values: values,
                 },
             );
@@ -278,14 +392,16 @@ impl<K> ThreadSafeStore<K> {
         if inner.indexers.len() != indexers.len() {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
-            let items: Vec<_> = entries
-                .into_iter()
-                .map(|(k, e)| (k.to_string(), e.obj))
-                .collect();
             return self.replace(items);
         }
-        inner.items = entries;
+        let old = std::mem::replace(&mut inner.items, entries);
         inner.indices = indices;
+        if let Some(compact) = &self.compact {
+            compact.cleared();
+        }
+        drop(inner);
+        // The old content is freed with the lock released.
+        drop(old);
         if unindexed.is_empty() {
             Ok(())
         } else {
@@ -305,10 +421,10 @@ impl<K> ThreadSafeStore<K> {
             })
         })?;
         let index = &inner.indices[i];
-        let objects = if values.len() == 1 {
+        let reads = if values.len() == 1 {
             index
                 .get(values[0].as_str())
-                .map(|keys| inner.objects(keys.iter()))
+                .map(|keys| self.reads(&inner, keys.iter()))
                 .unwrap_or_default()
         } else {
             let mut keys: HashSet<&Arc<str>, Hasher> = HashSet::default();
@@ -317,19 +433,22 @@ impl<K> ThreadSafeStore<K> {
                     keys.extend(set.iter());
                 }
             }
-            inner.objects(keys.into_iter())
+            self.reads(&inner, keys.into_iter())
         };
-        Ok(objects)
+        drop(inner);
+        Ok(self.finish_all(reads))
     }
 
     /// Objects whose index `index_name` includes `value`.
     pub fn by_index(&self, index_name: &str, value: &str) -> Result<Vec<Arc<K>>, StoreError> {
         let inner = self.inner.read();
         let i = inner.index_position(index_name)?;
-        Ok(inner.indices[i]
+        let reads = inner.indices[i]
             .get(value)
-            .map(|keys| inner.objects(keys.iter()))
-            .unwrap_or_default())
+            .map(|keys| self.reads(&inner, keys.iter()))
+            .unwrap_or_default();
+        drop(inner);
+        Ok(self.finish_all(reads))
     }
 
     /// Keys of the objects whose index `index_name` includes `value`, sorted
@@ -357,6 +476,17 @@ impl<K> ThreadSafeStore<K> {
 
     /// Nothing to do for a store held in memory; kept for client-go parity.
     pub fn resync(&self) {}
+
+    /// Reads of the objects under `keys`, under the lock `inner` is read with.
+    fn reads<'a>(
+        &self,
+        inner: &Inner<K>,
+        keys: impl Iterator<Item = &'a Arc<str>>,
+    ) -> Vec<Read<K>> {
+        keys.filter_map(|k| inner.items.get_key_value(k))
+            .map(|(k, e)| self.read(k, &e.obj))
+            .collect()
+    }
 }
 
 /// Calls one index function; a panic becomes an [`IndexFuncPanic`] error.
@@ -415,13 +545,8 @@ impl<K> Inner<K> {
             .ok_or_else(|| StoreError::IndexNotFound(index_name.to_owned()))
     }
 
-    fn objects<'a>(&self, keys: impl Iterator<Item = &'a Arc<str>>) -> Vec<Arc<K>> {
-        keys.filter_map(|k| self.items.get(k).map(|e| Arc::clone(&e.obj)))
-            .collect()
-    }
-
     /// Stores `obj` under `key` with its index `values`; returns what was there.
-    fn put(&mut self, key: &str, obj: Arc<K>, values: IndexValues) -> Option<Arc<K>> {
+    fn put(&mut self, key: &str, obj: Stored<K>, values: IndexValues) -> Option<Stored<K>> {
         if let Some(entry) = self.items.get_mut(key)
             && entry.index_values == values
         {

@@ -23,9 +23,23 @@ pub fn fifo() -> FifoKind {
     }
 }
 
-/// Informer options on the queue of [`fifo`].
-pub fn options<K>() -> InformerOptions<K> {
-    InformerOptions::new().fifo(fifo())
+/// Whether the informers of these tests keep a compact cache: when
+/// `KINFORMER_TEST_CACHE=compact` (`cargo xtask test` runs the informer
+/// tests again on a RealFifo with a compact cache), otherwise whole objects.
+pub fn compact_cache() -> bool {
+    std::env::var("KINFORMER_TEST_CACHE").as_deref() == Ok("compact")
+}
+
+/// Informer options on the queue of [`fifo`], with the cache of
+/// [`compact_cache`] (a small decoded-object cache, so that reads both hit
+/// it and decode).
+pub fn options<K: serde::Serialize + DeserializeOwned + 'static>() -> InformerOptions<K> {
+    let options = InformerOptions::new().fifo(fifo());
+    if compact_cache() {
+        options.compact(kinformer_informer::Compact::json().decoded_cache(8))
+    } else {
+        options
+    }
 }
 
 /// Every list and watch error an informer reported, with when.
@@ -167,4 +181,60 @@ pub fn assert_no_violations(seen: &[&LastSeen]) {
             .collect::<Vec<_>>()
             .join("; ")
     );
+}
+
+/// A Pod with every kind of field the server lets a test set: maps,
+/// quantities, int-or-strings, probes, empty strings and zero values.
+pub fn spec_pod(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": {"app": "web", "empty": ""},
+            "annotations": {"note": "ünïcödé \"quoted\" \n line"},
+            "finalizers": ["example.com/keep"],
+        },
+        "spec": {
+            "activeDeadlineSeconds": 1,
+            "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30,
+            "nodeSelector": {"disk": "ssd"},
+            "hostNetwork": false,
+            "enableServiceLinks": false,
+            "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 0}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]
+            }}},
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": false, "fsGroup": 2000, "sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": "1024 65535"}]},
+            "containers": [{
+                "name": "c",
+                "image": "registry.example/app:1.2.3",
+                "command": ["/bin/app", "--flag=1"],
+                "args": [""],
+                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}, {"containerPort": 53, "protocol": "UDP", "hostPort": 0}],
+                "env": [
+                    {"name": "PLAIN", "value": "x"},
+                    {"name": "EMPTY", "value": ""},
+                    {"name": "FROM_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "FROM_RESOURCE", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}
+                ],
+                "envFrom": [{"configMapRef": {"name": "settings", "optional": true}, "prefix": "CFG_"}],
+                "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1.5Gi", "ephemeral-storage": "2G"}},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080, "httpHeaders": [{"name": "X", "value": "y"}]}, "initialDelaySeconds": 0, "periodSeconds": 5},
+                "readinessProbe": {"tcpSocket": {"port": "http"}, "failureThreshold": 1},
+                "startupProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 1},
+                "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
+                "securityContext": {"privileged": false, "readOnlyRootFilesystem": true, "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}},
+                "volumeMounts": [{"name": "cfg", "mountPath": "/cfg", "readOnly": true}, {"name": "scratch", "mountPath": "/tmp", "subPath": "x"}],
+                "imagePullPolicy": "IfNotPresent",
+                "stdin": false,
+                "tty": false
+            }],
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "settings", "items": [{"key": "a", "path": "a.txt", "mode": 420}], "defaultMode": 0}},
+                {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "128Mi"}},
+                {"name": "secret", "secret": {"secretName": "s", "optional": false}},
+                {"name": "proj", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3600, "audience": "api"}}]}}
+            ]
+        }
+    })
 }
