@@ -24,6 +24,7 @@ pub struct TestEnvOptions {
     build_if_missing: bool,
     ready_timeout: Duration,
     apiserver_args: Vec<String>,
+    feature_gates: Vec<(String, bool)>,
 }
 
 impl Default for TestEnvOptions {
@@ -32,6 +33,7 @@ impl Default for TestEnvOptions {
             build_if_missing: true,
             ready_timeout: Duration::from_secs(90),
             apiserver_args: Vec::new(),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -65,6 +67,22 @@ impl TestEnvOptions {
     pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
         self.apiserver_args.push(arg.into());
         self
+    }
+
+    /// Turns a kube-apiserver feature gate on or off. The gates given this
+    /// way go into one `--feature-gates` flag, before the flags of
+    /// [`apiserver_arg`](Self::apiserver_arg) (so a `--feature-gates` given
+    /// there replaces them).
+    pub fn feature_gate(mut self, gate: impl Into<String>, enabled: bool) -> Self {
+        self.feature_gates.push((gate.into(), enabled));
+        self
+    }
+
+    /// Server-side sharded list and watch (`ShardedListAndWatch`, KEP-5866,
+    /// alpha and off by default in v1.37): `shardSelector` is applied and
+    /// echoed in `ListMeta.shardInfo`.
+    pub fn sharded_list_and_watch(self) -> Self {
+        self.feature_gate("ShardedListAndWatch", true)
     }
 }
 
@@ -227,6 +245,14 @@ impl TestEnv {
             "--endpoint-reconciler-type=none".to_owned(),
             "--profiling=false".to_owned(),
         ];
+        if !options.feature_gates.is_empty() {
+            let gates: Vec<String> = options
+                .feature_gates
+                .iter()
+                .map(|(gate, on)| format!("{gate}={on}"))
+                .collect();
+            apiserver_cmd.push(format!("--feature-gates={}", gates.join(",")));
+        }
         apiserver_cmd.extend(options.apiserver_args.iter().cloned());
 
         let kubeconfig = path("kubeconfig");

@@ -113,6 +113,7 @@ mod panics;
 mod processor;
 mod protobuf;
 mod reflector;
+mod shard;
 mod strip;
 mod sync;
 
@@ -133,6 +134,10 @@ pub use lister_watcher::{
 pub use reflector::{
     DEFAULT_PAGE_SIZE, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
     default_watch_error_handler,
+};
+pub use shard::{
+    HASH_SPACE_END, HashRange, ShardEnforcement, ShardField, ShardSelector, ShardSelectorError,
+    ShardStats, shard_hash,
 };
 pub use strip::{JsonShape, strip_managed_fields_json};
 pub use sync::{HasSynced, wait_for_cache_sync};

@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::fmt::Debug;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,7 +25,7 @@ use serde::de::DeserializeOwned;
 
 use crate::protobuf::envelope::MEDIA_TYPE;
 use crate::protobuf::schema::Kind as ProtoKind;
-use crate::{JsonShape, ListWatchError, strip_managed_fields_json};
+use crate::{JsonShape, ListWatchError, ShardSelector, ShardStats, strip_managed_fields_json};
 
 /// One list call: a page of at most `limit` items (no limit when `None`),
 /// continuing from `continue_token`, as of `resource_version`.
@@ -51,6 +52,9 @@ pub struct ListPage<K> {
     /// Objects of the page that could not be decoded, with why: they are
     /// left out and reported, the rest is kept.
     pub skipped: Vec<String>,
+    /// The shard selector the server says it applied
+    /// (`ListMeta.shardInfo.selector`), if any.
+    pub shard_selector: Option<String>,
 }
 
 /// One watch call, from `resource_version`, ended by the server after
@@ -124,7 +128,16 @@ pub struct ApiListerWatcher<K> {
     /// The built-in kind whose protobuf messages `K`'s are, when `K` takes protobuf.
     protobuf_kind: Option<&'static ProtoKind>,
     wire_format: WireFormat,
+    /// The shard asked for, and how it went.
+    shard: Option<Arc<Shard>>,
     _kind: PhantomData<fn() -> K>,
+}
+
+/// A shard selector, printed once, and its stats.
+struct Shard {
+    selector: ShardSelector,
+    printed: String,
+    stats: Arc<ShardStats>,
 }
 
 impl<K> Clone for ApiListerWatcher<K> {
@@ -139,6 +152,7 @@ impl<K> Clone for ApiListerWatcher<K> {
             drop_managed_fields: self.drop_managed_fields,
             protobuf_kind: self.protobuf_kind,
             wire_format: self.wire_format,
+            shard: self.shard.clone(),
             _kind: PhantomData,
         }
     }
@@ -193,8 +207,78 @@ where
             drop_managed_fields: false,
             protobuf_kind: protobuf_kind::<K>(dyntype),
             wire_format: WireFormat::default(),
+            shard: None,
             _kind: PhantomData,
         }
+    }
+
+    /// Only the objects of one shard (see [`ShardSelector`]): lists, watches
+    /// and the streaming list send it as `shardSelector`, and objects
+    /// outside it are dropped here too, for a server that ignores it
+    /// ([`shard_stats`](Self::shard_stats) says which).
+    pub fn shard(mut self, selector: ShardSelector) -> Self {
+        self.shard = Some(Arc::new(Shard {
+            printed: selector.to_string(),
+            selector,
+            stats: Arc::default(),
+        }));
+        self
+    }
+
+    /// The shard, if any.
+    pub fn shard_selector(&self) -> Option<&ShardSelector> {
+        self.shard.as_ref().map(|s| &s.selector)
+    }
+
+    /// How sharding goes: whether the server applies the selector and how
+    /// many objects the client dropped; `None` when not sharded. Clones of
+    /// this lister-watcher share them.
+    pub fn shard_stats(&self) -> Option<Arc<ShardStats>> {
+        self.shard.as_ref().map(|s| Arc::clone(&s.stats))
+    }
+
+    /// Keeps the page's objects of the shard, and notes whether the server
+    /// applied the selector.
+    fn shard_page(&self, mut page: ListPage<K>) -> ListPage<K> {
+        let Some(shard) = &self.shard else {
+            return page;
+        };
+        let echoed = page
+            .shard_selector
+            .as_deref()
+            .and_then(|s| s.parse::<ShardSelector>().ok());
+        if echoed.as_ref() == Some(&shard.selector) {
+            shard.stats.server_applied();
+        } else if let Some(other) = &page.shard_selector {
+            tracing::warn!(asked = %shard.printed, applied = %other, "the server applied another shard selector than asked; filtering on the client");
+        }
+        let before = page.items.len();
+        page.items.retain(|o| shard.selector.matches(o));
+        shard
+            .stats
+            .filtered((before - page.items.len()) as u64, "list", &shard.selector);
+        page
+    }
+
+    /// Drops the events of objects outside the shard.
+    fn shard_events(&self, events: WatchStream<K>) -> WatchStream<K> {
+        let Some(shard) = self.shard.clone() else {
+            return events;
+        };
+        events
+            .filter(move |event| {
+                let keep = match event {
+                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
+                        shard.selector.matches(o)
+                    }
+                    _ => true,
+                };
+                if !keep {
+                    shard.stats.filtered(1, "watch", &shard.selector);
+                }
+                futures::future::ready(keep)
+            })
+            .boxed()
     }
 
     /// How objects travel from the server ([`WireFormat::Auto`] by default).
@@ -292,6 +376,7 @@ where
             resource_version: list.resource_version.unwrap_or_default(),
             continue_token: list.continue_token,
             skipped: Vec::new(),
+            shard_selector: list.shard_selector,
         };
         for item in list.items {
             match item {
@@ -421,6 +506,9 @@ where
         }
         if let Some(f) = &self.field_selector {
             qp.append_pair("fieldSelector", f);
+        }
+        if let Some(shard) = &self.shard {
+            qp.append_pair("shardSelector", &shard.printed);
         }
         if req.send_initial_events {
             qp.append_pair("sendInitialEvents", "true");
@@ -642,10 +730,23 @@ const METADATA_MIME: &str = "application/json;as=PartialObjectMetadata;g=meta.k8
 /// A list response, decoded object by object: one object that does not
 /// decode is skipped (and named in `skipped`), not the whole page.
 fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatchError> {
+    // ListMeta read by hand: k8s-openapi's has shardInfo only from v1_36.
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta {
+        resource_version: Option<String>,
+        #[serde(rename = "continue")]
+        continue_: Option<String>,
+        shard_info: Option<ShardInfo>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ShardInfo {
+        selector: Option<String>,
+    }
     #[derive(serde::Deserialize)]
     struct RawList<'a> {
         #[serde(default)]
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta,
+        metadata: Meta,
         #[serde(borrow, default)]
         items: Vec<&'a serde_json::value::RawValue>,
     }
@@ -668,6 +769,7 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
         resource_version: raw.metadata.resource_version.unwrap_or_default(),
         continue_token: raw.metadata.continue_.filter(|t| !t.is_empty()),
         skipped,
+        shard_selector: raw.metadata.shard_info.and_then(|i| i.selector),
     })
 }
 
@@ -729,17 +831,34 @@ where
             } else {
                 request.list(&lp)
             };
-            let req = req
+            let mut req = req
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
-            if let Some(kind) = self.protobuf() {
-                return self.list_protobuf(kind, req).await;
+            if let Some(shard) = &self.shard {
+                // kube's ListParams has no shardSelector: appended to its query.
+                let sep = if req.uri().query().is_some() {
+                    '&'
+                } else {
+                    '?'
+                };
+                let param = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("shardSelector", &shard.printed)
+                    .finish();
+                let uri = format!("{}{sep}{param}", req.uri());
+                *req.uri_mut() = uri.parse().map_err(|e| {
+                    ListWatchError::Connect(format!("building the list request: {e}"))
+                })?;
             }
-            let text = self
-                .client
-                .request_text(req)
-                .await
-                .map_err(|e| self.explain(e.into()))?;
-            self.decode_json_list(text.as_bytes())
+            let page = if let Some(kind) = self.protobuf() {
+                self.list_protobuf(kind, req).await?
+            } else {
+                let text = self
+                    .client
+                    .request_text(req)
+                    .await
+                    .map_err(|e| self.explain(e.into()))?;
+                self.decode_json_list(text.as_bytes())?
+            };
+            Ok(self.shard_page(page))
         })
     }
 
@@ -750,7 +869,7 @@ where
         Box::pin(async move {
             let req = self.watch_request(&request)?;
             if let Some(kind) = self.protobuf() {
-                return self.watch_protobuf(kind, req).await;
+                return Ok(self.shard_events(self.watch_protobuf(kind, req).await?));
             }
             // One JSON event a line, decoded here rather than by kube-client,
             // so that an event that does not decode is named, and so that
@@ -760,7 +879,7 @@ where
                 .request_stream(req)
                 .await
                 .map_err(|e| self.explain(e.into()))?;
-            Ok(json_events::<K>(body, self.drop_managed_fields))
+            Ok(self.shard_events(json_events::<K>(body, self.drop_managed_fields)))
         })
     }
 
@@ -778,6 +897,9 @@ where
         }
         if let Some(f) = &self.field_selector {
             s.push_str(&format!(" with fields {f:?}"));
+        }
+        if let Some(shard) = &self.shard {
+            s.push_str(&format!(" in shard {}", shard.printed));
         }
         s
     }

@@ -112,6 +112,7 @@ fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatch
         resource_version: rv.to_string(),
         continue_token: None,
         skipped: Vec::new(),
+        shard_selector: None,
     })
 }
 
@@ -126,6 +127,7 @@ fn paged(
         resource_version: rv.to_string(),
         continue_token: Some(token.into()),
         skipped: Vec::new(),
+        shard_selector: None,
     })
 }
 

@@ -130,6 +130,8 @@ fn type_meta(expected: &Kind) -> Option<(&'static str, &'static str)> {
 pub(crate) struct List<K> {
     pub resource_version: Option<String>,
     pub continue_token: Option<String>,
+    /// `shardInfo.selector`: the shard selector the server applied.
+    pub shard_selector: Option<String>,
     pub items: Vec<std::result::Result<K, String>>,
 }
 
@@ -184,17 +186,25 @@ pub(crate) fn list<K: DeserializeOwned>(
     let mut out = List {
         resource_version: None,
         continue_token: None,
+        shard_selector: None,
         items: Vec::new(),
     };
     for field in Fields::new(envelope.raw) {
         match field? {
-            // ListMeta: {2: resourceVersion, 3: continue}.
+            // ListMeta: {2: resourceVersion, 3: continue, 5: shardInfo {1: selector}}.
             (1, Raw::Bytes(meta)) => {
                 for f in Fields::new(meta) {
                     match f? {
                         (2, Raw::Bytes(rv)) => out.resource_version = Some(text(rv)?.to_owned()),
                         (3, Raw::Bytes(c)) if !c.is_empty() => {
                             out.continue_token = Some(text(c)?.to_owned())
+                        }
+                        (5, Raw::Bytes(info)) => {
+                            for f in Fields::new(info) {
+                                if let (1, Raw::Bytes(sel)) = f? {
+                                    out.shard_selector = Some(text(sel)?.to_owned());
+                                }
+                            }
                         }
                         _ => {}
                     }

@@ -1,0 +1,332 @@
+//! Sharded list and watch against the real server: with kube-apiserver's
+//! `ShardedListAndWatch` gate on, the server's hash is the client's (over
+//! thousands of objects, by uid and by namespace), shards split the objects
+//! exactly, and sharded informers (list + watch, and the streaming list)
+//! hold exactly their shard through creates, updates and deletes. With the
+//! gate off (the shared server) the client filters and says so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_envtest::{TestEnv, TestEnvOptions};
+use kinformer_informer::{
+    ApiListerWatcher, CancellationToken, HashRange, ListRequest, ListerWatcher, ReflectorOptions,
+    ShardEnforcement, ShardField, ShardSelector, ShardStats, SharedIndexInformer,
+};
+use kube_client::Client;
+use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use tokio::sync::OnceCell;
+
+mod common;
+
+/// One server with the gate on for this test binary.
+async fn sharded_env() -> &'static TestEnv {
+    static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+    ENV.get_or_init(|| async {
+        TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch())
+            .await
+            .unwrap()
+    })
+    .await
+}
+
+fn config_map(name: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"v": "0"}}))
+        .unwrap()
+}
+
+async fn create_config_maps(api: &Api<ConfigMap>, names: impl Iterator<Item = String>) {
+    stream::iter(names)
+        .for_each_concurrent(32, |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &config_map(&name))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+}
+
+fn uid_shards(n: u64) -> Vec<ShardSelector> {
+    (0..n)
+        .map(|i| ShardSelector::new(ShardField::Uid, [HashRange::split(i, n).unwrap()]).unwrap())
+        .collect()
+}
+
+/// Every page of a list through `lw`, keyed `namespace/name` -> uid.
+async fn list_all(lw: &ApiListerWatcher<ConfigMap>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut token = None;
+    loop {
+        let page = lw
+            .list(ListRequest {
+                limit: Some(300),
+                continue_token: token.take(),
+                resource_version: None,
+            })
+            .await
+            .unwrap();
+        for cm in page.items {
+            let meta = cm.metadata;
+            out.insert(
+                format!("{}/{}", meta.namespace.unwrap(), meta.name.unwrap()),
+                meta.uid.unwrap(),
+            );
+        }
+        match page.continue_token {
+            Some(t) => token = Some(t),
+            None => return out,
+        }
+    }
+}
+
+/// Lists every ConfigMap once whole and once per shard, and asserts the
+/// shards are disjoint, cover the whole, and that the server applied each
+/// selector with nothing left for the client to drop: a client hash that
+/// differed from the server's would drop objects the server sent.
+async fn shards_split_exactly(client: &Client, shards: &[ShardSelector]) -> usize {
+    let whole = list_all(&ApiListerWatcher::<ConfigMap>::all(client.clone())).await;
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for shard in shards {
+        let lw = ApiListerWatcher::<ConfigMap>::all(client.clone()).shard(shard.clone());
+        let part = list_all(&lw).await;
+        let stats = lw.shard_stats().unwrap();
+        assert_eq!(stats.enforcement(), ShardEnforcement::Server, "{shard}");
+        assert_eq!(
+            stats.filtered_on_client(),
+            0,
+            "the server sent objects the client hashes outside {shard}"
+        );
+        for (key, uid) in part {
+            assert!(
+                seen.insert(key.clone(), uid).is_none(),
+                "{key} in two shards"
+            );
+        }
+    }
+    assert_eq!(seen, whole, "the shards do not cover every object");
+    whole.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_shard_hash_is_the_clients_over_thousands_of_objects() {
+    let env = sharded_env().await;
+    let client = env.client().unwrap();
+    // 3 000 ConfigMaps in 30 namespaces: uids and namespaces to hash.
+    let namespaces: Vec<String> = stream::iter(0..30)
+        .then(|_| env.create_namespace("hash"))
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    stream::iter(&namespaces)
+        .for_each_concurrent(4, |ns| {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+            async move { create_config_maps(&api, (0..100).map(|i| format!("c{i}"))).await }
+        })
+        .await;
+
+    for n in [2, 3, 7] {
+        let total = shards_split_exactly(&client, &uid_shards(n)).await;
+        assert!(total >= 3000, "{total}");
+    }
+    // Several ranges in one selector: the even eighths, then the odd ones.
+    let eighths = |parity: u64| {
+        ShardSelector::new(
+            ShardField::Uid,
+            (0..8)
+                .filter(|i| i % 2 == parity)
+                .map(|i| HashRange::split(i, 8).unwrap()),
+        )
+        .unwrap()
+    };
+    shards_split_exactly(&client, &[eighths(0), eighths(1)]).await;
+    // By namespace: every ConfigMap of a namespace lands in one shard.
+    let by_namespace: Vec<ShardSelector> = (0..4)
+        .map(|i| {
+            ShardSelector::new(ShardField::Namespace, [HashRange::split(i, 4).unwrap()]).unwrap()
+        })
+        .collect();
+    shards_split_exactly(&client, &by_namespace).await;
+    // Sanity: the namespaces do spread over the shards.
+    let used: BTreeSet<usize> = namespaces
+        .iter()
+        .map(|ns| {
+            by_namespace
+                .iter()
+                .position(|s| s.contains_value(ns))
+                .unwrap()
+        })
+        .collect();
+    assert!(used.len() > 1, "{used:?}");
+}
+
+fn start_informer(
+    client: Client,
+    ns: &str,
+    shard: ShardSelector,
+    watch_list: bool,
+) -> (SharedIndexInformer<ConfigMap>, Arc<ShardStats>) {
+    let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, ns).shard(shard);
+    let stats = lw.shard_stats().unwrap();
+    let reflector = ReflectorOptions {
+        use_watch_list: watch_list,
+        ..ReflectorOptions::default()
+    };
+    let informer = SharedIndexInformer::new(lw, common::options().reflector(reflector));
+    (informer, stats)
+}
+
+/// The `namespace/name`s of the server's ConfigMaps in `ns` that `shard` holds.
+async fn server_shard(api: &Api<ConfigMap>, shard: &ShardSelector) -> BTreeSet<String> {
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|cm| shard.matches(cm))
+        .map(|cm| {
+            format!(
+                "{}/{}",
+                cm.metadata.namespace.unwrap(),
+                cm.metadata.name.unwrap()
+            )
+        })
+        .collect()
+}
+
+/// Waits until each informer's cache holds exactly its shard of the server,
+/// at the server's resource versions.
+async fn caches_hold_their_shards(
+    api: &Api<ConfigMap>,
+    informers: &[(SharedIndexInformer<ConfigMap>, ShardSelector)],
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let server = api.list(&Default::default()).await.unwrap().items;
+        let mut ok = true;
+        for (informer, shard) in informers {
+            let want: BTreeMap<String, Option<String>> = server
+                .iter()
+                .filter(|cm| shard.matches(*cm))
+                .map(|cm| {
+                    (
+                        cm.metadata.name.clone().unwrap(),
+                        cm.metadata.resource_version.clone(),
+                    )
+                })
+                .collect();
+            let have: BTreeMap<String, Option<String>> = informer
+                .indexer()
+                .list()
+                .iter()
+                .map(|cm| {
+                    (
+                        cm.metadata.name.clone().unwrap(),
+                        cm.metadata.resource_version.clone(),
+                    )
+                })
+                .collect();
+            ok &= want == have;
+        }
+        if ok {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sharded caches do not hold their shards after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn sharded_informers_follow_the_server(env: &TestEnv, watch_list: bool) {
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("sharded").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create_config_maps(&api, (0..300).map(|i| format!("c{i}"))).await;
+    let shards = uid_shards(3);
+    let shutdown = CancellationToken::new();
+    let mut informers = Vec::new();
+    let mut stats = Vec::new();
+    for shard in &shards {
+        let (informer, s) = start_informer(client.clone(), &ns, shard.clone(), watch_list);
+        let (i, stop) = (informer.clone(), shutdown.clone());
+        tokio::spawn(async move { i.run(stop).await });
+        informers.push((informer, shard.clone()));
+        stats.push(s);
+    }
+    for (informer, _) in &informers {
+        common::wait_synced(informer).await;
+    }
+    caches_hold_their_shards(&api, &informers).await;
+    // Watched changes: new objects, updates, deletes.
+    create_config_maps(&api, (300..400).map(|i| format!("c{i}"))).await;
+    for i in (0..300).step_by(4) {
+        let patch = serde_json::json!({"data": {"v": "1"}});
+        api.patch(
+            &format!("c{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    }
+    for i in (1..300).step_by(5) {
+        api.delete(&format!("c{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    caches_hold_their_shards(&api, &informers).await;
+    let sizes: Vec<usize> = informers.iter().map(|(i, _)| i.indexer().len()).collect();
+    let total: usize = sizes.iter().sum();
+    assert_eq!(total, server_shard(&api, &uid_shards(1)[0]).await.len());
+    assert!(sizes.iter().all(|&n| n > 0), "{sizes:?}");
+    // The server applied every selector: nothing reached a wrong shard. Only
+    // a list echoes the selector; a streaming list never does.
+    let expected = if watch_list {
+        ShardEnforcement::Unconfirmed
+    } else {
+        ShardEnforcement::Server
+    };
+    for s in &stats {
+        assert_eq!((s.enforcement(), s.filtered_on_client()), (expected, 0));
+    }
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_informers_hold_exactly_their_shards_through_list_and_watch() {
+    sharded_informers_follow_the_server(sharded_env().await, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_informers_hold_exactly_their_shards_from_a_streaming_list() {
+    sharded_informers_follow_the_server(sharded_env().await, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_the_gate_is_filtered_on_the_client_and_says_so() {
+    // The shared server runs without the feature gate.
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("unsharded").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create_config_maps(&api, (0..200).map(|i| format!("c{i}"))).await;
+    let shard = uid_shards(2).remove(0);
+    let (informer, stats) = start_informer(client, &ns, shard.clone(), false);
+    let shutdown = CancellationToken::new();
+    let (i, stop) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(stop).await });
+    common::wait_synced(&informer).await;
+    let informers = [(informer, shard.clone())];
+    caches_hold_their_shards(&api, &informers).await;
+    let outside = 200 - server_shard(&api, &shard).await.len();
+    assert!(outside > 0);
+    assert_eq!(stats.enforcement(), ShardEnforcement::Client);
+    assert_eq!(stats.filtered_on_client(), outside as u64);
+    shutdown.cancel();
+}
