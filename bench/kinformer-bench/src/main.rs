@@ -18,6 +18,9 @@
 //!   unless kept; protobuf unless `json`; whole objects unless `compact`, a
 //!   compact cache of JSON without a decoded-object cache): time to
 //!   has_synced, RSS; then the mean time of a Lister `get` over every key.
+//!   With `trim`, glibc's `malloc_trim(0)` runs after the sync, before the
+//!   RSS is read; with `keep-freed`, a compact cache does not release freed
+//!   memory after its list: together, what the allocator keeps, isolated.
 //! - `metadata-sync KUBECONFIG NAMESPACE`: a metadata-only informer
 //!   (`PartialObjectMeta<Pod>`, managedFields dropped) of every Pod in
 //!   NAMESPACE: time to has_synced, RSS per cached object.
@@ -33,10 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Pod;
-use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, Compact, FifoKind, InformerOptions, ListPage, ListRequest,
     ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
@@ -63,7 +66,12 @@ fn process_cpu_ms() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime, fields 14 and 15 of stat; Linux reports them in
     // USER_HZ = 100 ticks per second.
     (ticks(11) + ticks(12)) * 10.0
@@ -108,7 +116,11 @@ fn main() -> Result<()> {
             } else {
                 WireFormat::Auto
             },
-            args[3..].iter().any(|a| a == "compact"),
+            args[3..]
+                .iter()
+                .any(|a| a == "compact")
+                .then(|| !args[3..].iter().any(|a| a == "keep-freed")),
+            args[3..].iter().any(|a| a == "trim"),
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
@@ -272,7 +284,8 @@ async fn sync(
     ns: &str,
     strip: bool,
     wire: WireFormat,
-    compact: bool,
+    compact: Option<bool>,
+    trim: bool,
 ) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
@@ -283,17 +296,17 @@ async fn sync(
         lw = lw.drop_managed_fields();
     }
     let mut options = options();
-    if compact {
-        options = options.compact(Compact::json());
+    if let Some(release) = compact {
+        options = options.compact(Compact::json().release_after_list(release));
     }
     let informer = SharedIndexInformer::new(lw, options);
     if strip {
         informer.set_transform(strip_managed_fields)?;
     }
-    let mut v = measure_sync(informer.clone(), baseline_kb, "sync").await?;
+    let mut v = measure_sync(informer.clone(), baseline_kb, "sync", trim).await?;
     v["strip_managed_fields"] = strip.into();
     v["wire"] = if protobuf { "protobuf" } else { "json" }.into();
-    v["compact"] = compact.into();
+    v["compact"] = compact.is_some().into();
     // Lister gets over every key, in an order unrelated to insertion.
     let lister = informer.lister();
     let mut keys = informer.indexer().list_keys();
@@ -385,10 +398,12 @@ async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
     let after_kb = status_kb("VmRSS:");
     let objects = informer.indexer().len();
     shutdown.cancel();
-    Ok(serde_json::json!({"system": "kinformer", "scenario": "relist", "pods": objects,
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "relist", "pods": objects,
         "relist_seconds": relist_secs, "steady_rss_bytes": steady_kb * 1024,
         "relist_peak_rss_bytes": peak_kb * 1024, "after_rss_bytes": after_kb * 1024,
-        "peak_over_steady": peak_kb as f64 / steady_kb.max(1) as f64}))
+        "peak_over_steady": peak_kb as f64 / steady_kb.max(1) as f64}),
+    )
 }
 
 async fn metadata_sync(kubeconfig: &str, ns: &str, wire: WireFormat) -> Result<serde_json::Value> {
@@ -400,7 +415,7 @@ async fn metadata_sync(kubeconfig: &str, ns: &str, wire: WireFormat) -> Result<s
             .wire_format(wire),
         options(),
     );
-    measure_sync(informer, baseline_kb, "metadata-sync").await
+    measure_sync(informer, baseline_kb, "metadata-sync", false).await
 }
 
 /// Runs `informer` with one no-op handler until it has synced, then, 2 s
@@ -410,6 +425,7 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
     informer: SharedIndexInformer<K>,
     baseline_kb: u64,
     scenario: &str,
+    trim: bool,
 ) -> Result<serde_json::Value> {
     informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
     let shutdown = CancellationToken::new();
@@ -425,6 +441,12 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
     let cpu_ms = process_cpu_ms() - cpu_start;
     // Let transient buffers go before measuring the steady state.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    if trim {
+        // SAFETY: malloc_trim only releases free memory of glibc's heaps.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
     let rss_kb = status_kb("VmRSS:");
     let hwm_kb = status_kb("VmHWM:");
     let objects = informer.indexer().len();

@@ -251,6 +251,8 @@ struct Inner<K> {
     failed: Arc<AtomicBool>,
     failure: Mutex<Option<InformerError>>,
     index_failures: AtomicU64,
+    /// Return freed memory to the system once a list is applied (a compact cache).
+    release_after_list: bool,
 }
 
 struct Settings<K> {
@@ -270,6 +272,10 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
 
     /// An informer over a shared `lw`.
     pub fn from_arc(lw: Arc<dyn ListerWatcher<K>>, options: InformerOptions<K>) -> Self {
+        let release_after_list = options
+            .compact
+            .as_ref()
+            .is_some_and(Compact::releases_after_list);
         let indexer = Arc::new(match options.compact {
             Some(compact) => Indexer::compact(options.indexers, compact),
             None => Indexer::with_indexers(options.indexers),
@@ -303,6 +309,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 failed: Arc::new(AtomicBool::new(false)),
                 failure: Mutex::new(None),
                 index_failures: AtomicU64::new(0),
+                release_after_list,
             }),
         }
     }
@@ -557,7 +564,10 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             }
             reflector
         };
-        *self.inner.stats.lock() = Some(reflector.stats());
+        let reflector_stats = reflector.stats();
+        *self.inner.stats.lock() = Some(Arc::clone(&reflector_stats));
+        // Lists applied by the time freed memory was last released.
+        let mut released_at = 0;
         // Declared before the guard, so dropped after it: either way the
         // Reflector is aborted when this future ends, however it ends.
         let mut reflector_task = AbortOnDrop(tokio::spawn(reflector.run(shutdown.clone())));
@@ -592,6 +602,15 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 if let Err(PopError::Closed) = popped {
                     break End::Shutdown;
                 }
+                if inner.release_after_list {
+                    // Lists are counted after their replace: an empty queue
+                    // then means every listed object has been applied.
+                    let lists = reflector_stats.lists_completed.load(Ordering::SeqCst);
+                    if lists > released_at && inner.fifo.is_empty() {
+                        released_at = lists;
+                        release_freed_memory();
+                    }
+                }
             }
         }
         .instrument(span)
@@ -619,6 +638,17 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             None => Ok(()),
         }
     }
+}
+
+/// Asks the allocator to return freed memory to the system: glibc keeps
+/// most of what a decoded list freed (the objects once encoded into a
+/// compact cache) until asked. Other allocators return it on their own.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only releases free pages of glibc's heaps.
+        unsafe { libc::malloc_trim(0) };
+    });
 }
 
 /// Why the informer's delta loop ended.

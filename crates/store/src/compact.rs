@@ -72,6 +72,7 @@ impl<K: Serialize + DeserializeOwned + 'static> Codec<K> for JsonCodec {
 pub struct Compact<K> {
     pub(crate) codec: Arc<dyn Codec<K>>,
     pub(crate) decoded_capacity: usize,
+    release_after_list: bool,
 }
 
 impl<K> Clone for Compact<K> {
@@ -79,6 +80,7 @@ impl<K> Clone for Compact<K> {
         Self {
             codec: Arc::clone(&self.codec),
             decoded_capacity: self.decoded_capacity,
+            release_after_list: self.release_after_list,
         }
     }
 }
@@ -104,6 +106,7 @@ impl<K> Compact<K> {
         Self {
             codec: Arc::new(codec),
             decoded_capacity: 0,
+            release_after_list: true,
         }
     }
 
@@ -112,6 +115,21 @@ impl<K> Compact<K> {
     pub fn decoded_cache(mut self, capacity: usize) -> Self {
         self.decoded_capacity = capacity;
         self
+    }
+
+    /// Whether an informer with this cache, once it has applied a whole
+    /// list, asks the allocator to return the memory it freed to the system
+    /// (on Linux with glibc; `true` by default). A list is decoded whole
+    /// before it is encoded into the cache; glibc keeps most of that freed
+    /// peak, several times the compact cache itself, unless asked.
+    pub fn release_after_list(mut self, release: bool) -> Self {
+        self.release_after_list = release;
+        self
+    }
+
+    /// See [`release_after_list`](Self::release_after_list).
+    pub fn releases_after_list(&self) -> bool {
+        self.release_after_list
     }
 }
 

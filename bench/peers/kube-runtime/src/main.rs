@@ -89,7 +89,14 @@ async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> 
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, ns);
-    measure_sync(api, watcher::Config::default(), true, baseline_kb, "metadata-sync").await
+    measure_sync(
+        api,
+        watcher::Config::default(),
+        true,
+        baseline_kb,
+        "metadata-sync",
+    )
+    .await
 }
 
 /// Watcher + reflector over `api` until the store is ready, then, 2 s later,
