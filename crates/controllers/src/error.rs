@@ -51,6 +51,17 @@ pub enum ControllerError {
         /// Why not.
         source: std::io::Error,
     },
+    /// A sharded controller's ring could not read or write its Leases.
+    #[error("ring {ring:?}: {what}: {source}")]
+    Ring {
+        /// The ring's name.
+        ring: String,
+        /// What was being done.
+        what: &'static str,
+        /// The API error.
+        #[source]
+        source: kube_client::Error,
+    },
     /// SIGTERM and SIGINT could not be handled.
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),

@@ -14,6 +14,11 @@
 //! - [`service_strategy`] sets a Service's `app` selector from its
 //!   `kinformer.dev/strategy` annotation.
 //!
+//! - [`Ring`] is a replica's part in a sharded controller: a member Lease,
+//!   the slots of the hash space [`ring::assign_slots`] gives it, one Lease
+//!   per slot, and [`Ring::enter`] guarding work on a slot so that a slot is
+//!   handed over only once that work has ended (docs/sharding.md). It is not
+//!   wired into [`Controller`] yet.
 //! - [`Manager`] runs several controllers on one informer factory, with one
 //!   leader election, one admin server (`/metrics`, `/healthz`, `/readyz`,
 //!   with your own metrics and checks) and one shutdown order;
@@ -62,11 +67,14 @@ mod events;
 mod finalizer;
 mod leader;
 mod manager;
+mod membership;
 mod metrics;
 pub mod pod_stdout;
 pub mod predicate;
+pub mod ring;
 mod runtime;
 pub mod service_strategy;
+mod slots;
 mod status;
 
 pub use builder::ControllerBuilder;
@@ -75,9 +83,11 @@ pub use events::{EventRecorder, EventType};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{Manager, ManagerOptions, shutdown_on_signal};
+pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, Metrics};
 pub use runtime::{
     Action, Controller, ControllerOptions, Event, FnReconciler, Lookup, PanicPolicy,
     ReconcileError, Reconciler, TerminalError,
 };
+pub use slots::{Ring, RingConfig, SlotGuard};
 pub use status::apply_status;

@@ -15,6 +15,11 @@
 //!   out to any number of [`ResourceEventHandler`]s, each with its own buffer.
 //! - [`SharedInformerFactory`] shares informers by type, kind and scope;
 //!   [`Lister`] reads the cache; [`wait_for_cache_sync`] waits for it.
+//! - [`InformerOptions::compact`] keeps the cache compact: objects encoded
+//!   ([`Compact`]), decoded when read.
+//! - [`ApiListerWatcher::shard`] lists and watches one shard of the objects
+//!   ([`ShardSelector`], kube-apiserver's sharded list and watch), filtering
+//!   on the client where the server does not.
 //!
 //! On the wire, built-in kinds travel as Kubernetes protobuf
 //! ([`WireFormat::Auto`], the default; what client-go's typed clients ask

@@ -59,7 +59,19 @@ impl<K: Serialize + DeserializeOwned + 'static> Codec<K> for JsonCodec {
 }
 
 /// How a compact store encodes its objects and how many decoded objects it
-/// keeps at hand. See the [module documentation](self).
+/// keeps at hand.
+///
+/// A compact store keeps, per key, the object's encoding and the index
+/// values computed when it was written, so keys and index lookups cost what
+/// they cost for whole objects; it decodes an object when it is read (`get`,
+/// `list`, `by_index`), after releasing its lock. A decoded Kubernetes
+/// object is several times the size of its encoding (k8s-openapi lays every
+/// optional field out inline), so the store holds far less. The optional
+/// decoded-object cache keeps the objects most recently written or read,
+/// each checked against the version of the write it came from. The store
+/// round-trips the first object it encodes: a codec that does not read it
+/// back disables compaction for the store ([`CompactStats::disabled`]); an
+/// object the codec cannot encode is kept whole.
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::Pod;

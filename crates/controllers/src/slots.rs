@@ -1,0 +1,355 @@
+//! The slots a replica of a sharded controller holds: one Lease per slot,
+//! taken and kept by a [`LeaderElector`] each, driven by the ring's
+//! assignment, and released only once the replica's work on the slot has
+//! ended.
+//!
+//! Work on a slot goes through [`Ring::enter`], which hands out a
+//! [`SlotGuard`] only while the replica holds the slot's Lease safely and is
+//! not handing the slot over. Entering counts the guard *before* checking,
+//! and a handover marks the slot *before* waiting for the count to reach
+//! zero (both sequentially consistent), so either the worker sees the
+//! handover and backs off, or the handover waits for the worker: no work on
+//! a slot can begin after its Lease is released.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kube_client::Client;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::ring::assign_slots;
+use crate::{ControllerError, LeaderElectionConfig, LeaderElector, RingMembership};
+
+/// A ring's shape and timing. Defaults: 16 slots; client-go's leader
+/// election timings (15 s lease, 10 s renew deadline, 2 s retry period) for
+/// the slot Leases and the member Leases alike.
+#[derive(Debug, Clone)]
+pub struct RingConfig {
+    /// Namespace of the ring's Leases.
+    pub namespace: String,
+    /// The ring's name: a prefix of its Leases' names.
+    pub ring: String,
+    /// This replica's identity, unique per process.
+    pub identity: String,
+    /// How many slots cut the hash space; fixed for the ring's life.
+    pub slots: u32,
+    /// How long a slot or member Lease is valid after its last renewal.
+    pub lease_duration: Duration,
+    /// How long a slot holder keeps trying to renew before giving the slot up.
+    pub renew_deadline: Duration,
+    /// How often Leases are renewed and the assignment is looked at again.
+    pub retry_period: Duration,
+}
+
+impl RingConfig {
+    /// A ring with the defaults.
+    pub fn new(namespace: &str, ring: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            ring: ring.to_owned(),
+            identity: identity.to_owned(),
+            slots: 16,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// The leader election of slot `slot`'s Lease.
+    fn slot_election(&self, slot: u32) -> LeaderElectionConfig {
+        LeaderElectionConfig {
+            namespace: self.namespace.clone(),
+            lease_name: format!("{}-slot-{slot}", self.ring),
+            identity: self.identity.clone(),
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        }
+    }
+
+    /// Checks the timings as the leader election does, and that there are slots.
+    pub fn validate(&self) -> Result<(), ControllerError> {
+        if self.slots == 0 {
+            return Err(ControllerError::InvalidOptions(format!(
+                "ring {:?} has no slots",
+                self.ring
+            )));
+        }
+        self.slot_election(0).validate()
+    }
+}
+
+/// One slot this replica holds or is trying to hold.
+struct Holder {
+    elector: Arc<LeaderElector>,
+    stop: CancellationToken,
+    /// The election; taken by the handover that waits for it to release.
+    task: Option<JoinHandle<()>>,
+}
+
+/// Per slot: work in progress and whether the slot is being handed over.
+#[derive(Default)]
+struct SlotState {
+    in_flight: AtomicUsize,
+    handing_over: AtomicBool,
+    idle: Notify,
+}
+
+/// A replica's part in a sharded controller's ring: its membership, the
+/// slots assigned to it, and their Leases.
+pub struct Ring {
+    client: Client,
+    config: RingConfig,
+    membership: RingMembership,
+    holders: Mutex<BTreeMap<u32, Holder>>,
+    states: Vec<SlotState>,
+    held: watch::Sender<BTreeSet<u32>>,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("config", &self.config)
+            .field("held", &*self.held.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Work on one slot, counted until dropped: the slot is not handed over
+/// while a guard lives.
+pub struct SlotGuard {
+    state: Arc<Ring>,
+    slot: u32,
+}
+
+impl SlotGuard {
+    /// The slot.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Whether the slot is still safely this replica's: check it before
+    /// every write; stop when it is not.
+    pub fn may_work(&self) -> bool {
+        self.state.may_work(self.slot)
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let state = &self.state.states[self.slot as usize];
+        if state.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            state.idle.notify_waiters();
+        }
+    }
+}
+
+impl Ring {
+    /// A replica of ring `config.ring`; nothing happens until [`run`](Self::run).
+    pub fn new(client: Client, config: RingConfig) -> Result<Arc<Self>, ControllerError> {
+        config.validate()?;
+        let membership = RingMembership::new(
+            client.clone(),
+            &config.namespace,
+            &config.ring,
+            &config.identity,
+            config.lease_duration,
+        );
+        Ok(Arc::new(Self {
+            states: (0..config.slots).map(|_| SlotState::default()).collect(),
+            client,
+            membership,
+            config,
+            holders: Mutex::new(BTreeMap::new()),
+            held: watch::channel(BTreeSet::new()).0,
+        }))
+    }
+
+    /// The ring's configuration.
+    pub fn config(&self) -> &RingConfig {
+        &self.config
+    }
+
+    /// The slots whose Lease this replica holds safely and is not handing over.
+    pub fn held(&self) -> BTreeSet<u32> {
+        (0..self.config.slots)
+            .filter(|&s| self.may_work(s))
+            .collect()
+    }
+
+    /// Follows [`held`](Self::held), updated at every look at the ring.
+    pub fn subscribe(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.held.subscribe()
+    }
+
+    /// Whether work on `slot` may go on now: its Lease is safely held and
+    /// it is not being handed over.
+    pub fn may_work(&self, slot: u32) -> bool {
+        let Some(state) = self.states.get(slot as usize) else {
+            return false;
+        };
+        !state.handing_over.load(Ordering::SeqCst)
+            && self
+                .holders
+                .lock()
+                .get(&slot)
+                .is_some_and(|h| h.elector.may_work())
+    }
+
+    /// Starts work on `slot`: a guard while the slot may be worked on,
+    /// `None` when it may not (not held, or being handed over).
+    pub fn enter(self: &Arc<Self>, slot: u32) -> Option<SlotGuard> {
+        let state = self.states.get(slot as usize)?;
+        // Counted before the check: see the module documentation.
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = SlotGuard {
+            state: Arc::clone(self),
+            slot,
+        };
+        self.may_work(slot).then_some(guard)
+    }
+
+    /// Takes part in the ring until `shutdown` fires: renews this replica's
+    /// member Lease, and every retry period takes the slots assigned to it
+    /// and hands over those no longer assigned (each once its work has
+    /// ended). On shutdown every slot is handed over that way and the
+    /// replica leaves the ring.
+    pub async fn run(self: &Arc<Self>, shutdown: CancellationToken) {
+        let mut handovers: Vec<JoinHandle<()>> = Vec::new();
+        while !shutdown.is_cancelled() {
+            self.look(&mut handovers).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(self.config.retry_period) => {}
+            }
+        }
+        let slots: Vec<u32> = self.holders.lock().keys().copied().collect();
+        for slot in slots {
+            handovers.push(self.hand_over(slot));
+        }
+        for h in handovers {
+            let _ = h.await;
+        }
+        if let Err(e) = self.membership.leave().await {
+            warn!(error = %e, "could not leave the ring; the member Lease expires instead");
+        }
+        self.held.send_replace(BTreeSet::new());
+    }
+
+    /// One look at the ring: renew membership, then act on the assignment.
+    async fn look(self: &Arc<Self>, handovers: &mut Vec<JoinHandle<()>>) {
+        handovers.retain(|h| !h.is_finished());
+        if let Err(e) = self.membership.heartbeat().await {
+            warn!(error = %e, "could not renew the member Lease");
+        }
+        let members = match self.membership.live_members().await {
+            Ok(members) => members,
+            Err(e) => {
+                // Without a view of the ring, take nothing new; held slots
+                // stay guarded by their own Leases.
+                warn!(error = %e, "could not list the ring's members");
+                return;
+            }
+        };
+        let mine: BTreeSet<u32> = match members.iter().position(|m| *m == self.config.identity) {
+            Some(me) => assign_slots(self.config.slots, &members)
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, owner)| owner == me)
+                .map(|(slot, _)| slot as u32)
+                .collect(),
+            // Not (yet) seen as a member: hold nothing.
+            None => BTreeSet::new(),
+        };
+        let mut to_hand_over = Vec::new();
+        {
+            let mut holders = self.holders.lock();
+            // A holder whose election ended lost its Lease: drop it, so it
+            // can campaign again if the slot is still ours.
+            holders.retain(|slot, h| {
+                let alive = h.task.as_ref().is_none_or(|t| !t.is_finished())
+                    || self.states[*slot as usize]
+                        .handing_over
+                        .load(Ordering::SeqCst);
+                if !alive {
+                    warn!(slot, "lost the slot's Lease");
+                }
+                alive
+            });
+            for &slot in &mine {
+                if let std::collections::btree_map::Entry::Vacant(e) = holders.entry(slot) {
+                    self.states[slot as usize]
+                        .handing_over
+                        .store(false, Ordering::SeqCst);
+                    e.insert(self.campaign(slot));
+                }
+            }
+            for (&slot, _) in holders.iter() {
+                if !mine.contains(&slot)
+                    && !self.states[slot as usize]
+                        .handing_over
+                        .load(Ordering::SeqCst)
+                {
+                    to_hand_over.push(slot);
+                }
+            }
+        }
+        for slot in to_hand_over {
+            handovers.push(self.hand_over(slot));
+        }
+        self.held.send_replace(self.held());
+    }
+
+    /// Starts campaigning for `slot`'s Lease.
+    fn campaign(&self, slot: u32) -> Holder {
+        let elector = Arc::new(LeaderElector::new(
+            self.client.clone(),
+            self.config.slot_election(slot),
+        ));
+        let stop = CancellationToken::new();
+        let (e, s) = (Arc::clone(&elector), stop.clone());
+        let task = tokio::spawn(async move { e.run(s).await });
+        Holder {
+            elector,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops new work on `slot`, waits for the work in progress to end,
+    /// then releases the slot's Lease.
+    fn hand_over(self: &Arc<Self>, slot: u32) -> JoinHandle<()> {
+        let state = &self.states[slot as usize];
+        // Marked before the count is read: see the module documentation.
+        state.handing_over.store(true, Ordering::SeqCst);
+        let ring = Arc::clone(self);
+        tokio::spawn(async move {
+            let state = &ring.states[slot as usize];
+            loop {
+                let idle = state.idle.notified();
+                if state.in_flight.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                idle.await;
+            }
+            // The holder stays in place (handing over, so no new work)
+            // until its Lease is released: a new campaign for the slot must
+            // not start while the old one still holds it under our name.
+            let election = ring.holders.lock().get_mut(&slot).map(|h| {
+                h.stop.cancel();
+                h.task.take()
+            });
+            if let Some(Some(task)) = election {
+                let _ = task.await;
+                info!(slot, "handed the slot over");
+            }
+            ring.holders.lock().remove(&slot);
+        })
+    }
+}
