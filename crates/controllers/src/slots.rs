@@ -229,7 +229,14 @@ impl Ring {
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
         }
-        let slots: Vec<u32> = self.holders.lock().keys().copied().collect();
+        // Every slot not being handed over already.
+        let slots: Vec<u32> = self
+            .holders
+            .lock()
+            .keys()
+            .copied()
+            .filter(|&s| !self.states[s as usize].handing_over.load(Ordering::SeqCst))
+            .collect();
         for slot in slots {
             handovers.push(self.hand_over(slot));
         }
@@ -270,33 +277,29 @@ impl Ring {
         let mut to_hand_over = Vec::new();
         {
             let mut holders = self.holders.lock();
-            // A holder whose election ended lost its Lease: drop it, so it
-            // can campaign again if the slot is still ours.
-            holders.retain(|slot, h| {
-                let alive = h.task.as_ref().is_none_or(|t| !t.is_finished())
-                    || self.states[*slot as usize]
-                        .handing_over
-                        .load(Ordering::SeqCst);
-                if !alive {
-                    warn!(slot, "lost the slot's Lease");
+            for (&slot, h) in holders.iter() {
+                let state = &self.states[slot as usize];
+                if state.handing_over.load(Ordering::SeqCst) {
+                    continue;
                 }
-                alive
-            });
+                if h.task.as_ref().is_some_and(JoinHandle::is_finished) {
+                    // The election ended: the Lease was lost. Handled as a
+                    // handover, so that a new campaign for the slot starts
+                    // only once the work of this tenure has ended.
+                    warn!(slot, "lost the slot's Lease");
+                    to_hand_over.push(slot);
+                } else if !mine.contains(&slot) {
+                    to_hand_over.push(slot);
+                }
+            }
             for &slot in &mine {
+                // Only a slot with no holder at all: a holder is removed by
+                // its handover, after the work on the slot has ended.
                 if let std::collections::btree_map::Entry::Vacant(e) = holders.entry(slot) {
                     self.states[slot as usize]
                         .handing_over
                         .store(false, Ordering::SeqCst);
                     e.insert(self.campaign(slot));
-                }
-            }
-            for (&slot, _) in holders.iter() {
-                if !mine.contains(&slot)
-                    && !self.states[slot as usize]
-                        .handing_over
-                        .load(Ordering::SeqCst)
-                {
-                    to_hand_over.push(slot);
                 }
             }
         }

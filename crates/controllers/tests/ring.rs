@@ -47,8 +47,6 @@ async fn replicas_see_each_other_and_drop_those_that_leave_or_die() {
     for m in [&a, &b, &c] {
         m.heartbeat().await.unwrap();
     }
-    // b's last renewal is before this, and a first sees it after.
-    let b_renewed = tokio::time::Instant::now();
     for m in [&a, &b, &c] {
         until_members(m, &["a", "b", "c"], Duration::ZERO).await;
     }
@@ -61,8 +59,12 @@ async fn replicas_see_each_other_and_drop_those_that_leave_or_die() {
     let owners: Vec<Vec<usize>> = seen.iter().map(|s| assign_slots(16, s)).collect();
     assert!(owners.windows(2).all(|w| w[0] == w[1]));
 
-    // c leaves cleanly: gone at the next look.
+    // c leaves cleanly: gone at the next look (b renewed just before, so
+    // a slow machine cannot let its Lease look expired).
     c.leave().await.unwrap();
+    b.heartbeat().await.unwrap();
+    // b's last renewal is before this, and a first sees it after.
+    let b_renewed = tokio::time::Instant::now();
     until_members(&a, &["a", "b"], Duration::ZERO).await;
 
     // b dies: it stops renewing, and drops out once its Lease has not
@@ -254,4 +256,69 @@ async fn no_slot_is_worked_on_by_two_replicas_at_once_as_replicas_come_and_go() 
         log.len()
     );
     a.stop().await;
+}
+
+const RETRY: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_whose_lease_was_lost_is_not_taken_again_until_the_work_of_that_tenure_ended() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::api::{Api, Patch, PatchParams};
+
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("lost").await.unwrap();
+    let config = RingConfig {
+        slots: 1,
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: RETRY,
+        ..RingConfig::new(&ns, "lost", "a")
+    };
+    let ring = Ring::new(env.client().unwrap(), config).unwrap();
+    let stop = CancellationToken::new();
+    let (r, s) = (Arc::clone(&ring), stop.clone());
+    let run = tokio::spawn(async move { r.run(s).await });
+    let mut held = ring.subscribe();
+    held.wait_for(|h| h.contains(&0)).await.unwrap();
+    let guard = ring.enter(0).expect("slot 0 is held");
+
+    // Someone else takes the Lease: the renewal finds it taken.
+    let leases: Api<Lease> = Api::namespaced(env.client().unwrap(), &ns);
+    let take = |holder: &str| {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        serde_json::json!({"spec": {"holderIdentity": holder, "renewTime": now}})
+    };
+    leases
+        .patch(
+            "lost-slot-0",
+            &PatchParams::default(),
+            &Patch::Merge(take("intruder")),
+        )
+        .await
+        .unwrap();
+    held.wait_for(|h| !h.contains(&0)).await.unwrap();
+    assert!(!guard.may_work());
+    // The intruder lets go, but the work of the lost tenure is still on:
+    // the slot must not be taken again meanwhile.
+    leases
+        .patch(
+            "lost-slot-0",
+            &PatchParams::default(),
+            &Patch::Merge(take("")),
+        )
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(RETRY).await;
+        assert!(
+            ring.held().is_empty(),
+            "slot 0 taken again while its old work runs"
+        );
+    }
+    drop(guard);
+    held.wait_for(|h| h.contains(&0)).await.unwrap();
+    stop.cancel();
+    run.await.unwrap();
 }

@@ -566,8 +566,12 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         };
         let reflector_stats = reflector.stats();
         *self.inner.stats.lock() = Some(Arc::clone(&reflector_stats));
-        // Lists applied by the time freed memory was last released.
+        // Lists applied by the time freed memory was last released; looked
+        // at after each pop and every second (the queue may have drained
+        // before the Reflector counted the list).
         let mut released_at = 0;
+        let mut release_tick = tokio::time::interval(Duration::from_secs(1));
+        release_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Declared before the guard, so dropped after it: either way the
         // Reflector is aborted when this future ends, however it ends.
         let mut reflector_task = AbortOnDrop(tokio::spawn(reflector.run(shutdown.clone())));
@@ -583,6 +587,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 let popped = tokio::select! {
                     _ = shutdown.cancelled() => break End::Shutdown,
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
+                    _ = release_tick.tick(), if inner.release_after_list => None,
                     popped = inner.fifo.pop_with_key(|key, deltas, initial| {
                         let applied = catch_unwind(AssertUnwindSafe(|| {
                             inner.handle_deltas(key, deltas, initial)
@@ -594,12 +599,12 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                             ));
                         }
                         Ok::<_, Requeue<()>>(())
-                    }) => popped,
+                    }) => Some(popped),
                 };
                 if let Some(reason) = panicked {
                     break End::Failed(reason);
                 }
-                if let Err(PopError::Closed) = popped {
+                if let Some(Err(PopError::Closed)) = popped {
                     break End::Shutdown;
                 }
                 if inner.release_after_list {

@@ -33,17 +33,24 @@ async fn sharded_env() -> &'static TestEnv {
     .await
 }
 
-fn config_map(name: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"v": "0"}}))
-        .unwrap()
+/// Every ConfigMap of these tests is labelled with the test that made it,
+/// so that a test listing all namespaces sees only its own.
+const TEST_LABEL: &str = "kinformer.dev/shard-test";
+
+fn config_map(name: &str, test: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {TEST_LABEL: test}},
+        "data": {"v": "0"}
+    }))
+    .unwrap()
 }
 
-async fn create_config_maps(api: &Api<ConfigMap>, names: impl Iterator<Item = String>) {
+async fn create_config_maps(api: &Api<ConfigMap>, test: &str, names: impl Iterator<Item = String>) {
     stream::iter(names)
         .for_each_concurrent(32, |name| {
             let api = api.clone();
             async move {
-                api.create(&PostParams::default(), &config_map(&name))
+                api.create(&PostParams::default(), &config_map(&name, test))
                     .await
                     .unwrap();
             }
@@ -89,10 +96,13 @@ async fn list_all(lw: &ApiListerWatcher<ConfigMap>) -> BTreeMap<String, String> 
 /// selector with nothing left for the client to drop: a client hash that
 /// differed from the server's would drop objects the server sent.
 async fn shards_split_exactly(client: &Client, shards: &[ShardSelector]) -> usize {
-    let whole = list_all(&ApiListerWatcher::<ConfigMap>::all(client.clone())).await;
+    // Only this test's ConfigMaps: the others change while it lists.
+    let labels = format!("{TEST_LABEL}=hash");
+    let all = || ApiListerWatcher::<ConfigMap>::all(client.clone()).labels(&labels);
+    let whole = list_all(&all()).await;
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     for shard in shards {
-        let lw = ApiListerWatcher::<ConfigMap>::all(client.clone()).shard(shard.clone());
+        let lw = all().shard(shard.clone());
         let part = list_all(&lw).await;
         let stats = lw.shard_stats().unwrap();
         assert_eq!(stats.enforcement(), ShardEnforcement::Server, "{shard}");
@@ -125,13 +135,13 @@ async fn the_servers_shard_hash_is_the_clients_over_thousands_of_objects() {
     stream::iter(&namespaces)
         .for_each_concurrent(4, |ns| {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-            async move { create_config_maps(&api, (0..100).map(|i| format!("c{i}"))).await }
+            async move { create_config_maps(&api, "hash", (0..100).map(|i| format!("c{i}"))).await }
         })
         .await;
 
     for n in [2, 3, 7] {
         let total = shards_split_exactly(&client, &uid_shards(n)).await;
-        assert!(total >= 3000, "{total}");
+        assert_eq!(total, 3000);
     }
     // Several ranges in one selector: the even eighths, then the odd ones.
     let eighths = |parity: u64| {
@@ -247,7 +257,7 @@ async fn sharded_informers_follow_the_server(env: &TestEnv, watch_list: bool) {
     let client = env.client().unwrap();
     let ns = env.create_namespace("sharded").await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    create_config_maps(&api, (0..300).map(|i| format!("c{i}"))).await;
+    create_config_maps(&api, "informers", (0..300).map(|i| format!("c{i}"))).await;
     let shards = uid_shards(3);
     let shutdown = CancellationToken::new();
     let mut informers = Vec::new();
@@ -264,7 +274,7 @@ async fn sharded_informers_follow_the_server(env: &TestEnv, watch_list: bool) {
     }
     caches_hold_their_shards(&api, &informers).await;
     // Watched changes: new objects, updates, deletes.
-    create_config_maps(&api, (300..400).map(|i| format!("c{i}"))).await;
+    create_config_maps(&api, "informers", (300..400).map(|i| format!("c{i}"))).await;
     for i in (0..300).step_by(4) {
         let patch = serde_json::json!({"data": {"v": "1"}});
         api.patch(
@@ -315,7 +325,7 @@ async fn a_server_without_the_gate_is_filtered_on_the_client_and_says_so() {
     let client = env.client().unwrap();
     let ns = env.create_namespace("unsharded").await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    create_config_maps(&api, (0..200).map(|i| format!("c{i}"))).await;
+    create_config_maps(&api, "unsharded", (0..200).map(|i| format!("c{i}"))).await;
     let shard = uid_shards(2).remove(0);
     let (informer, stats) = start_informer(client, &ns, shard.clone(), false);
     let shutdown = CancellationToken::new();

@@ -17,7 +17,8 @@
 //! A store made with [`ThreadSafeStore::compact`] keeps each object encoded
 //! (see [`compact`](crate::Compact)): encoding happens before the write lock
 //! is taken and decoding after a read lock is released, so the lock is held
-//! no longer than for whole objects.
+//! no longer than for whole objects; `add_indexers` on a populated compact
+//! store is the exception (it decodes every object under the lock).
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -248,8 +249,12 @@ impl<K> ThreadSafeStore<K> {
     /// Inserts or replaces the object under `key`, updating every index;
     /// says what it replaced and which index functions failed for it.
     pub fn upsert(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
-        let stored = self.store_form(key, &obj);
+        let mut stored = self.store_form(key, &obj);
         let mut inner = self.inner.write();
+        if let (Some(compact), Stored::Encoded { version, .. }) = (&self.compact, &mut stored) {
+            // Versions follow the order writes take the lock in.
+            *version = compact.next_version();
+        }
         let (values, unindexed) = compute_index_values(&inner.indexers, key, &obj);
         let previous = inner.put(key, stored.clone(), values);
         let previous = match &self.compact {
@@ -392,6 +397,7 @@ impl<K> ThreadSafeStore<K> {
         if inner.indexers.len() != indexers.len() {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
+            drop(entries);
             return self.replace(items);
         }
         let old = std::mem::replace(&mut inner.items, entries);
