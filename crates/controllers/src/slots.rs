@@ -18,13 +18,16 @@ use std::time::Duration;
 
 use kube_client::Client;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::ring::assign_slots;
-use crate::{ControllerError, LeaderElectionConfig, LeaderElector, RingMembership};
+use crate::{ControllerError, LeaderElectionConfig, LeaderElector, Metrics, RingMembership};
 
 /// A ring's shape and timing. Defaults: 16 slots; client-go's leader
 /// election timings (15 s lease, 10 s renew deadline, 2 s retry period) for
@@ -101,6 +104,29 @@ struct SlotState {
     idle: Notify,
 }
 
+/// What a replica's ring reports ([`Ring::register_metrics`]).
+#[derive(Clone)]
+struct RingMetrics {
+    slots_held: Gauge,
+    rebalances: Counter,
+    acquisitions: Counter,
+    handovers: Counter,
+    acquire_wait: Histogram,
+}
+
+impl Default for RingMetrics {
+    fn default() -> Self {
+        Self {
+            slots_held: Gauge::default(),
+            rebalances: Counter::default(),
+            acquisitions: Counter::default(),
+            handovers: Counter::default(),
+            // 50 ms to about 14 min.
+            acquire_wait: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
+        }
+    }
+}
+
 /// A replica's part in a sharded controller's ring: its membership, the
 /// slots assigned to it, and their Leases.
 pub struct Ring {
@@ -110,6 +136,19 @@ pub struct Ring {
     holders: Mutex<BTreeMap<u32, Holder>>,
     states: Vec<SlotState>,
     held: watch::Sender<BTreeSet<u32>>,
+    /// The slots assigned to this replica at the last look.
+    assigned: Mutex<Option<BTreeSet<u32>>>,
+    metrics: RingMetrics,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // No guard is left (each holds the ring): stop every election, so
+        // that nothing goes on renewing a slot of a ring that is gone.
+        for holder in self.holders.get_mut().values() {
+            holder.stop.cancel();
+        }
+    }
 }
 
 impl std::fmt::Debug for Ring {
@@ -168,7 +207,47 @@ impl Ring {
             config,
             holders: Mutex::new(BTreeMap::new()),
             held: watch::channel(BTreeSet::new()).0,
+            assigned: Mutex::new(None),
+            metrics: RingMetrics::default(),
         }))
+    }
+
+    /// Serves this replica's ring metrics with `metrics`:
+    /// `kinformer_ring_slots_held`, `kinformer_ring_rebalances_total` (looks
+    /// at which the slots assigned to this replica changed),
+    /// `kinformer_ring_slot_acquisitions_total`,
+    /// `kinformer_ring_slot_handovers_total` (slots released after their
+    /// work ended) and `kinformer_ring_slot_acquire_wait_seconds` (from the
+    /// start of a campaign for a slot to holding it: how long a slot
+    /// assigned here stayed unowned, waiting for its last holder to release
+    /// it or for its Lease to expire). One ring per registry.
+    pub fn register_metrics(&self, metrics: &Metrics) {
+        let m = &self.metrics;
+        metrics.register(
+            "kinformer_ring_slots_held",
+            "Slots of the ring this replica holds",
+            m.slots_held.clone(),
+        );
+        metrics.register(
+            "kinformer_ring_rebalances",
+            "Times the slots assigned to this replica changed",
+            m.rebalances.clone(),
+        );
+        metrics.register(
+            "kinformer_ring_slot_acquisitions",
+            "Slot Leases this replica took",
+            m.acquisitions.clone(),
+        );
+        metrics.register(
+            "kinformer_ring_slot_handovers",
+            "Slots this replica released once their work had ended",
+            m.handovers.clone(),
+        );
+        metrics.register(
+            "kinformer_ring_slot_acquire_wait_seconds",
+            "From the start of a campaign for a slot to holding it",
+            m.acquire_wait.clone(),
+        );
     }
 
     /// The ring's configuration.
@@ -246,6 +325,7 @@ impl Ring {
         if let Err(e) = self.membership.leave().await {
             warn!(error = %e, "could not leave the ring; the member Lease expires instead");
         }
+        self.metrics.slots_held.set(0);
         self.held.send_replace(BTreeSet::new());
     }
 
@@ -274,6 +354,12 @@ impl Ring {
             // Not (yet) seen as a member: hold nothing.
             None => BTreeSet::new(),
         };
+        if let Some(before) = self.assigned.lock().replace(mine.clone())
+            && before != mine
+        {
+            self.metrics.rebalances.inc();
+            info!(assigned = ?mine, "the ring's assignment changed");
+        }
         let mut to_hand_over = Vec::new();
         {
             let mut holders = self.holders.lock();
@@ -306,7 +392,9 @@ impl Ring {
         for slot in to_hand_over {
             handovers.push(self.hand_over(slot));
         }
-        self.held.send_replace(self.held());
+        let held = self.held();
+        self.metrics.slots_held.set(held.len() as i64);
+        self.held.send_replace(held);
     }
 
     /// Starts campaigning for `slot`'s Lease.
@@ -318,6 +406,18 @@ impl Ring {
         let stop = CancellationToken::new();
         let (e, s) = (Arc::clone(&elector), stop.clone());
         let task = tokio::spawn(async move { e.run(s).await });
+        let (mut leading, s, metrics) = (elector.subscribe(), stop.clone(), self.metrics.clone());
+        let started = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.cancelled() => {}
+                led = leading.wait_for(|l| *l) => if led.is_ok() {
+                    metrics.acquisitions.inc();
+                    metrics.acquire_wait.observe(started.elapsed().as_secs_f64());
+                    info!(slot, "took the slot's Lease");
+                },
+            }
+        });
         Holder {
             elector,
             stop,
@@ -350,6 +450,7 @@ impl Ring {
             });
             if let Some(Some(task)) = election {
                 let _ = task.await;
+                ring.metrics.handovers.inc();
                 info!(slot, "handed the slot over");
             }
             ring.holders.lock().remove(&slot);

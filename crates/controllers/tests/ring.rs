@@ -275,6 +275,8 @@ async fn a_slot_whose_lease_was_lost_is_not_taken_again_until_the_work_of_that_t
         ..RingConfig::new(&ns, "lost", "a")
     };
     let ring = Ring::new(env.client().unwrap(), config).unwrap();
+    let metrics = kinformer_controllers::Metrics::new();
+    ring.register_metrics(&metrics);
     let stop = CancellationToken::new();
     let (r, s) = (Arc::clone(&ring), stop.clone());
     let run = tokio::spawn(async move { r.run(s).await });
@@ -319,6 +321,17 @@ async fn a_slot_whose_lease_was_lost_is_not_taken_again_until_the_work_of_that_t
     }
     drop(guard);
     held.wait_for(|h| h.contains(&0)).await.unwrap();
+    assert!(metrics.encode().contains("kinformer_ring_slots_held 1"));
     stop.cancel();
     run.await.unwrap();
+    // Taken twice, given up twice (once lost, once at shutdown).
+    let text = metrics.encode();
+    for line in [
+        "kinformer_ring_slot_acquisitions_total 2",
+        "kinformer_ring_slot_handovers_total 2",
+        "kinformer_ring_slot_acquire_wait_seconds_count 2",
+        "kinformer_ring_slots_held 0",
+    ] {
+        assert!(text.contains(line), "no {line:?} in\n{text}");
+    }
 }
