@@ -12,12 +12,17 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use kinformer_informer::{ShardEnforcement, ShardStats};
 use kinformer_workqueue::{
     CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
 };
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -56,6 +61,49 @@ fn reconcile_histogram() -> Histogram {
 /// A user health or readiness check: `Err` says why it fails.
 pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// The sharded lister-watchers' stats, read at each scrape.
+#[derive(Debug, Default)]
+struct ShardCollector {
+    informers: parking_lot::Mutex<Vec<(String, Arc<ShardStats>)>>,
+}
+
+impl Collector for ShardCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let informers = self.informers.lock();
+        if informers.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            "kinformer_shard_filtered_on_client",
+            "Objects the server sent outside the shard, dropped by the client (the server ignores the shard selector)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (informer, stats) in informers.iter() {
+            let labels = [("informer", informer.as_str())];
+            ConstCounter::new(stats.filtered_on_client()).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "kinformer_shard_enforcement",
+            "Who applies the shard selector: 1 for the enforcement that holds (server, client or unconfirmed)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (informer, stats) in informers.iter() {
+            let now = stats.enforcement();
+            for (name, which) in [
+                ("server", ShardEnforcement::Server),
+                ("client", ShardEnforcement::Client),
+                ("unconfirmed", ShardEnforcement::Unconfirmed),
+            ] {
+                let labels = [("informer", informer.as_str()), ("enforcement", name)];
+                ConstGauge::new(i64::from(now == which)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Which endpoints a listener serves.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Endpoints {
@@ -83,6 +131,7 @@ pub struct Metrics {
     terminal_errors: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
+    shards: Arc<ShardCollector>,
     ready: AtomicBool,
     stopping: AtomicBool,
 }
@@ -110,6 +159,7 @@ impl Metrics {
             terminal_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
+            shards: Arc::default(),
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             registry: parking_lot::Mutex::new(Registry::default()),
@@ -178,6 +228,7 @@ impl Metrics {
             "Length of time per reconciliation per controller",
             m.reconcile_time.clone(),
         );
+        registry.register_collector(Box::new(Arc::clone(&m.shards)));
         registry.register(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
@@ -192,6 +243,20 @@ impl Metrics {
         self.leader
             .get_or_create(&label(lease))
             .set(i64::from(leading));
+    }
+
+    /// Exports how a sharded lister-watcher's shard goes
+    /// ([`ApiListerWatcher::shard_stats`](kinformer_informer::ApiListerWatcher::shard_stats)),
+    /// read at every scrape under the label `informer="{informer}"`:
+    /// `kinformer_shard_filtered_on_client_total`, the objects the server
+    /// sent outside the shard (it ignores the selector), and
+    /// `kinformer_shard_enforcement`, 1 for the one of
+    /// `enforcement="server"`, `"client"` or `"unconfirmed"` that holds.
+    pub fn add_shard_stats(&self, informer: &str, stats: Arc<ShardStats>) {
+        self.shards
+            .informers
+            .lock()
+            .push((informer.to_owned(), stats));
     }
 
     /// Registers a metric of the user's own in the same registry, served on

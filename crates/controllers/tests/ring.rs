@@ -335,3 +335,40 @@ async fn a_slot_whose_lease_was_lost_is_not_taken_again_until_the_work_of_that_t
         assert!(text.contains(line), "no {line:?} in\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_the_server_ignores_shows_as_filtered_on_the_client_in_the_metrics() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kinformer_informer::{
+        ApiListerWatcher, HashRange, ListRequest, ListerWatcher, ShardField, ShardSelector,
+    };
+    use kube_client::api::{Api, PostParams};
+
+    // The shared server runs without the ShardedListAndWatch gate.
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("shardmetrics").await.unwrap();
+    let client = env.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..40 {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("c{i}")}}))
+                .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let half = ShardSelector::new(ShardField::Uid, [HashRange::split(0, 2).unwrap()]).unwrap();
+    let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, &ns).shard(half.clone());
+    let metrics = kinformer_controllers::Metrics::new();
+    metrics.add_shard_stats("configmaps", lw.shard_stats().unwrap());
+    let page = lw.list(ListRequest::default()).await.unwrap();
+    assert!(page.items.iter().all(|cm| half.matches(cm)));
+    let outside = 40 - page.items.len();
+    assert!(outside > 0);
+    let text = metrics.encode();
+    for line in [
+        format!("kinformer_shard_filtered_on_client_total{{informer=\"configmaps\"}} {outside}"),
+        "kinformer_shard_enforcement{informer=\"configmaps\",enforcement=\"client\"} 1".to_owned(),
+        "kinformer_shard_enforcement{informer=\"configmaps\",enforcement=\"server\"} 0".to_owned(),
+    ] {
+        assert!(text.contains(&line), "no {line:?} in\n{text}");
+    }
+}
