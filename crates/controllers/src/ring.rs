@@ -17,7 +17,7 @@
 //! only once its reconciles of that slot have ended (see docs/sharding.md).
 //! The rule only says which replica should try.
 
-use kinformer_informer::{HashRange, ShardField, ShardSelector, shard_hash};
+use kinformer_informer::{HASH_SPACE_END, HashRange, ShardField, ShardSelector, shard_hash};
 
 /// The range of hashes slot `slot` of `slots` covers; `None` unless
 /// `slot < slots`.
@@ -30,7 +30,7 @@ pub fn slot_of_hash(hash: u64, slots: u32) -> u32 {
     let slots = u64::from(slots.max(1));
     // The ranges are split at multiples of floor(2^64 / slots), the last
     // one running to 2^64; so the slot is the quotient, capped at the last.
-    let span = (u128::from(u64::MAX) + 1) / u128::from(slots);
+    let span = HASH_SPACE_END / u128::from(slots);
     ((u128::from(hash) / span).min(u128::from(slots - 1))) as u32
 }
 

@@ -283,12 +283,8 @@ impl<K> ThreadSafeStore<K> {
     /// Removes the object under `key` and its index entries; returns it.
     pub fn delete(&self, key: &str) -> Option<Arc<K>> {
         let mut inner = self.inner.write();
-        let (key, entry) = inner.items.remove_entry(key)?;
-        inner.unindex(&key, &entry.index_values);
+        let (key, entry) = self.take(&mut inner, key)?;
         let read = self.read(&key, &entry.obj);
-        if let Some(compact) = &self.compact {
-            compact.removed(&key);
-        }
         drop(inner);
         self.finish(read)
     }
@@ -296,15 +292,17 @@ impl<K> ThreadSafeStore<K> {
     /// Removes the object under `key` and its index entries, without handing
     /// it back (a compact store need not decode it); whether there was one.
     pub fn remove(&self, key: &str) -> bool {
-        let mut inner = self.inner.write();
-        let Some((key, entry)) = inner.items.remove_entry(key) else {
-            return false;
-        };
+        self.take(&mut self.inner.write(), key).is_some()
+    }
+
+    /// Takes `key`'s entry out of the items, its indexes and the decoded cache.
+    fn take(&self, inner: &mut Inner<K>, key: &str) -> Option<(Arc<str>, Entry<K>)> {
+        let (key, entry) = inner.items.remove_entry(key)?;
         inner.unindex(&key, &entry.index_values);
         if let Some(compact) = &self.compact {
             compact.removed(&key);
         }
-        true
+        Some((key, entry))
     }
 
     /// The object under `key`.
