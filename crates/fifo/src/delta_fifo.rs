@@ -97,7 +97,8 @@ struct Inner<K> {
     queue: VecDeque<Arc<str>>,
     /// Whether anything (a replace, an add, an update, a delete) has arrived.
     populated: bool,
-    /// How many keys of the first replace have yet to be popped.
+    /// How many keys of the first population (queued before the first
+    /// replace finished) have yet to be popped.
     initial_population_count: usize,
     closed: bool,
 }
@@ -207,49 +208,85 @@ impl<K> DeltaFifo<K> {
     /// those deletions.
     ///
     /// If any object has no key, nothing is queued and the error names it.
+    /// [`begin_replace`](Self::begin_replace) does the same with the objects
+    /// handed over one at a time.
     pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), FifoError> {
         let keys = list
             .iter()
             .enumerate()
             .map(|(index, obj)| {
-                (self.key_func)(obj).map_err(|source| FifoError::ReplaceKey { index, source })
+                (self.key_func)(obj)
+                    .map(Arc::<str>::from)
+                    .map_err(|source| FifoError::ReplaceKey { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let action = if self.emit_delta_type_replaced {
+        let action = self.replace_action();
+        let mut inner = self.inner.lock();
+        for (key, obj) in keys.iter().zip(list) {
+            self.queue_keyed(&mut inner, key, Delta::new(action, obj));
+        }
+        let listed: HashSet<&str, Hasher> = keys.iter().map(|k| k.as_ref()).collect();
+        self.finish_replace(&mut inner, |key| listed.contains(key));
+        Ok(())
+    }
+
+    /// A replace whose objects are handed over one at a time, as a list
+    /// arrives: each [`push`](DeltaFifoReplace::push) queues its object's
+    /// `Replaced` delta at once, so the consumer can apply it (and drop the
+    /// object it replaces) while the rest of the list is still arriving, and
+    /// [`finish`](DeltaFifoReplace::finish) queues the deletions the whole
+    /// list implies and, the first time, completes the population that
+    /// [`has_synced`](Self::has_synced) waits for. Queued in the end is what
+    /// [`replace`](Self::replace) would have queued for the same list; only
+    /// the moment each delta becomes visible differs.
+    ///
+    /// Dropped without `finish` (the list failed half-way), the objects
+    /// pushed stay queued: each is a state the server really had, newer than
+    /// the cache's. No deletion is inferred from a partial list, and
+    /// `has_synced` stays false until a replace finishes.
+    ///
+    /// The Reflector feeds its lists through this, so that a relist holds
+    /// the old cache and the objects in flight rather than the old cache and
+    /// the whole new list.
+    pub fn begin_replace(&self) -> DeltaFifoReplace<'_, K> {
+        DeltaFifoReplace {
+            fifo: self,
+            action: self.replace_action(),
+            listed: HashSet::default(),
+            pushed: 0,
+        }
+    }
+
+    fn replace_action(&self) -> DeltaType {
+        if self.emit_delta_type_replaced {
             DeltaType::Replaced
         } else {
             DeltaType::Sync
-        };
-
-        let mut inner = self.inner.lock();
-        let mut listed: HashSet<&str, Hasher> =
-            HashSet::with_capacity_and_hasher(keys.len(), Hasher::default());
-        for (key, obj) in keys.iter().zip(list) {
-            listed.insert(key);
-            self.queue_action(&mut inner, key, Delta::new(action, obj));
         }
+    }
 
+    /// The end of a replace whose listed objects are queued: a deletion for
+    /// every key queued or known that `listed` does not hold, then the
+    /// population latch.
+    fn finish_replace(&self, inner: &mut Inner<K>, listed: impl Fn(&str) -> bool) {
         // Deletions among the queue's own keys.
         let gone: Vec<(Arc<str>, Arc<K>)> = inner
             .items
             .iter()
-            .filter(|(key, _)| !listed.contains(key.as_ref()))
+            .filter(|(key, _)| !listed(key))
             .filter_map(|(key, deltas)| {
                 let newest = deltas.newest()?;
                 Some((Arc::clone(key), Arc::clone(newest.object.object())))
             })
             .collect();
-        let mut queued_deletions = gone.len();
         for (key, obj) in gone {
-            self.queue_tombstone(&mut inner, &key, obj);
+            self.queue_tombstone(inner, &key, obj);
         }
 
         // Deletions among the known objects that have nothing queued.
         if let Some(known) = &self.known_objects {
             for key in known.list_keys() {
-                if listed.contains(key.as_str())
-                    || inner.items.get(key.as_str()).is_some_and(|d| !d.is_empty())
-                {
+                if listed(&key) || inner.items.get(key.as_str()).is_some_and(|d| !d.is_empty()) {
                     continue;
                 }
                 // A key that vanished between list_keys and get_by_key has
@@ -257,16 +294,12 @@ impl<K> DeltaFifo<K> {
                 let Some(obj) = known.get_by_key(&key) else {
                     continue;
                 };
-                queued_deletions += 1;
-                self.queue_tombstone(&mut inner, &key, obj);
+                self.queue_tombstone(inner, &key, obj);
             }
         }
-
-        if !inner.populated {
-            inner.populated = true;
-            inner.initial_population_count = listed.len() + queued_deletions;
-        }
-        Ok(())
+        // Every key queued before this point counted towards the first
+        // population (see `push_new`).
+        inner.populated = true;
     }
 
     /// Queues a `Sync` delta for every known object that has no delta queued
@@ -429,6 +462,18 @@ impl<K> DeltaFifo<K> {
         self.push_new(inner, Arc::from(key), Deltas(deltas));
     }
 
+    /// As `queue_action`, with the key already shared: a new entry takes
+    /// a clone of the `Arc` rather than a copy of the string.
+    fn queue_keyed(&self, inner: &mut Inner<K>, key: &Arc<str>, delta: Delta<K>) {
+        if let Some(deltas) = inner.items.get_mut(key) {
+            deltas.push(delta);
+            return;
+        }
+        let mut deltas = Vec::with_capacity(2);
+        deltas.push(delta);
+        self.push_new(inner, Arc::clone(key), Deltas(deltas));
+    }
+
     fn add_if_not_present(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
         inner.populated = true;
         if inner.items.contains_key(&key) {
@@ -438,13 +483,95 @@ impl<K> DeltaFifo<K> {
     }
 
     /// Queues a key that is not queued, waking waiters if the queue was empty.
+    /// Until the first replace finishes, every key queued belongs to the
+    /// first population: `has_synced` waits for it to be popped.
     fn push_new(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
+        if !inner.populated {
+            inner.initial_population_count += 1;
+        }
         let was_empty = inner.queue.is_empty();
         inner.queue.push_back(Arc::clone(&key));
         inner.items.insert(key, deltas);
         if was_empty {
             self.notify.notify_waiters();
         }
+    }
+}
+
+/// A replace in progress on a [`DeltaFifo`], from
+/// [`DeltaFifo::begin_replace`]: the listed keys so far.
+pub struct DeltaFifoReplace<'a, K> {
+    fifo: &'a DeltaFifo<K>,
+    action: DeltaType,
+    listed: HashSet<Arc<str>, Hasher>,
+    pushed: usize,
+}
+
+impl<K> fmt::Debug for DeltaFifoReplace<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeltaFifoReplace")
+            .field("listed", &self.listed.len())
+            .finish()
+    }
+}
+
+impl<K> DeltaFifoReplace<'_, K> {
+    /// Queues the next listed object's `Replaced` delta (`Sync` in the
+    /// legacy mode). An object without a key is refused with an error
+    /// naming it and its position among the objects pushed; nothing is
+    /// queued for it and the replace goes on.
+    pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
+        self.push_all(vec![obj]).pop().map_or(Ok(()), Err)
+    }
+
+    /// Queues several listed objects under one lock (what
+    /// [`push`](Self::push) does for each, without a lock and a wake-up of
+    /// the consumer per object). Returns the objects refused, each error
+    /// naming its object; the others are queued.
+    pub fn push_all(&mut self, objs: Vec<Arc<K>>) -> Vec<FifoError> {
+        let mut refused = Vec::new();
+        let keyed: Vec<(Arc<str>, Arc<K>)> = objs
+            .into_iter()
+            .filter_map(|obj| {
+                let index = self.pushed;
+                self.pushed += 1;
+                match (self.fifo.key_func)(&obj) {
+                    Ok(key) => Some((Arc::from(key), obj)),
+                    Err(source) => {
+                        refused.push(FifoError::ReplaceKey { index, source });
+                        None
+                    }
+                }
+            })
+            .collect();
+        {
+            let mut inner = self.fifo.inner.lock();
+            for (key, obj) in &keyed {
+                self.fifo
+                    .queue_keyed(&mut inner, key, Delta::new(self.action, Arc::clone(obj)));
+            }
+        }
+        self.listed.extend(keyed.into_iter().map(|(key, _)| key));
+        refused
+    }
+
+    /// How many distinct keys have been pushed.
+    pub fn len(&self) -> usize {
+        self.listed.len()
+    }
+
+    /// Whether nothing has been pushed.
+    pub fn is_empty(&self) -> bool {
+        self.listed.is_empty()
+    }
+
+    /// The list is complete: queues a `Deleted` delta (with a
+    /// [`DeletedFinalStateUnknown`] tombstone) for every key queued or
+    /// known that was not pushed, as [`DeltaFifo::replace`] does.
+    pub fn finish(self, _resource_version: &str) {
+        let mut inner = self.fifo.inner.lock();
+        self.fifo
+            .finish_replace(&mut inner, |key| self.listed.contains(key));
     }
 }
 

@@ -65,8 +65,8 @@ mod queue;
 mod real_fifo;
 
 pub use delta::{Delta, DeltaType, Deltas};
-pub use delta_fifo::{DeltaFifo, DeltaFifoOptions};
+pub use delta_fifo::{DeltaFifo, DeltaFifoOptions, DeltaFifoReplace};
 pub use error::{FifoError, PopError, Requeue};
 pub use kinformer_store::{DeletedFinalStateUnknown, ObjectOrTombstone};
-pub use queue::{FifoKind, InformerQueue};
-pub use real_fifo::{RealFifo, RealFifoOptions};
+pub use queue::{FifoKind, InformerQueue, QueueReplace};
+pub use real_fifo::{RealFifo, RealFifoOptions, RealFifoReplace};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use kinformer_store::{KeyFunc, KnownObjects, Object, ObjectOrTombstone};
 
 use crate::{
-    DeltaFifo, DeltaFifoOptions, Deltas, FifoError, PopError, RealFifo, RealFifoOptions, Requeue,
+    DeltaFifo, DeltaFifoOptions, DeltaFifoReplace, Deltas, FifoError, PopError, RealFifo,
+    RealFifoOptions, RealFifoReplace, Requeue,
 };
 
 /// Which queue an informer puts between its Reflector and its cache.
@@ -109,6 +110,16 @@ impl<K> InformerQueue<K> {
         }
     }
 
+    /// A replace whose objects are handed over one at a time: see
+    /// [`DeltaFifo::begin_replace`] (each object queued at once) and
+    /// [`RealFifo::begin_replace`] (the list kept until it is complete).
+    pub fn begin_replace(&self) -> QueueReplace<'_, K> {
+        match self {
+            Self::DeltaFifo(f) => QueueReplace::DeltaFifo(f.begin_replace()),
+            Self::RealFifo(f) => QueueReplace::RealFifo(f.begin_replace()),
+        }
+    }
+
     /// Queues a `Sync` for every known object with nothing queued.
     pub fn resync(&self) -> Result<(), FifoError> {
         match self {
@@ -157,5 +168,57 @@ impl<K> InformerQueue<K> {
     /// Whether nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A replace in progress on an [`InformerQueue`], from
+/// [`InformerQueue::begin_replace`].
+#[derive(Debug)]
+pub enum QueueReplace<'a, K> {
+    /// On a DeltaFifo.
+    DeltaFifo(DeltaFifoReplace<'a, K>),
+    /// On a RealFifo.
+    RealFifo(RealFifoReplace<'a, K>),
+}
+
+impl<K> QueueReplace<'_, K> {
+    /// Hands over the next listed object; an object without a key is
+    /// refused with an error naming it, and the replace goes on.
+    pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
+        match self {
+            Self::DeltaFifo(r) => r.push(obj),
+            Self::RealFifo(r) => r.push(obj),
+        }
+    }
+
+    /// Hands over several listed objects at once (one lock on a
+    /// DeltaFifo); returns the objects refused, each error naming its
+    /// object.
+    pub fn push_all(&mut self, objs: Vec<Arc<K>>) -> Vec<FifoError> {
+        match self {
+            Self::DeltaFifo(r) => r.push_all(objs),
+            Self::RealFifo(r) => r.push_all(objs),
+        }
+    }
+
+    /// How many objects have been taken (distinct keys on a DeltaFifo).
+    pub fn len(&self) -> usize {
+        match self {
+            Self::DeltaFifo(r) => r.len(),
+            Self::RealFifo(r) => r.len(),
+        }
+    }
+
+    /// Whether nothing has been taken.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The list is complete: queues the deletions it implies.
+    pub fn finish(self, resource_version: &str) {
+        match self {
+            Self::DeltaFifo(r) => r.finish(resource_version),
+            Self::RealFifo(r) => r.finish(resource_version),
+        }
     }
 }

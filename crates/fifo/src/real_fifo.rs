@@ -185,6 +185,29 @@ impl<K> RealFifo<K> {
                     .map_err(|source| FifoError::ReplaceKey { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        self.replace_keyed(keys, list);
+        Ok(())
+    }
+
+    /// A replace whose objects are handed over one at a time, for a
+    /// Reflector reading a list as it arrives. The RealFifo queues the
+    /// deletions a list implies *before* its objects (see the type's docs),
+    /// which it can only know once the list is complete: the objects are
+    /// kept until [`finish`](RealFifoReplace::finish) and then queued as
+    /// [`replace`](Self::replace) does, so a relist on a RealFifo holds the
+    /// whole new list beside the old cache (the DeltaFifo's
+    /// [`begin_replace`](crate::DeltaFifo::begin_replace) queues each object
+    /// at once). Dropped without `finish`, nothing is queued.
+    pub fn begin_replace(&self) -> RealFifoReplace<'_, K> {
+        RealFifoReplace {
+            fifo: self,
+            keys: Vec::new(),
+            list: Vec::new(),
+            pushed: 0,
+        }
+    }
+
+    fn replace_keyed(&self, keys: Vec<Arc<str>>, list: Vec<Arc<K>>) {
         let listed: HashSet<&str, Hasher> = keys.iter().map(|k| k.as_ref()).collect();
 
         let mut inner = self.inner.lock();
@@ -226,6 +249,7 @@ impl<K> RealFifo<K> {
             };
             self.push(&mut inner, key, delta);
         }
+        drop(listed);
         for (key, obj) in keys.into_iter().zip(list) {
             self.push(&mut inner, key, Delta::new(DeltaType::Replaced, obj));
         }
@@ -233,7 +257,6 @@ impl<K> RealFifo<K> {
             inner.populated = true;
             inner.initial_population_count = inner.items.len();
         }
-        Ok(())
     }
 
     /// Queues a `Sync` delta for every known object that has nothing queued
@@ -366,6 +389,62 @@ impl<K> RealFifo<K> {
         if was_empty {
             self.notify.notify_waiters();
         }
+    }
+}
+
+/// A replace in progress on a [`RealFifo`], from
+/// [`RealFifo::begin_replace`]: the objects pushed so far, queued by
+/// [`finish`](Self::finish).
+pub struct RealFifoReplace<'a, K> {
+    fifo: &'a RealFifo<K>,
+    keys: Vec<Arc<str>>,
+    list: Vec<Arc<K>>,
+    pushed: usize,
+}
+
+impl<K> fmt::Debug for RealFifoReplace<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RealFifoReplace")
+            .field("pushed", &self.list.len())
+            .finish()
+    }
+}
+
+impl<K> RealFifoReplace<'_, K> {
+    /// Takes the next listed object. An object without a key is refused
+    /// with an error naming it and its position among the objects pushed;
+    /// the replace goes on without it.
+    pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
+        let index = self.pushed;
+        self.pushed += 1;
+        let key =
+            (self.fifo.key_func)(&obj).map_err(|source| FifoError::ReplaceKey { index, source })?;
+        self.keys.push(key.into());
+        self.list.push(obj);
+        Ok(())
+    }
+
+    /// Takes several listed objects; returns the objects refused, each
+    /// error naming its object.
+    pub fn push_all(&mut self, objs: Vec<Arc<K>>) -> Vec<FifoError> {
+        objs.into_iter()
+            .filter_map(|obj| self.push(obj).err())
+            .collect()
+    }
+
+    /// How many objects have been taken.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether nothing has been taken.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The list is complete: queues it as [`RealFifo::replace`] does.
+    pub fn finish(self, _resource_version: &str) {
+        self.fifo.replace_keyed(self.keys, self.list);
     }
 }
 

@@ -418,3 +418,168 @@ async fn concurrent_producers_lose_no_delta() {
     fifo.close();
     assert_eq!(consumer.await.unwrap(), PRODUCERS as u32 * PER);
 }
+
+/// Known `keep` and `gone` at version 1, and `queued` added at 3.
+fn relist_start() -> (Arc<Indexer<Pod>>, DeltaFifo<Pod>) {
+    let known = Arc::new(Indexer::new());
+    for name in ["keep", "gone"] {
+        known.add(pod(name, 1)).unwrap();
+    }
+    let fifo = with_known(&known);
+    fifo.add(pod("queued", 3)).unwrap();
+    (known, fifo)
+}
+
+#[tokio::test]
+async fn a_replace_pushed_object_by_object_queues_what_a_whole_replace_queues() {
+    let list = || vec![pod("keep", 2), pod("new", 2), pod("keep", 4)];
+    let (_known_whole, whole) = relist_start();
+    whole.replace(list(), "10").unwrap();
+    let (_known_pushed, pushed) = relist_start();
+    let mut replace = pushed.begin_replace();
+    for obj in list() {
+        replace.push(obj).unwrap();
+    }
+    assert_eq!(replace.len(), 2, "distinct keys");
+    replace.finish("10");
+    assert_eq!(pushed.list_keys(), whole.list_keys());
+    for key in whole.list_keys() {
+        assert_eq!(
+            summary(&pushed.get_by_key(&key).unwrap()),
+            summary(&whole.get_by_key(&key).unwrap()),
+            "{key}"
+        );
+    }
+    assert_eq!(pop_all(&pushed).await, pop_all(&whole).await);
+}
+
+#[tokio::test]
+async fn objects_pushed_into_a_replace_pop_before_it_finishes_and_deletions_wait_for_its_end() {
+    let (known, fifo) = relist_start();
+    assert_eq!(pop(&fifo).await.0, "ns/queued");
+    known.add(pod("queued", 3)).unwrap();
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("keep", 2)).unwrap();
+    // The consumer applies the listed object while the list goes on ...
+    assert_eq!(
+        pop(&fifo).await,
+        ("ns/keep".to_string(), vec![(DeltaType::Replaced, 2, false)])
+    );
+    // ... and nothing is inferred deleted from part of a list.
+    assert!(fifo.is_empty(), "{:?}", fifo.list_keys());
+    replace.push(pod("queued", 5)).unwrap();
+    replace.finish("10");
+    let mut popped = pop_all(&fifo).await;
+    popped.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        popped,
+        vec![
+            ("ns/gone".to_string(), vec![(DeltaType::Deleted, 1, true)]),
+            (
+                "ns/queued".to_string(),
+                vec![(DeltaType::Replaced, 5, false)]
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn has_synced_waits_for_the_first_replace_to_finish_even_with_everything_pushed_popped() {
+    let fifo = DeltaFifo::new();
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 1)).unwrap();
+    let initial = fifo
+        .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
+        .await
+        .unwrap();
+    assert!(initial, "popped during the first list");
+    assert!(!fifo.has_synced(), "the list is not complete");
+    replace.push(pod("b", 1)).unwrap();
+    replace.finish("2");
+    assert!(!fifo.has_synced(), "b is still queued");
+    let initial = fifo
+        .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
+        .await
+        .unwrap();
+    assert!(initial);
+    assert!(fifo.has_synced());
+}
+
+#[tokio::test]
+async fn a_replace_dropped_half_way_keeps_what_was_pushed_and_infers_no_deletion() {
+    let known = Arc::new(Indexer::new());
+    known.add(pod("gone", 1)).unwrap();
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 2)).unwrap();
+    drop(replace);
+    assert!(!fifo.has_synced());
+    assert_eq!(
+        pop_all(&fifo).await,
+        vec![("ns/a".to_string(), vec![(DeltaType::Replaced, 2, false)])]
+    );
+    assert!(!fifo.has_synced(), "no list has completed");
+    known.add(pod("a", 2)).unwrap();
+    // The next list completes: now `gone` is found missing.
+    fifo.replace(vec![pod("a", 3)], "4").unwrap();
+    let mut popped = pop_all(&fifo).await;
+    popped.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        popped,
+        vec![
+            ("ns/a".to_string(), vec![(DeltaType::Replaced, 3, false)]),
+            ("ns/gone".to_string(), vec![(DeltaType::Deleted, 1, true)]),
+        ]
+    );
+    assert!(fifo.has_synced());
+}
+
+#[tokio::test]
+async fn a_replace_refuses_an_object_without_a_key_naming_it_and_goes_on() {
+    let fifo = DeltaFifo::new();
+    let nameless = Arc::new(Pod {
+        metadata: ObjectMeta {
+            namespace: Some("web".into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    });
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 1)).unwrap();
+    let err = replace.push(nameless).unwrap_err();
+    assert!(
+        matches!(err, FifoError::ReplaceKey { index: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("\"web\""), "{err}");
+    replace.push(pod("b", 1)).unwrap();
+    replace.finish("2");
+    assert_eq!(fifo.list_keys(), ["ns/a", "ns/b"]);
+}
+
+#[tokio::test]
+async fn a_replace_takes_a_batch_under_one_lock_refusing_only_its_objects_without_a_key() {
+    let known = Arc::new(Indexer::new());
+    known.add(pod("gone", 1)).unwrap();
+    let fifo = with_known(&known);
+    let nameless = Arc::new(Pod {
+        metadata: ObjectMeta {
+            namespace: Some("web".into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    });
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 1)).unwrap();
+    let refused = replace.push_all(vec![pod("b", 1), nameless, pod("c", 1)]);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    // Its position among all the objects pushed: a, b, then it.
+    assert!(
+        matches!(refused[0], FifoError::ReplaceKey { index: 2, .. }),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(fifo.list_keys(), ["ns/a", "ns/b", "ns/c"]);
+    replace.finish("2");
+    assert_eq!(fifo.list_keys(), ["ns/a", "ns/b", "ns/c", "ns/gone"]);
+}

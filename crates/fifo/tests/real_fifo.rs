@@ -251,3 +251,32 @@ async fn replace_with_an_object_without_a_key_queues_nothing_and_names_it() {
     assert!(err.to_string().contains("item 1"), "{err}");
     assert_eq!(fifo.list_keys(), ["ns/a"]);
 }
+
+#[tokio::test]
+async fn a_replace_pushed_object_by_object_queues_nothing_until_it_finishes_then_deletions_first() {
+    let known = Arc::new(Indexer::new());
+    for (name, rv) in [("foo", 5), ("bar", 6)] {
+        known.add(pod(name, rv)).unwrap();
+    }
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("foo", 7)).unwrap();
+    replace.push(pod("new", 8)).unwrap();
+    // The deletions must come first, and they are known only at the end.
+    assert!(fifo.is_empty());
+    assert_eq!(replace.len(), 2);
+    replace.finish("9");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(pop(&fifo).await);
+    }
+    assert_eq!(
+        seen,
+        [
+            (e(DeltaType::Deleted, "bar", 6, true), true),
+            (e(DeltaType::Replaced, "foo", 7, false), true),
+            (e(DeltaType::Replaced, "new", 8, false), true),
+        ]
+    );
+    assert!(fifo.has_synced());
+}

@@ -137,7 +137,7 @@ pub use lister_watcher::{
     ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream, WireFormat,
 };
 pub use reflector::{
-    DEFAULT_PAGE_SIZE, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
+    DEFAULT_PAGE_SIZE, LIST_BATCH, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
     default_watch_error_handler,
 };
 pub use shard::{

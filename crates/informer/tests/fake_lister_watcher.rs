@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_informer::{
-    CancellationToken, FifoKind, InformerError, InformerOptions, ListPage, ListRequest,
+    CancellationToken, FifoKind, InformerError, InformerOptions, LIST_BATCH, ListPage, ListRequest,
     ListWatchError, ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs,
     SharedIndexInformer, WatchRequest, WatchStream,
 };
@@ -45,6 +45,8 @@ struct Script {
     watch_list: bool,
     /// Once the scripted lists are used up, the next list call panics.
     panic_when_out_of_lists: bool,
+    /// List calls (by their index) that answer only once notified.
+    list_gates: BTreeMap<usize, Arc<tokio::sync::Notify>>,
 }
 
 #[derive(Clone)]
@@ -60,6 +62,8 @@ impl ListerWatcher<ConfigMap> for Fake {
         request: ListRequest,
     ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
         let mut s = self.script.lock();
+        let call = s.list_requests.len();
+        let gate = s.list_gates.remove(&call);
         s.list_requests.push(request);
         if s.lists.is_empty() && s.panic_when_out_of_lists {
             panic!("the lister watcher broke");
@@ -68,7 +72,12 @@ impl ListerWatcher<ConfigMap> for Fake {
             .lists
             .pop_front()
             .unwrap_or_else(|| Err(ListWatchError::Connect("script has no more lists".into())));
-        Box::pin(async move { next })
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
+            next
+        })
     }
 
     fn watch(
@@ -985,7 +994,7 @@ fn end_bookmark(rv: u64) -> WatchEvent<ConfigMap> {
 }
 
 #[tokio::test]
-async fn a_streaming_list_replaces_the_cache_at_its_end_bookmark_and_the_watch_goes_on() {
+async fn a_streaming_list_syncs_at_its_end_bookmark_and_the_watch_goes_on() {
     let streaming = ReflectorOptions {
         use_watch_list: true,
         ..fast_reflector()
@@ -1222,4 +1231,110 @@ async fn dropping_run_aborts_the_reflector_and_the_informer_no_longer_reports_sy
     assert!(w.is_closed(), "the reflector outlived run()");
     assert!(!h.informer.has_synced());
     assert!(h.informer.failure().is_some());
+}
+
+/// The resource version of `key` in the cache, if cached.
+fn cached_rv(informer: &SharedIndexInformer<ConfigMap>, key: &str) -> Option<String> {
+    informer
+        .indexer()
+        .get_by_key(key)
+        .and_then(|c| c.metadata.resource_version.clone())
+}
+
+/// Waits (up to 5 s) for `key` to be cached at `rv`.
+async fn wait_for_rv(informer: &SharedIndexInformer<ConfigMap>, key: &str, rv: &str) -> bool {
+    for _ in 0..500 {
+        if cached_rv(informer, key).as_deref() == Some(rv) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_only_at_its_end() {
+    let streaming = ReflectorOptions {
+        use_watch_list: true,
+        ..fast_reflector()
+    };
+    let mut h = harness_with(vec![], common::options(), streaming);
+    h.script.lock().watch_list = true;
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
+    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
+    w.send(Ok(end_bookmark(5))).unwrap();
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    // The relist: a changed, b was deleted while the watch was down.
+    let relist = h.next_watch().await;
+    assert!(h.script.lock().watch_requests[1].send_initial_events);
+    // a first, then enough new objects to fill the first batch.
+    relist.send(Ok(WatchEvent::Added(cm("a", 7)))).unwrap();
+    let fillers: Vec<String> = (1..LIST_BATCH).map(|i| format!("f{i:03}")).collect();
+    for name in &fillers {
+        relist.send(Ok(WatchEvent::Added(cm(name, 8)))).unwrap();
+    }
+    if common::fifo() == FifoKind::DeltaFifo {
+        // Applied before the list is complete, which still holds b.
+        assert!(
+            wait_for_rv(&h.informer, "ns/a", "7").await,
+            "a was not replaced before the end bookmark"
+        );
+        assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
+    }
+    relist.send(Ok(end_bookmark(9))).unwrap();
+    let mut expected: Vec<String> = fillers.iter().map(|n| format!("ns/{n}")).collect();
+    expected.insert(0, "ns/a".into());
+    let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    assert_eq!(h.wait_for_keys(&expected).await, expected);
+    let seen = log.wait_for(LIST_BATCH + 3).await;
+    let seen: Vec<&String> = seen[2..].iter().filter(|l| !l.contains(" f")).collect();
+    let relisted = match common::fifo() {
+        FifoKind::DeltaFifo => ["update a 1->7", "delete b 2 tombstone"],
+        FifoKind::RealFifo => ["delete b 2 tombstone", "update a 1->7"],
+    };
+    assert_eq!(seen, relisted);
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_paged_relist_replaces_cached_objects_page_by_page_and_deletes_only_at_its_end() {
+    let mut h = harness(
+        vec![
+            // Pages at "0": relists are paged too.
+            paged(vec![cm("a", 1)], 2, "t1"),
+            page(vec![cm("b", 2)], 2),
+            paged(vec![cm("a", 7)], 9, "t2"),
+            page(vec![cm("c", 8)], 9),
+        ],
+        common::options(),
+    );
+    let second_page = Arc::new(tokio::sync::Notify::new());
+    h.script
+        .lock()
+        .list_gates
+        .insert(3, Arc::clone(&second_page));
+    h.start();
+    let w = h.next_watch().await;
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    if common::fifo() == FifoKind::DeltaFifo {
+        // The first page is applied while the second is held back, and b,
+        // absent from that page, is not taken for deleted.
+        assert!(
+            wait_for_rv(&h.informer, "ns/a", "7").await,
+            "the first page was not applied before the list completed"
+        );
+        assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
+    }
+    second_page.notify_one();
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
+    assert_eq!(h.script.lock().list_requests.len(), 4);
+    h.shutdown.cancel();
 }
