@@ -36,12 +36,22 @@ pub enum ListWatchError {
     /// A watch saw no event, not even a bookmark, for longer than its idle timeout.
     #[error("watch idle for {0:?}: treating the connection as dead")]
     Idle(std::time::Duration),
+    /// What the lister-watcher lists changed (the shard of a
+    /// [`ShardScope`](crate::ShardScope)): the cache must be listed again,
+    /// at once. Not a failure: the Reflector relists without a backoff.
+    #[error("the objects listed changed: {0}")]
+    Rescoped(String),
 }
 
 impl ListWatchError {
     /// Whether the error is 410 Gone.
     pub fn is_gone(&self) -> bool {
         matches!(self, Self::Gone(_))
+    }
+
+    /// Whether the lister-watcher's scope changed ([`Self::Rescoped`]).
+    pub fn is_rescoped(&self) -> bool {
+        matches!(self, Self::Rescoped(_))
     }
 
     /// Whether the call should be retried as it was after a backoff, without

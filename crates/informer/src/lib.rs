@@ -134,7 +134,8 @@ pub use kinformer_fifo::FifoKind;
 pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
-    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream, WireFormat,
+    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, ShardScope, WatchRequest, WatchStream,
+    WireFormat,
 };
 pub use reflector::{
     DEFAULT_PAGE_SIZE, LIST_BATCH, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,

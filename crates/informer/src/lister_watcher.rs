@@ -129,15 +129,132 @@ pub struct ApiListerWatcher<K> {
     protobuf_kind: Option<&'static ProtoKind>,
     wire_format: WireFormat,
     /// The shard asked for, and how it went.
-    shard: Option<Arc<Shard>>,
+    shard: Option<Sharding>,
     _kind: PhantomData<fn() -> K>,
 }
 
-/// A shard selector, printed once, and its stats.
+/// A lister-watcher's shard: the scope that sets it, the shard its last
+/// list asked for, and how it went.
+struct Sharding {
+    scope: ShardScope,
+    /// The shard of the last list: the one the cache holds, which continue
+    /// pages and watches must ask for. Not shared between clones.
+    listed: parking_lot::Mutex<Option<Arc<Shard>>>,
+    stats: Arc<ShardStats>,
+}
+
+impl Sharding {
+    fn new(scope: ShardScope, stats: Arc<ShardStats>) -> Self {
+        Self {
+            scope,
+            listed: parking_lot::Mutex::new(None),
+            stats,
+        }
+    }
+
+    /// The shard a list call asks for: the scope's now for a new list
+    /// (the streaming list included), the listed one for its next pages.
+    fn for_list(&self, continuing: bool) -> Arc<Shard> {
+        let mut listed = self.listed.lock();
+        if continuing && let Some(shard) = &*listed {
+            return Arc::clone(shard);
+        }
+        let now = self.scope.current();
+        *listed = Some(Arc::clone(&now));
+        now
+    }
+
+    /// The shard a watch from the last list asks for; `Rescoped` when the
+    /// scope has changed since that list.
+    fn for_watch(&self) -> Result<Arc<Shard>, ListWatchError> {
+        let listed = self.listed.lock().clone();
+        let now = self.scope.current();
+        match listed {
+            Some(listed) if Arc::ptr_eq(&listed, &now) => Ok(now),
+            Some(_) => Err(ListWatchError::Rescoped(format!(
+                "the shard is now {}",
+                now.printed
+            ))),
+            // A watch without a list before it: the shard as it is now.
+            None => Ok(now),
+        }
+    }
+}
+
+/// A shard selector, printed once.
+#[derive(Debug)]
 struct Shard {
     selector: ShardSelector,
     printed: String,
-    stats: Arc<ShardStats>,
+}
+
+/// The shard of one or more sharded lister-watchers, changed while they
+/// run: the slots a replica of a sharded controller holds, say. Each
+/// lister-watcher given it ([`ApiListerWatcher::shard_scope`]) asks for the
+/// shard as it is when a list starts; when it changes, a watch from an
+/// older shard ends with [`ListWatchError::Rescoped`], and the Reflector
+/// lists again at once: the objects of the new shard arrive as adds, those
+/// no longer in it leave the cache as deletions. Clones share the scope.
+#[derive(Clone)]
+pub struct ShardScope {
+    current: Arc<tokio::sync::watch::Sender<Arc<Shard>>>,
+}
+
+impl std::fmt::Debug for ShardScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ShardScope")
+            .field(&self.current.borrow().printed)
+            .finish()
+    }
+}
+
+impl ShardScope {
+    /// A scope holding `selector`.
+    pub fn new(selector: ShardSelector) -> Self {
+        let (current, _) = tokio::sync::watch::channel(Arc::new(Shard::new(selector)));
+        Self {
+            current: Arc::new(current),
+        }
+    }
+
+    /// Changes the shard; a no-op when it is the same. Returns whether it
+    /// changed.
+    pub fn set(&self, selector: ShardSelector) -> bool {
+        self.current.send_if_modified(|shard| {
+            if shard.selector == selector {
+                return false;
+            }
+            *shard = Arc::new(Shard::new(selector));
+            true
+        })
+    }
+
+    /// The shard now.
+    pub fn selector(&self) -> ShardSelector {
+        self.current.borrow().selector.clone()
+    }
+
+    fn current(&self) -> Arc<Shard> {
+        Arc::clone(&self.current.borrow())
+    }
+
+    /// Resolves once the shard is no longer `shard`.
+    fn changed_from(&self, shard: Arc<Shard>) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.current.subscribe();
+        async move {
+            // The sender lives as long as `self`, which the lister-watcher holds.
+            let _ = rx.wait_for(|now| !Arc::ptr_eq(now, &shard)).await;
+        }
+    }
+}
+
+impl Shard {
+    fn new(selector: ShardSelector) -> Self {
+        Self {
+            printed: selector.to_string(),
+            selector,
+        }
+    }
 }
 
 impl<K> Clone for ApiListerWatcher<K> {
@@ -152,7 +269,10 @@ impl<K> Clone for ApiListerWatcher<K> {
             drop_managed_fields: self.drop_managed_fields,
             protobuf_kind: self.protobuf_kind,
             wire_format: self.wire_format,
-            shard: self.shard.clone(),
+            shard: self
+                .shard
+                .as_ref()
+                .map(|s| Sharding::new(s.scope.clone(), Arc::clone(&s.stats))),
             _kind: PhantomData,
         }
     }
@@ -216,18 +336,22 @@ where
     /// and the streaming list send it as `shardSelector`, and objects
     /// outside it are dropped here too, for a server that ignores it
     /// ([`shard_stats`](Self::shard_stats) says which).
-    pub fn shard(mut self, selector: ShardSelector) -> Self {
-        self.shard = Some(Arc::new(Shard {
-            printed: selector.to_string(),
-            selector,
-            stats: Arc::default(),
-        }));
+    pub fn shard(self, selector: ShardSelector) -> Self {
+        self.shard_scope(ShardScope::new(selector))
+    }
+
+    /// Only the objects of `scope`'s shard, as it is when each list
+    /// starts: as [`shard`](Self::shard), and when the scope changes the
+    /// watch ends with [`ListWatchError::Rescoped`] so that the Reflector
+    /// lists the new shard at once.
+    pub fn shard_scope(mut self, scope: ShardScope) -> Self {
+        self.shard = Some(Sharding::new(scope, Arc::default()));
         self
     }
 
-    /// The shard, if any.
-    pub fn shard_selector(&self) -> Option<&ShardSelector> {
-        self.shard.as_ref().map(|s| &s.selector)
+    /// The shard asked for now, if any.
+    pub fn shard_selector(&self) -> Option<ShardSelector> {
+        self.shard.as_ref().map(|s| s.scope.selector())
     }
 
     /// How sharding goes: whether the server applies the selector and how
@@ -239,8 +363,8 @@ where
 
     /// Keeps the page's objects of the shard, and notes whether the server
     /// applied the selector.
-    fn shard_page(&self, mut page: ListPage<K>) -> ListPage<K> {
-        let Some(shard) = &self.shard else {
+    fn shard_page(&self, mut page: ListPage<K>, shard: Option<&Shard>) -> ListPage<K> {
+        let (Some(sharding), Some(shard)) = (&self.shard, shard) else {
             return page;
         };
         let echoed = page
@@ -248,24 +372,28 @@ where
             .as_deref()
             .and_then(|s| s.parse::<ShardSelector>().ok());
         if echoed.as_ref() == Some(&shard.selector) {
-            shard.stats.server_applied();
+            sharding.stats.server_applied();
         } else if let Some(other) = &page.shard_selector {
             tracing::warn!(asked = %shard.printed, applied = %other, "the server applied another shard selector than asked; filtering on the client");
         }
         let before = page.items.len();
         page.items.retain(|o| shard.selector.matches(o));
-        shard
+        sharding
             .stats
             .filtered((before - page.items.len()) as u64, "list", &shard.selector);
         page
     }
 
-    /// Drops the events of objects outside the shard.
-    fn shard_events(&self, events: WatchStream<K>) -> WatchStream<K> {
-        let Some(shard) = self.shard.clone() else {
+    /// Drops the events of objects outside the shard, and ends with
+    /// [`ListWatchError::Rescoped`] once the scope's shard is another.
+    fn shard_events(&self, events: WatchStream<K>, shard: Option<Arc<Shard>>) -> WatchStream<K> {
+        let (Some(sharding), Some(shard)) = (&self.shard, shard) else {
             return events;
         };
-        events
+        let stats = Arc::clone(&sharding.stats);
+        let mut changed = Box::pin(sharding.scope.changed_from(Arc::clone(&shard)));
+        let mut ended = false;
+        let mut events = events
             .filter(move |event| {
                 let keep = match event {
                     Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
@@ -274,11 +402,27 @@ where
                     _ => true,
                 };
                 if !keep {
-                    shard.stats.filtered(1, "watch", &shard.selector);
+                    stats.filtered(1, "watch", &shard.selector);
                 }
                 futures::future::ready(keep)
             })
-            .boxed()
+            .boxed();
+        futures::stream::poll_fn(move |cx| {
+            use std::task::Poll;
+            if ended {
+                return Poll::Ready(None);
+            }
+            if changed.as_mut().poll(cx).is_ready() {
+                ended = true;
+                return Poll::Ready(Some(Err(ListWatchError::Rescoped(
+                    "the shard changed while watching".into(),
+                ))));
+            }
+            let next = events.poll_next_unpin(cx);
+            ended = matches!(next, Poll::Ready(None));
+            next
+        })
+        .boxed()
     }
 
     /// How objects travel from the server ([`WireFormat::Auto`] by default).
@@ -492,7 +636,11 @@ where
         }
     }
 
-    fn watch_request(&self, req: &WatchRequest) -> Result<http::Request<Vec<u8>>, ListWatchError> {
+    fn watch_request(
+        &self,
+        req: &WatchRequest,
+        shard: Option<&Shard>,
+    ) -> Result<http::Request<Vec<u8>>, ListWatchError> {
         // Built by hand rather than with kube's WatchParams, which caps the
         // server-side timeout below 295 s; client-go uses 5-10 minutes.
         let mut qp = form_urlencoded::Serializer::new(format!("{}?", self.url_path));
@@ -507,7 +655,7 @@ where
         if let Some(f) = &self.field_selector {
             qp.append_pair("fieldSelector", f);
         }
-        if let Some(shard) = &self.shard {
+        if let Some(shard) = shard {
             qp.append_pair("shardSelector", &shard.printed);
         }
         if req.send_initial_events {
@@ -807,6 +955,7 @@ where
 {
     fn list(&self, request: ListRequest) -> BoxFuture<'_, Result<ListPage<K>, ListWatchError>> {
         Box::pin(async move {
+            let continuing = request.continue_token.is_some();
             let mut lp = ListParams::default();
             if let Some(l) = &self.label_selector {
                 lp = lp.labels(l);
@@ -833,7 +982,8 @@ where
             };
             let mut req = req
                 .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
-            if let Some(shard) = &self.shard {
+            let shard = self.shard.as_ref().map(|s| s.for_list(continuing));
+            if let Some(shard) = &shard {
                 // kube's ListParams has no shardSelector: appended to its query.
                 let sep = if req.uri().query().is_some() {
                     '&'
@@ -858,7 +1008,7 @@ where
                     .map_err(|e| self.explain(e.into()))?;
                 self.decode_json_list(text.as_bytes())?
             };
-            Ok(self.shard_page(page))
+            Ok(self.shard_page(page, shard.as_deref()))
         })
     }
 
@@ -867,9 +1017,16 @@ where
         request: WatchRequest,
     ) -> BoxFuture<'_, Result<WatchStream<K>, ListWatchError>> {
         Box::pin(async move {
-            let req = self.watch_request(&request)?;
+            let shard = match &self.shard {
+                // The streaming list is a list.
+                Some(s) if request.send_initial_events => Some(s.for_list(false)),
+                Some(s) => Some(s.for_watch()?),
+                None => None,
+            };
+            let req = self.watch_request(&request, shard.as_deref())?;
             if let Some(kind) = self.protobuf() {
-                return Ok(self.shard_events(self.watch_protobuf(kind, req).await?));
+                let events = self.watch_protobuf(kind, req).await?;
+                return Ok(self.shard_events(events, shard));
             }
             // One JSON event a line, decoded here rather than by kube-client,
             // so that an event that does not decode is named, and so that
@@ -879,7 +1036,7 @@ where
                 .request_stream(req)
                 .await
                 .map_err(|e| self.explain(e.into()))?;
-            Ok(self.shard_events(json_events::<K>(body, self.drop_managed_fields)))
+            Ok(self.shard_events(json_events::<K>(body, self.drop_managed_fields), shard))
         })
     }
 
@@ -899,7 +1056,7 @@ where
             s.push_str(&format!(" with fields {f:?}"));
         }
         if let Some(shard) = &self.shard {
-            s.push_str(&format!(" in shard {}", shard.printed));
+            s.push_str(&format!(" in shard {}", shard.scope.current().printed));
         }
         s
     }

@@ -41,6 +41,9 @@
 //!   change of it, not a relist loop.
 //! - A streaming list that fails falls back to list + watch for good, and
 //!   one without its end bookmark within `watch_list_timeout` fails.
+//! - [`ListWatchError::Rescoped`] (the shard of a
+//!   [`ShardScope`](crate::ShardScope) changed) relists at once, without a
+//!   backoff and without counting as an error.
 //! - A list is handed to the queue as it arrives (each object of a
 //!   streaming list, each page of a paged one) rather than held until it is
 //!   complete, where client-go collects it first: on a DeltaFifo the
@@ -363,6 +366,12 @@ impl<K: Object + Clone> Reflector<K> {
                     .await
                 {
                     Ok(()) => break,
+                    Err(e) if e.is_rescoped() => {
+                        // Not a failure: the new scope is listed at once.
+                        info!(reason = %e, "relisting");
+                        reason = e.to_string();
+                        continue;
+                    }
                     Err(e) => {
                         reason = if e.is_gone() {
                             format!("watch expired: {e}")
@@ -413,6 +422,8 @@ impl<K: Object + Clone> Reflector<K> {
             match self.watch_list(shutdown, reason).await {
                 Ok(Some(stream)) => streamed = Some(stream),
                 Ok(None) => return Ok(()),
+                // The shard changed while streaming: stream the new one.
+                Err(e) if e.is_rescoped() => return Err(e),
                 Err(e) => {
                     // As client-go, making progress beats waiting on a server
                     // or proxy that cannot stream; unlike it (which tries the

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, HashRange, ListRequest, ListerWatcher, ReflectorOptions,
-    ShardEnforcement, ShardField, ShardSelector, ShardStats, SharedIndexInformer,
+    ShardEnforcement, ShardField, ShardScope, ShardSelector, ShardStats, SharedIndexInformer,
 };
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -339,4 +339,78 @@ async fn a_server_without_the_gate_is_filtered_on_the_client_and_says_so() {
     assert_eq!(stats.enforcement(), ShardEnforcement::Client);
     assert_eq!(stats.filtered_on_client(), outside as u64);
     shutdown.cancel();
+}
+
+/// An informer on a [`ShardScope`] moved from one shard to another holds
+/// exactly the new shard: the watch of the old one ends, the Reflector
+/// lists the new one, the objects that left arrive as deletions.
+async fn a_rescoped_informer_follows_its_shard(watch_list: bool) {
+    let env = sharded_env().await;
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("rescoped").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create_config_maps(&api, "rescoped", (0..200).map(|i| format!("c{i}"))).await;
+    let quarters = uid_shards(4);
+    let scope = ShardScope::new(quarters[0].clone());
+    let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, &ns).shard_scope(scope.clone());
+    let stats = lw.shard_stats().unwrap();
+    let reflector = ReflectorOptions {
+        use_watch_list: watch_list,
+        ..ReflectorOptions::default()
+    };
+    let informer = SharedIndexInformer::new(lw, common::options().reflector(reflector));
+    let deleted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let d = Arc::clone(&deleted);
+    informer
+        .add_event_handler(
+            kinformer_informer::ResourceEventHandlerFuncs::new().on_delete(move |_| {
+                d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let (i, stop) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(stop).await });
+    common::wait_synced(&informer).await;
+    caches_hold_their_shards(&api, &[(informer.clone(), quarters[0].clone())]).await;
+    let first = informer.indexer().len();
+    // Two quarters, one of them new; then a change made after the move.
+    let half = ShardSelector::new(
+        ShardField::Uid,
+        [quarters[0].ranges()[0], quarters[1].ranges()[0]],
+    )
+    .unwrap();
+    assert!(scope.set(half.clone()));
+    assert!(!scope.set(half.clone()), "the same shard is no change");
+    caches_hold_their_shards(&api, &[(informer.clone(), half.clone())]).await;
+    assert!(informer.indexer().len() > first);
+    // Then only the second quarter: the first's objects leave as deletions.
+    scope.set(quarters[1].clone());
+    api.patch(
+        "c7",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"v": "1"}})),
+    )
+    .await
+    .unwrap();
+    caches_hold_their_shards(&api, &[(informer.clone(), quarters[1].clone())]).await;
+    assert_eq!(deleted.load(std::sync::atomic::Ordering::SeqCst), first);
+    assert_eq!(stats.filtered_on_client(), 0);
+    let errors = informer
+        .reflector_stats()
+        .unwrap()
+        .errors
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(errors, 0, "a change of shard is no error");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescoped_informer_holds_exactly_its_new_shard_through_list_and_watch() {
+    a_rescoped_informer_follows_its_shard(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescoped_informer_holds_exactly_its_new_shard_from_a_streaming_list() {
+    a_rescoped_informer_follows_its_shard(true).await;
 }
