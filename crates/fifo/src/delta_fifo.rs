@@ -97,6 +97,9 @@ struct Inner<K> {
     queue: VecDeque<Arc<str>>,
     /// Whether anything (a replace, an add, an update, a delete) has arrived.
     populated: bool,
+    /// Whether a replace from `begin_replace` is under way: until the first
+    /// one finishes, nothing else marks the queue populated.
+    replacing: bool,
     /// How many keys of the first population (queued before the first
     /// replace finished) have yet to be popped.
     initial_population_count: usize,
@@ -135,6 +138,7 @@ impl<K> DeltaFifo<K> {
                 items: HashMap::default(),
                 queue: VecDeque::new(),
                 populated: false,
+                replacing: false,
                 initial_population_count: 0,
                 closed: false,
             }),
@@ -157,7 +161,7 @@ impl<K> DeltaFifo<K> {
     pub fn add(&self, obj: Arc<K>) -> Result<(), FifoError> {
         let key = (self.key_func)(&obj)?;
         let mut inner = self.inner.lock();
-        inner.populated = true;
+        inner.mark_populated();
         self.queue_action(&mut inner, &key, Delta::new(DeltaType::Added, obj));
         Ok(())
     }
@@ -166,7 +170,7 @@ impl<K> DeltaFifo<K> {
     pub fn update(&self, obj: Arc<K>) -> Result<(), FifoError> {
         let key = (self.key_func)(&obj)?;
         let mut inner = self.inner.lock();
-        inner.populated = true;
+        inner.mark_populated();
         self.queue_action(&mut inner, &key, Delta::new(DeltaType::Updated, obj));
         Ok(())
     }
@@ -177,7 +181,7 @@ impl<K> DeltaFifo<K> {
         let obj = obj.into();
         let key = self.key_of(&obj)?;
         let mut inner = self.inner.lock();
-        inner.populated = true;
+        inner.mark_populated();
         let queued = inner.items.contains_key(key.as_str());
         let known = self
             .known_objects
@@ -249,6 +253,7 @@ impl<K> DeltaFifo<K> {
     /// the old cache and the objects in flight rather than the old cache and
     /// the whole new list.
     pub fn begin_replace(&self) -> DeltaFifoReplace<'_, K> {
+        self.inner.lock().replacing = true;
         DeltaFifoReplace {
             fifo: self,
             action: self.replace_action(),
@@ -300,6 +305,7 @@ impl<K> DeltaFifo<K> {
         // Every key queued before this point counted towards the first
         // population (see `push_new`).
         inner.populated = true;
+        inner.replacing = false;
     }
 
     /// Queues a `Sync` delta for every known object that has no delta queued
@@ -475,7 +481,7 @@ impl<K> DeltaFifo<K> {
     }
 
     fn add_if_not_present(&self, inner: &mut Inner<K>, key: Arc<str>, deltas: Deltas<K>) {
-        inner.populated = true;
+        inner.mark_populated();
         if inner.items.contains_key(&key) {
             return;
         }
@@ -565,6 +571,14 @@ impl<K> DeltaFifoReplace<'_, K> {
         self.listed.is_empty()
     }
 
+    /// The list starts again from its beginning (a list that fell back to
+    /// another one, say after its continue token expired): the objects
+    /// pushed so far stay queued, but no longer count as listed, so a key
+    /// the new list lacks is found deleted at [`finish`](Self::finish).
+    pub fn restart(&mut self) {
+        self.listed.clear();
+    }
+
     /// The list is complete: queues a `Deleted` delta (with a
     /// [`DeletedFinalStateUnknown`] tombstone) for every key queued or
     /// known that was not pushed, as [`DeltaFifo::replace`] does.
@@ -572,10 +586,28 @@ impl<K> DeltaFifoReplace<'_, K> {
         let mut inner = self.fifo.inner.lock();
         self.fifo
             .finish_replace(&mut inner, |key| self.listed.contains(key));
+        // Released before `self` is dropped, whose Drop takes the lock.
+        drop(inner);
+    }
+}
+
+impl<K> Drop for DeltaFifoReplace<'_, K> {
+    fn drop(&mut self) {
+        // Finished or abandoned: no replace is under way any more.
+        self.fifo.inner.lock().replacing = false;
     }
 }
 
 impl<K> Inner<K> {
+    /// Something other than a replace arrived: the queue is populated, as
+    /// client-go's is, unless the first replace is under way, whose
+    /// population that would cut short.
+    fn mark_populated(&mut self) {
+        if !self.replacing {
+            self.populated = true;
+        }
+    }
+
     fn has_synced(&self) -> bool {
         self.populated && self.initial_population_count == 0
     }

@@ -214,6 +214,16 @@ impl<K> QueueReplace<'_, K> {
         self.len() == 0
     }
 
+    /// The list starts again from its beginning: what was handed over no
+    /// longer counts as listed (see [`DeltaFifoReplace::restart`] and
+    /// [`RealFifoReplace::restart`]).
+    pub fn restart(&mut self) {
+        match self {
+            Self::DeltaFifo(r) => r.restart(),
+            Self::RealFifo(r) => r.restart(),
+        }
+    }
+
     /// The list is complete: queues the deletions it implies.
     pub fn finish(self, resource_version: &str) {
         match self {

@@ -442,6 +442,13 @@ impl<K> RealFifoReplace<'_, K> {
         self.list.is_empty()
     }
 
+    /// The list starts again from its beginning (a list that fell back to
+    /// another one): the objects taken so far are dropped.
+    pub fn restart(&mut self) {
+        self.keys.clear();
+        self.list.clear();
+    }
+
     /// The list is complete: queues it as [`RealFifo::replace`] does.
     pub fn finish(self, _resource_version: &str) {
         self.fifo.replace_keyed(self.keys, self.list);

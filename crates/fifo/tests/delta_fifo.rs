@@ -583,3 +583,57 @@ async fn a_replace_takes_a_batch_under_one_lock_refusing_only_its_objects_withou
     replace.finish("2");
     assert_eq!(fifo.list_keys(), ["ns/a", "ns/b", "ns/c", "ns/gone"]);
 }
+
+#[tokio::test]
+async fn a_restarted_replace_finds_deleted_what_only_its_first_attempt_listed() {
+    let fifo = DeltaFifo::new();
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("p0", 1)).unwrap();
+    replace.push(pod("p1", 1)).unwrap();
+    // The list fell back to another one, which no longer has p0.
+    replace.restart();
+    replace.push(pod("p1", 2)).unwrap();
+    replace.finish("3");
+    assert_eq!(
+        pop_all(&fifo).await,
+        vec![
+            (
+                "ns/p0".to_string(),
+                vec![
+                    (DeltaType::Replaced, 1, false),
+                    (DeltaType::Deleted, 1, true)
+                ]
+            ),
+            (
+                "ns/p1".to_string(),
+                vec![
+                    (DeltaType::Replaced, 1, false),
+                    (DeltaType::Replaced, 2, false)
+                ]
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_requeue_during_the_first_replace_does_not_sync_the_queue_before_it_finishes() {
+    let fifo = DeltaFifo::new();
+    let mut replace = fifo.begin_replace();
+    replace.push_all(vec![pod("a", 1), pod("b", 1)]);
+    let requeued = fifo.pop(|_, _| Err::<(), _>(Requeue("try again"))).await;
+    assert_eq!(requeued, Err(PopError::Requeued("try again")));
+    // b, then a again: everything pushed so far is popped.
+    for _ in 0..2 {
+        fifo.pop(|_, initial| Ok::<_, Requeue<()>>(assert!(initial)))
+            .await
+            .unwrap();
+    }
+    assert!(!fifo.has_synced(), "the first list is not complete");
+    replace.push(pod("c", 1)).unwrap();
+    replace.finish("2");
+    assert!(!fifo.has_synced(), "c is queued");
+    fifo.pop(|_, initial| Ok::<_, Requeue<()>>(assert!(initial)))
+        .await
+        .unwrap();
+    assert!(fifo.has_synced());
+}

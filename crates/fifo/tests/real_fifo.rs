@@ -280,3 +280,27 @@ async fn a_replace_pushed_object_by_object_queues_nothing_until_it_finishes_then
     );
     assert!(fifo.has_synced());
 }
+
+#[tokio::test]
+async fn a_restarted_replace_queues_only_what_the_new_list_holds() {
+    let known = Arc::new(Indexer::new());
+    known.add(pod("p0", 1)).unwrap();
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("p0", 2)).unwrap();
+    replace.restart();
+    replace.push(pod("p1", 3)).unwrap();
+    replace.finish("4");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(pop(&fifo).await.0);
+    }
+    assert_eq!(
+        seen,
+        [
+            e(DeltaType::Deleted, "p0", 1, true),
+            e(DeltaType::Replaced, "p1", 3, false),
+        ]
+    );
+    assert!(fifo.is_empty());
+}

@@ -51,9 +51,15 @@
 //!   still arriving, so a relist holds the old cache plus the objects in
 //!   flight instead of the old cache plus the whole new list (the relist
 //!   peak of `cargo xtask bench`). The deletions the list implies are queued
-//!   once it is complete, never from part of it. A list that fails half-way
-//!   leaves the objects already handed over queued (each a state the server
-//!   had, at a version not older than the cache's) and infers nothing. An
+//!   once it is complete, never from part of it; a list that falls back to
+//!   another (an expired continue token, a 410) starts its count of listed
+//!   keys again. A list that fails half-way leaves the objects already
+//!   handed over queued and infers nothing. Those are states the server
+//!   had, but the list that follows may be served at an older version (by
+//!   a lagging apiserver's watch cache), in which case handlers see some
+//!   objects go back to that version, and objects created in between leave
+//!   and come back with the watch: the cache converges all the same, where
+//!   client-go, which drops a partial list, shows no such step back. An
 //!   object without a key is left out and reported, like an undecodable one.
 //!
 //! User callbacks cannot kill the Reflector; their panics are caught:
@@ -265,9 +271,11 @@ struct ListState {
 /// The annotation on the bookmark that ends a streaming list.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
-/// How many objects of a streaming list are handed to the queue at once:
-/// the most a relist holds beyond the cache and the queue (a handful of
-/// Pods' worth of memory), and few enough wake-ups of the informer that
+/// How many objects of a streaming list are handed to the queue at once
+/// (a paged list is handed over a page at a time): what a relist holds
+/// beyond the cache and what the queue has not yet applied (all of the
+/// list, if the informer falls that far behind), and few enough wake-ups
+/// of the informer that
 /// handing the list over costs no more CPU than one replace (measured:
 /// handing over each object as it arrived took 1.5-1.8x the client CPU of a
 /// sync of 50 000 Pods).
@@ -672,6 +680,8 @@ impl<K: Object + Clone> Reflector<K> {
                 info!(error = %e, "resource version unavailable; listing the latest from etcd");
                 state.last_sync_rv_unavailable = true;
                 listed_at = "";
+                // Pages of the failed list may have been handed over.
+                replace.restart();
                 self.list_pages(state, "", &mut replace).await?
             }
             other => other?,
@@ -783,8 +793,9 @@ impl<K: Object + Clone> Reflector<K> {
                             "skipped one listed object: {why}"
                         )));
                     }
-                    // The pages taken already are listed again: pushing a
-                    // key twice queues its newer state after the older.
+                    // The pages taken already no longer count as listed:
+                    // an object of theirs the full list lacks was deleted.
+                    replace.restart();
                     let mut batch = page
                         .items
                         .into_iter()
