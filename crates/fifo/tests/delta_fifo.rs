@@ -624,16 +624,20 @@ async fn a_requeue_during_the_first_replace_does_not_sync_the_queue_before_it_fi
     assert_eq!(requeued, Err(PopError::Requeued("try again")));
     // b, then a again: everything pushed so far is popped.
     for _ in 0..2 {
-        fifo.pop(|_, initial| Ok::<_, Requeue<()>>(assert!(initial)))
+        let initial = fifo
+            .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
             .await
             .unwrap();
+        assert!(initial);
     }
     assert!(!fifo.has_synced(), "the first list is not complete");
     replace.push(pod("c", 1)).unwrap();
     replace.finish("2");
     assert!(!fifo.has_synced(), "c is queued");
-    fifo.pop(|_, initial| Ok::<_, Requeue<()>>(assert!(initial)))
+    let initial = fifo
+        .pop(|_, initial| Ok::<_, Requeue<()>>(initial))
         .await
         .unwrap();
+    assert!(initial);
     assert!(fifo.has_synced());
 }
