@@ -17,8 +17,10 @@
 //! - [`Ring`] is a replica's part in a sharded controller: a member Lease,
 //!   the slots of the hash space [`ring::assign_slots`] gives it, one Lease
 //!   per slot, and [`Ring::enter`] guarding work on a slot so that a slot is
-//!   handed over only once that work has ended (docs/sharding.md). It is not
-//!   wired into [`Controller`] yet.
+//!   handed over only once that work has ended (docs/sharding.md). A
+//!   [`Controller`] sharded over it ([`ControllerOptions::ring`]) reconciles
+//!   a key only inside its slot's guard, and its primary informer watches
+//!   only the held slots ([`Ring::scope`]).
 //! - [`Manager`] runs several controllers on one informer factory, with one
 //!   leader election, one admin server (`/metrics`, `/healthz`, `/readyz`,
 //!   with your own metrics and checks) and one shutdown order;

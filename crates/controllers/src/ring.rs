@@ -48,6 +48,18 @@ pub fn slots_selector(held: impl IntoIterator<Item = u32>, slots: u32) -> Option
     .ok()
 }
 
+/// The shard a replica holding `held` watches: the selector of those
+/// slots, or, holding none, the range of the single hash 0. A shard cannot
+/// be empty; no object's uid hashes to 0 in practice, and one that did
+/// would belong to slot 0, which this replica does not hold, so its key
+/// would not be reconciled here.
+pub fn held_selector(held: impl IntoIterator<Item = u32>, slots: u32) -> ShardSelector {
+    slots_selector(held, slots).unwrap_or_else(|| {
+        let zero = HashRange::new(0, 1).expect("0..1 is a valid range");
+        ShardSelector::new(ShardField::Uid, [zero]).expect("one range makes a selector")
+    })
+}
+
 /// A member's rank for a slot: higher is better. FNV-1a of the member's
 /// name, a NUL and the slot number, then a 64-bit finaliser so that names
 /// differing in their last byte still rank independently.

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::{ControllerError, LeaderElector, Metrics};
+use crate::ring::slot_of_uid;
+use crate::{ControllerError, LeaderElector, Metrics, Ring, SlotGuard};
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +199,9 @@ pub struct ControllerOptions<K> {
     pub reconcile_timeout: Option<Duration>,
     /// Only the leader of this election reconciles.
     pub leader_election: Option<Arc<LeaderElector>>,
+    /// Sharded: this replica reconciles a key only while it holds the
+    /// key's slot of this ring (see [`ControllerOptions::ring`]).
+    pub ring: Option<Arc<Ring>>,
     /// Where metrics go.
     pub metrics: Option<Arc<Metrics>>,
     /// Which events enqueue their key (all by default).
@@ -214,6 +218,7 @@ impl<K> Default for ControllerOptions<K> {
             lost_leadership_grace: Duration::from_secs(1),
             reconcile_timeout: None,
             leader_election: None,
+            ring: None,
             metrics: None,
             event_filter: None,
         }
@@ -267,6 +272,27 @@ impl<K> ControllerOptions<K> {
         self.leader_election = Some(elector);
         self
     }
+    /// Shard the controller over `ring`'s replicas: each reconciles a key
+    /// only while it holds the slot of the key's object (by the hash of its
+    /// uid), entering the slot for the whole reconcile
+    /// ([`Ring::enter`]), so that a slot is handed over only once its
+    /// reconciles have ended. A key of a slot not held here is dropped: its
+    /// holder reconciles it. A reconcile whose slot Lease is lost is
+    /// aborted before another replica can take the slot. The controller runs
+    /// the ring ([`Ring::run`]) from its start until its workers have
+    /// ended, then hands every slot over.
+    ///
+    /// Give the primary informer's lister-watcher [`Ring::scope`]
+    /// ([`ApiListerWatcher::shard_scope`](kinformer_informer::ApiListerWatcher::shard_scope))
+    /// so that the replica caches and watches only its slots' objects, and
+    /// relists as slots come and go, which enqueues every key of a slot it
+    /// takes. Secondary informers (`owns`, `watches`) stay whole: a key they
+    /// enqueue is reconciled by the replica whose cache holds its object.
+    /// Not together with leader election.
+    pub fn ring(mut self, ring: Arc<Ring>) -> Self {
+        self.ring = Some(ring);
+        self
+    }
     /// Report metrics to `metrics`.
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
@@ -295,6 +321,44 @@ pub struct Controller<K> {
     reconciler: Arc<dyn Reconciler>,
     options: ControllerOptions<K>,
     fatal: Arc<Mutex<Option<ControllerError>>>,
+    /// The slot of each primary key, when sharded.
+    key_slots: Option<Arc<KeySlots>>,
+}
+
+/// The slot of each primary key of a sharded controller, from the primary
+/// informer's events (a delete's from the object's last state): what a
+/// worker enters before reconciling the key. A key leaves once its object
+/// has left the cache and the key has been handled.
+struct KeySlots {
+    slots: u32,
+    map: Mutex<std::collections::HashMap<String, u32>>,
+}
+
+impl KeySlots {
+    fn record<K: Object>(&self, key: Result<String, kinformer_store::KeyError>, obj: &K) {
+        if let Ok(key) = key {
+            let uid = obj.uid().unwrap_or_default();
+            self.map.lock().insert(key, slot_of_uid(uid, self.slots));
+        }
+    }
+
+    fn slot(&self, key: &str) -> Option<u32> {
+        self.map.lock().get(key).copied()
+    }
+
+    /// Forgets `key` unless its object is cached. Under the map's lock: an
+    /// object added meanwhile is in the cache before its handler records
+    /// it, so either it is seen here or it is recorded after.
+    fn forget_unless_cached(&self, key: &str, cached: impl Fn(&str) -> bool) {
+        let mut map = self.map.lock();
+        if !cached(key) {
+            map.remove(key);
+        }
+    }
+
+    fn count(&self, slot: u32) -> u64 {
+        self.map.lock().values().filter(|&&s| s == slot).count() as u64
+    }
 }
 
 impl<K: Object + Clone> Controller<K> {
@@ -313,6 +377,20 @@ impl<K: Object + Clone> Controller<K> {
         if let Some(elector) = &options.leader_election {
             elector.config().validate()?;
         }
+        if options.ring.is_some() && options.leader_election.is_some() {
+            return Err(ControllerError::InvalidOptions(format!(
+                "controller {name:?}: sharded over a ring and leader-elected: choose one"
+            )));
+        }
+        let key_slots = options.ring.as_ref().map(|ring| {
+            let key_slots = Arc::new(KeySlots {
+                slots: ring.config().slots,
+                map: Mutex::new(std::collections::HashMap::new()),
+            });
+            let counted = Arc::clone(&key_slots);
+            ring.count_keys_with(move |slot| counted.count(slot));
+            key_slots
+        });
         let mut config = QueueConfig::new().name(name);
         if let Some(m) = &options.metrics {
             config = config.metrics_provider(m.workqueue_provider());
@@ -322,18 +400,32 @@ impl<K: Object + Clone> Controller<K> {
         let pass = move |e: Event<'_, K>| filter.as_ref().is_none_or(|f| f(e));
         let (qa, qu, qd) = (queue.clone(), queue.clone(), queue.clone());
         let (pa, pu, pd) = (pass.clone(), pass.clone(), pass);
+        let (sa, su, sd) = (key_slots.clone(), key_slots.clone(), key_slots.clone());
+        // A sharded controller records each key's slot before enqueueing it.
         let handler = ResourceEventHandlerFuncs::new()
             .on_add(move |obj: &Arc<K>, _| {
+                if let Some(s) = &sa {
+                    s.record(meta_namespace_key(obj.as_ref()), obj.as_ref());
+                }
                 if pa(Event::Add(obj)) {
                     enqueue(&qa, meta_namespace_key(obj.as_ref()));
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
+                if let Some(s) = &su {
+                    s.record(meta_namespace_key(new.as_ref()), new.as_ref());
+                }
                 if pu(Event::Update { old, new }) {
                     enqueue(&qu, meta_namespace_key(new.as_ref()));
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
+                if let Some(s) = &sd {
+                    s.record(
+                        deletion_handling_meta_namespace_key(obj),
+                        obj.object().as_ref(),
+                    );
+                }
                 if pd(Event::Delete(obj)) {
                     enqueue(&qd, deletion_handling_meta_namespace_key(obj));
                 }
@@ -347,6 +439,7 @@ impl<K: Object + Clone> Controller<K> {
             reconciler: Arc::new(reconciler),
             options,
             fatal: Arc::new(Mutex::new(None)),
+            key_slots,
         })
     }
 
@@ -462,7 +555,22 @@ impl<K: Object + Clone> Controller<K> {
         managed: Option<Managed>,
     ) -> Result<(), ControllerError> {
         let span = info_span!("controller", name = %self.name);
-        self.run_inner(shutdown, managed).instrument(span).await
+        // A sharded controller takes part in its ring from the start (its
+        // cache is empty until it holds slots) until its workers have ended;
+        // then it hands its slots over. Dropped mid-way, it stops the ring
+        // all the same.
+        let ring_stop = CancellationToken::new();
+        let _ring_stop_on_drop = ring_stop.clone().drop_guard();
+        let ring = self.options.ring.clone().map(|ring| {
+            let stop = ring_stop.clone();
+            tokio::spawn(async move { ring.run(stop).await }.instrument(span.clone()))
+        });
+        let result = self.run_inner(shutdown, managed).instrument(span).await;
+        ring_stop.cancel();
+        if let Some(ring) = ring {
+            let _ = ring.await;
+        }
+        result
     }
 
     async fn run_inner(
@@ -555,6 +663,16 @@ impl<K: Object + Clone> Controller<K> {
             halt: halt.clone(),
             abort: abort.clone(),
             elector: self.options.leader_election.clone(),
+            sharding: self.options.ring.clone().zip(self.key_slots.clone()).map(
+                |(ring, key_slots)| Sharding {
+                    ring,
+                    key_slots,
+                    cache: Box::new({
+                        let cache = self.informer.indexer();
+                        move |key: &str| cache.get_by_key(key).is_some()
+                    }),
+                },
+            ),
         });
         let mut workers: JoinSet<()> = JoinSet::new();
         for _ in 0..self.options.workers {
@@ -728,14 +846,21 @@ async fn lost_leadership(leadership: &mut Option<Leadership>) {
     let Some(l) = leadership else {
         return std::future::pending().await;
     };
+    lease_lost(&l.elector, &mut l.leading).await;
+}
+
+/// Resolves once `elector` has lost its lease, by its word (`leading`
+/// turns false) or by our own clock (past [`LeaderElector::safe_until`]
+/// without a renewal).
+async fn lease_lost(elector: &LeaderElector, leading: &mut watch::Receiver<bool>) {
     loop {
-        let Some(safe) = l.elector.safe_until() else {
+        let Some(safe) = elector.safe_until() else {
             return;
         };
         tokio::select! {
-            _ = l.leading.wait_for(|leading| !*leading) => return,
+            _ = leading.wait_for(|leading| !*leading) => return,
             _ = tokio::time::sleep_until(safe) => {
-                if !l.elector.may_work() {
+                if !elector.may_work() {
                     return;
                 }
             }
@@ -770,6 +895,33 @@ struct Worker {
     /// Cancelled when in-flight reconciles must end now: they are dropped.
     abort: CancellationToken,
     elector: Option<Arc<LeaderElector>>,
+    sharding: Option<Sharding>,
+}
+
+/// What a sharded controller's workers need.
+struct Sharding {
+    ring: Arc<Ring>,
+    key_slots: Arc<KeySlots>,
+    /// Whether the primary cache holds a key.
+    cache: Box<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl Sharding {
+    /// Enters the slot of `key`'s object; `None` when this replica does not
+    /// hold it now (or knows no object of that key).
+    fn enter(&self, key: &str) -> Option<SlotGuard> {
+        self.ring.enter(self.key_slots.slot(key)?)
+    }
+
+    /// Resolves once the Lease of `guard`'s slot is lost (or no longer
+    /// safely held by our clock); never while it is held, handed over or
+    /// not.
+    async fn lost(&self, guard: &SlotGuard) {
+        let Some(elector) = self.ring.slot_elector(guard.slot()) else {
+            return;
+        };
+        lease_lost(&elector, &mut elector.subscribe()).await;
+    }
 }
 
 impl Worker {
@@ -790,7 +942,30 @@ impl Worker {
                 self.queue.done(&key);
                 return;
             }
-            let aborted = self.process(&key).await.is_none();
+            let guard = match &self.sharding {
+                None => None,
+                Some(sharding) => match sharding.enter(&key) {
+                    Some(guard) => Some(guard),
+                    None => {
+                        // Its slot's holder reconciles it, from its own cache.
+                        self.queue.forget(&key);
+                        self.queue.done(&key);
+                        sharding
+                            .key_slots
+                            .forget_unless_cached(&key, &sharding.cache);
+                        continue;
+                    }
+                },
+            };
+            let aborted = self.process(&key, guard.as_ref()).await.is_none();
+            // The slot is left before the key is done: the handover of the
+            // slot may go on while the queue takes the key again.
+            drop(guard);
+            if let Some(sharding) = &self.sharding {
+                sharding
+                    .key_slots
+                    .forget_unless_cached(&key, &sharding.cache);
+            }
             self.queue.done(&key);
             if aborted {
                 return;
@@ -798,8 +973,9 @@ impl Worker {
         }
     }
 
-    /// Reconciles `key`; `None` if the reconcile was aborted.
-    async fn process(&self, key: &str) -> Option<()> {
+    /// Reconciles `key` (in `slot`'s guard when sharded); `None` if the
+    /// reconcile was aborted and the worker must end.
+    async fn process(&self, key: &str, slot: Option<&SlotGuard>) -> Option<()> {
         let started = Instant::now();
         // Inside the guard: a reconciler may panic before returning its future.
         let reconcile =
@@ -809,6 +985,19 @@ impl Worker {
             _ = self.abort.cancelled() => {
                 warn!(key, running = ?started.elapsed(), "reconcile aborted");
                 return None;
+            }
+            _ = async {
+                match (&self.sharding, slot) {
+                    (Some(sharding), Some(guard)) => sharding.lost(guard).await,
+                    _ => std::future::pending().await,
+                }
+            } => {
+                // Another replica may take the slot once the Lease expires:
+                // this reconcile must not outlive that. Not retried here.
+                warn!(key, slot = slot.map(SlotGuard::slot), running = ?started.elapsed(), "the slot's Lease was lost; reconcile aborted");
+                self.record(key, "error", started.elapsed().as_secs_f64());
+                self.queue.forget(&key.to_owned());
+                return Some(());
             }
             outcome = with_timeout(self.reconcile_timeout, reconcile) => outcome,
         };

@@ -26,7 +26,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::ring::assign_slots;
+use kinformer_informer::ShardScope;
+
+use crate::ring::{assign_slots, held_selector};
 use crate::{ControllerError, LeaderElectionConfig, LeaderElector, Metrics, RingMembership};
 
 /// A ring's shape and timing. Defaults: 16 slots; client-go's leader
@@ -112,6 +114,7 @@ struct RingMetrics {
     acquisitions: Counter,
     handovers: Counter,
     acquire_wait: Histogram,
+    keys_handed_over: Counter,
 }
 
 impl Default for RingMetrics {
@@ -123,6 +126,7 @@ impl Default for RingMetrics {
             handovers: Counter::default(),
             // 50 ms to about 14 min.
             acquire_wait: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
+            keys_handed_over: Counter::default(),
         }
     }
 }
@@ -139,7 +143,14 @@ pub struct Ring {
     /// The slots assigned to this replica at the last look.
     assigned: Mutex<Option<BTreeSet<u32>>>,
     metrics: RingMetrics,
+    /// The shard of the held slots, for the informers of a sharded controller.
+    scope: ShardScope,
+    /// How many keys a slot has: a sharded controller's count, for the
+    /// keys-handed-over metric.
+    key_count: Mutex<Option<KeyCount>>,
 }
+
+type KeyCount = Box<dyn Fn(u32) -> u64 + Send + Sync>;
 
 impl Drop for Ring {
     fn drop(&mut self) {
@@ -201,6 +212,8 @@ impl Ring {
             config.lease_duration,
         );
         Ok(Arc::new(Self {
+            scope: ShardScope::new(held_selector([], config.slots)),
+            key_count: Mutex::new(None),
             states: (0..config.slots).map(|_| SlotState::default()).collect(),
             client,
             membership,
@@ -220,7 +233,9 @@ impl Ring {
     /// work ended) and `kinformer_ring_slot_acquire_wait_seconds` (from the
     /// start of a campaign for a slot to holding it: how long a slot
     /// assigned here stayed unowned, waiting for its last holder to release
-    /// it or for its Lease to expire). One ring per registry.
+    /// it or for its Lease to expire), and, for a sharded controller,
+    /// `kinformer_ring_keys_handed_over_total` (the keys of the slots it
+    /// handed over). One ring per registry.
     pub fn register_metrics(&self, metrics: &Metrics) {
         let m = &self.metrics;
         metrics.register(
@@ -248,6 +263,34 @@ impl Ring {
             "From the start of a campaign for a slot to holding it",
             m.acquire_wait.clone(),
         );
+        metrics.register(
+            "kinformer_ring_keys_handed_over",
+            "Keys of the slots this replica handed over",
+            m.keys_handed_over.clone(),
+        );
+    }
+
+    /// The shard of the slots this replica holds, updated at every look at
+    /// the ring (the range of hash 0 alone while it holds none; see
+    /// [`held_selector`]): give it to the primary informer's lister-watcher
+    /// ([`ApiListerWatcher::shard_scope`](kinformer_informer::ApiListerWatcher::shard_scope))
+    /// so that the replica lists and watches only its slots' objects.
+    pub fn scope(&self) -> ShardScope {
+        self.scope.clone()
+    }
+
+    /// How a sharded controller counts the keys of a slot, for
+    /// `kinformer_ring_keys_handed_over_total`.
+    pub(crate) fn count_keys_with(&self, count: impl Fn(u32) -> u64 + Send + Sync + 'static) {
+        *self.key_count.lock() = Some(Box::new(count));
+    }
+
+    /// The elector of `slot`'s Lease while this replica holds or seeks it.
+    pub(crate) fn slot_elector(&self, slot: u32) -> Option<Arc<LeaderElector>> {
+        self.holders
+            .lock()
+            .get(&slot)
+            .map(|h| Arc::clone(&h.elector))
     }
 
     /// The ring's configuration.
@@ -326,6 +369,7 @@ impl Ring {
             warn!(error = %e, "could not leave the ring; the member Lease expires instead");
         }
         self.metrics.slots_held.set(0);
+        self.scope.set(held_selector([], self.config.slots));
         self.held.send_replace(BTreeSet::new());
     }
 
@@ -394,6 +438,12 @@ impl Ring {
         }
         let held = self.held();
         self.metrics.slots_held.set(held.len() as i64);
+        if self
+            .scope
+            .set(held_selector(held.iter().copied(), self.config.slots))
+        {
+            info!(held = ?held, "watching the held slots");
+        }
         self.held.send_replace(held);
     }
 
@@ -431,6 +481,12 @@ impl Ring {
         let state = &self.states[slot as usize];
         // Marked before the count is read: see the module documentation.
         state.handing_over.store(true, Ordering::SeqCst);
+        // Counted now: the informer lets go of the slot's objects soon.
+        let keys = self
+            .key_count
+            .lock()
+            .as_ref()
+            .map_or(0, |count| count(slot));
         let ring = Arc::clone(self);
         tokio::spawn(async move {
             let state = &ring.states[slot as usize];
@@ -451,7 +507,8 @@ impl Ring {
             if let Some(Some(task)) = election {
                 let _ = task.await;
                 ring.metrics.handovers.inc();
-                info!(slot, "handed the slot over");
+                ring.metrics.keys_handed_over.inc_by(keys);
+                info!(slot, keys, "handed the slot over");
             }
             ring.holders.lock().remove(&slot);
         })

@@ -1,0 +1,511 @@
+//! A sharded controller against the real server (kube-apiserver with the
+//! `ShardedListAndWatch` gate on): 1 000 ConfigMaps under continuous
+//! updates, replicas going 1 -> 2 -> 4 -> 3 (one killed) -> 1 (one stopped,
+//! one killed). Each replica runs in a runtime of its own, so that killing
+//! it stops every task at once and releases nothing, as SIGKILL would;
+//! stopping it is its shutdown token, as SIGTERM would be.
+//!
+//! Checked: no key is reconciled by two replicas at overlapping times;
+//! after each change the ring settles with every slot held once and no
+//! replica above its share, each replica's cache holding exactly the
+//! objects of its slots; every object updated after the last change is
+//! reconciled within the slot lease duration plus a few seconds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_controllers::ring::slot_of_uid;
+use kinformer_controllers::{
+    Action, Controller, ControllerError, ControllerOptions, Lookup, Metrics, Ring, RingConfig,
+};
+use kinformer_envtest::{TestEnv, TestEnvOptions};
+use kinformer_informer::{ApiListerWatcher, InformerOptions, SharedIndexInformer};
+use kube_client::Client;
+use kube_client::api::{Api, Patch, PatchParams, PostParams};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+mod common;
+
+const OBJECTS: usize = 1_000;
+const SLOTS: u32 = 8;
+const LEASE: Duration = Duration::from_secs(3);
+
+/// One reconcile: who, which key, the `data.v` it saw, when.
+#[derive(Debug, Clone)]
+struct Reconcile {
+    replica: String,
+    key: String,
+    seen: String,
+    start: Instant,
+    end: Option<Instant>,
+}
+
+type Log = Arc<Mutex<Vec<Reconcile>>>;
+
+/// Records a reconcile's end when dropped: also when a killed replica's
+/// reconcile is dropped mid-way.
+struct Ending {
+    log: Log,
+    index: usize,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.log.lock()[self.index].end = Some(Instant::now());
+    }
+}
+
+struct Replica {
+    id: String,
+    runtime: Option<tokio::runtime::Runtime>,
+    ring: Arc<Ring>,
+    informer: SharedIndexInformer<ConfigMap>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    run: Option<tokio::task::JoinHandle<Result<(), ControllerError>>>,
+}
+
+impl Replica {
+    /// A replica whose primary informer watches its slots (`scoped`) or
+    /// every object.
+    fn start(env: &TestEnv, ns: &str, id: &str, log: &Log, scoped: bool) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        let client = env.client().unwrap();
+        let config = RingConfig {
+            slots: SLOTS,
+            lease_duration: LEASE,
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+            ..RingConfig::new(ns, "sharded", id)
+        };
+        let ring = Ring::new(client.clone(), config).unwrap();
+        let metrics = Metrics::new();
+        ring.register_metrics(&metrics);
+        let mut lw = ApiListerWatcher::<ConfigMap>::namespaced(client, ns);
+        if scoped {
+            lw = lw.shard_scope(ring.scope());
+        }
+        let informer = SharedIndexInformer::new(lw, InformerOptions::default());
+        let (who, log) = (id.to_owned(), Arc::clone(log));
+        let controller = Controller::from_fn(
+            "sharded",
+            informer.clone(),
+            move |lookup: Lookup<ConfigMap>| {
+                let (who, log) = (who.clone(), Arc::clone(&log));
+                async move {
+                    let Lookup::Found(cm) = lookup else {
+                        return Ok(Action::Done);
+                    };
+                    let key = format!(
+                        "{}/{}",
+                        cm.metadata.namespace.as_deref().unwrap_or_default(),
+                        cm.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    let seen = cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("v").cloned())
+                        .unwrap_or_default();
+                    let index = {
+                        let mut log = log.lock();
+                        log.push(Reconcile {
+                            replica: who,
+                            key,
+                            seen,
+                            start: Instant::now(),
+                            end: None,
+                        });
+                        log.len() - 1
+                    };
+                    let _ending = Ending { log, index };
+                    if cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("v"))
+                        .map(String::as_str)
+                        == Some("block")
+                    {
+                        // Until aborted.
+                        std::future::pending::<()>().await;
+                    }
+                    // Long enough for an overlap to show if there were one.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok(Action::Done)
+                }
+            },
+            ControllerOptions::new()
+                .workers(2)
+                .ring(Arc::clone(&ring))
+                .metrics(Arc::clone(&metrics)),
+        )
+        .unwrap();
+        let shutdown = CancellationToken::new();
+        let run = runtime.spawn(controller.run(shutdown.clone()));
+        drop(_inside);
+        Self {
+            id: id.to_owned(),
+            runtime: Some(runtime),
+            ring,
+            informer,
+            metrics,
+            shutdown,
+            run: Some(run),
+        }
+    }
+
+    /// Stops as on SIGTERM: drains, hands its slots over, leaves the ring.
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(run) = self.run.take() {
+            run.await.unwrap().unwrap();
+        }
+        self.kill();
+    }
+
+    /// Dies as on SIGKILL: every task at once, nothing released.
+    fn kill(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The slot of every object on the server, by key.
+async fn server_slots(api: &Api<ConfigMap>) -> BTreeMap<String, u32> {
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|cm| {
+            let key = format!(
+                "{}/{}",
+                cm.metadata.namespace.unwrap(),
+                cm.metadata.name.unwrap()
+            );
+            (key, slot_of_uid(cm.metadata.uid.as_deref().unwrap(), SLOTS))
+        })
+        .collect()
+}
+
+/// Waits until every slot is held once, none by a replica above its share,
+/// and each replica's cache holds exactly the objects of its slots.
+async fn settled(replicas: &[&Replica], slots: &BTreeMap<String, u32>) {
+    settled_with(replicas, slots, true).await;
+}
+
+async fn settled_with(replicas: &[&Replica], slots: &BTreeMap<String, u32>, scoped: bool) {
+    let share = (SLOTS as usize).div_ceil(replicas.len());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let held: Vec<BTreeSet<u32>> = replicas.iter().map(|r| r.ring.held()).collect();
+        let all: BTreeSet<u32> = held.iter().flatten().copied().collect();
+        let total: usize = held.iter().map(BTreeSet::len).sum();
+        let caches_match = !scoped
+            || replicas.iter().zip(&held).all(|(r, mine)| {
+                let want: BTreeSet<&String> = slots
+                    .iter()
+                    .filter(|(_, s)| mine.contains(s))
+                    .map(|(k, _)| k)
+                    .collect();
+                let have: BTreeSet<String> = r.informer.indexer().list_keys().into_iter().collect();
+                have.len() == want.len() && want.iter().all(|k| have.contains(*k))
+            });
+        if all.len() == SLOTS as usize
+            && total == SLOTS as usize
+            && held.iter().all(|h| h.len() <= share)
+            && caches_match
+        {
+            return;
+        }
+        let ids: Vec<&str> = replicas.iter().map(|r| r.id.as_str()).collect();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{ids:?} hold {held:?} after 60 s (caches match: {caches_match})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn patch_v(api: &Api<ConfigMap>, name: &str, v: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"v": v}})),
+    )
+    .await
+    .unwrap();
+}
+
+fn name(i: usize) -> String {
+    format!("cm-{i:04}")
+}
+
+/// One server with the gate on for this test binary.
+async fn sharded_env() -> &'static TestEnv {
+    static ENV: tokio::sync::OnceCell<TestEnv> = tokio::sync::OnceCell::const_new();
+    ENV.get_or_init(|| async {
+        TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch())
+            .await
+            .unwrap()
+    })
+    .await
+}
+
+/// `count` ConfigMaps in a new namespace, and the slot of each.
+async fn config_maps(
+    env: &TestEnv,
+    prefix: &str,
+    count: usize,
+) -> (Api<ConfigMap>, BTreeMap<String, u32>) {
+    let client: Client = env.client().unwrap();
+    let ns = env.create_namespace(prefix).await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client, &ns);
+    stream::iter(0..count)
+        .for_each_concurrent(32, |i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &common::config_map(&name(i)))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    let slots = server_slots(&api).await;
+    assert_eq!(slots.len(), count);
+    (api, slots)
+}
+
+/// Waits (up to 30 s) until every key of `slots` has been reconciled at
+/// `data.v == v`; returns those reconciles.
+async fn reconciled_at(log: &Log, slots: &BTreeMap<String, u32>, v: &str) -> Vec<Reconcile> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let done: Vec<Reconcile> = log
+            .lock()
+            .iter()
+            .filter(|r| r.seen == v && r.end.is_some())
+            .cloned()
+            .collect();
+        let keys: BTreeSet<&String> = done.iter().map(|r| &r.key).collect();
+        if keys.len() == slots.len() {
+            return done;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} keys reconciled at {v:?} after 30 s",
+            keys.len(),
+            slots.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_whole_caches_each_replica_reconciles_only_the_keys_of_its_slots() {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "whole", 200).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let log: Log = Arc::default();
+    // Unscoped informers: both replicas cache and get events for every key.
+    let mut a = Replica::start(env, &ns, "a", &log, false);
+    let mut b = Replica::start(env, &ns, "b", &log, false);
+    settled_with(&[&a, &b], &slots, false).await;
+    let held: BTreeMap<String, BTreeSet<u32>> = [&a, &b]
+        .iter()
+        .map(|r| (r.id.clone(), r.ring.held()))
+        .collect();
+    stream::iter(slots.keys())
+        .for_each_concurrent(32, |key| {
+            let api = api.clone();
+            async move { patch_v(&api, key.rsplit('/').next().unwrap(), "final").await }
+        })
+        .await;
+    let done = reconciled_at(&log, &slots, "final").await;
+    // The ring did not move while the keys were worked.
+    for r in [&a, &b] {
+        assert_eq!(r.ring.held(), held[&r.id], "{}", r.id);
+    }
+    for r in &done {
+        assert!(
+            held[&r.replica].contains(&slots[&r.key]),
+            "{} reconciled {} of slot {}, holding {:?}",
+            r.replica,
+            r.key,
+            slots[&r.key],
+            held[&r.replica]
+        );
+    }
+    let by: BTreeSet<&str> = done.iter().map(|r| r.replica.as_str()).collect();
+    assert_eq!(by.len(), 2, "both replicas worked: {by:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_is_reconciled_by_two_replicas_at_once_as_replicas_come_go_and_die() {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "sharded", OBJECTS).await;
+    let ns = api.namespace().unwrap().to_owned();
+
+    // Continuous updates, a few dozen a second, across all objects.
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (api, writing) = (api.clone(), Arc::clone(&writing));
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while writing.load(Ordering::SeqCst) {
+                n += 1;
+                patch_v(&api, &name(fastrand::usize(..OBJECTS)), &n.to_string()).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            n
+        })
+    };
+
+    let log: Log = Arc::default();
+    let mut a = Replica::start(env, &ns, "a", &log, true);
+    settled(&[&a], &slots).await;
+    let mut b = Replica::start(env, &ns, "b", &log, true);
+    settled(&[&a, &b], &slots).await;
+    let mut c = Replica::start(env, &ns, "c", &log, true);
+    let mut d = Replica::start(env, &ns, "d", &log, true);
+    settled(&[&a, &b, &c, &d], &slots).await;
+    // Four replicas: each caches about a quarter.
+    for r in [&a, &b, &c, &d] {
+        assert!(r.informer.indexer().len() < OBJECTS / 2, "{}", r.id);
+    }
+    d.kill();
+    settled(&[&a, &b, &c], &slots).await;
+    c.stop().await;
+    b.kill();
+    settled(&[&a], &slots).await;
+    let changed = Instant::now();
+
+    let writes = {
+        writing.store(false, Ordering::SeqCst);
+        writer.await.unwrap()
+    };
+    // Every object updated after the last change is reconciled, by the one
+    // replica left, within the lease duration plus a few seconds.
+    stream::iter(0..OBJECTS)
+        .for_each_concurrent(32, |i| {
+            let api = api.clone();
+            async move { patch_v(&api, &name(i), "final").await }
+        })
+        .await;
+    let written = Instant::now();
+    reconciled_at(&log, &slots, "final").await;
+    let reconciled_in = written.elapsed();
+    assert!(
+        reconciled_in < LEASE + Duration::from_secs(10),
+        "the final state took {reconciled_in:?} to be reconciled"
+    );
+
+    let log = log.lock().clone();
+    let mut by_key: BTreeMap<&str, Vec<&Reconcile>> = BTreeMap::new();
+    for r in &log {
+        by_key.entry(&r.key).or_default().push(r);
+    }
+    let (mut overlaps, mut handovers) = (0, 0);
+    for (key, mut rs) in by_key {
+        rs.sort_by_key(|r| r.start);
+        for (i, r) in rs.iter().enumerate() {
+            let end = r.end.expect("every reconcile ended");
+            for later in &rs[i + 1..] {
+                if later.replica != r.replica && later.start < end {
+                    overlaps += 1;
+                    eprintln!(
+                        "{key}: {} started while {} was reconciling it",
+                        later.replica, r.replica
+                    );
+                }
+            }
+        }
+        handovers += rs
+            .windows(2)
+            .filter(|p| p[0].replica != p[1].replica)
+            .count();
+    }
+    let by_replica: BTreeMap<&str, usize> = log.iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r.replica.as_str()).or_default() += 1;
+        m
+    });
+    eprintln!(
+        "{} reconciles ({by_replica:?}) of {OBJECTS} keys under {writes} random updates; \
+         {handovers} keys moved between replicas; {overlaps} overlaps; \
+         all reconciled at their final state {reconciled_in:?} after the last write, \
+         {:?} after the last membership change",
+        log.len(),
+        changed.elapsed()
+    );
+    assert_eq!(overlaps, 0);
+    assert!(handovers >= OBJECTS, "{handovers} keys moved");
+    let text = a.metrics.encode();
+    assert!(
+        text.contains("kinformer_ring_keys_handed_over_total"),
+        "{text}"
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_whose_slot_lease_is_lost_is_aborted() {
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "lost", 1).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let log: Log = Arc::default();
+    let mut a = Replica::start(env, &ns, "a", &log, true);
+    settled(&[&a], &slots).await;
+    patch_v(&api, &name(0), "block").await;
+    let blocked = || {
+        log.lock()
+            .iter()
+            .find(|r| r.seen == "block")
+            .map(|r| r.end.is_some())
+    };
+    common::eventually("the blocking reconcile to start", async || {
+        blocked().is_some()
+    })
+    .await;
+    // Someone else takes the slot's Lease: the next renewal finds it taken,
+    // and the reconcile must end before the intruder could start work.
+    let slot = slots[&format!("{ns}/{}", name(0))];
+    let leases: Api<Lease> = Api::namespaced(env.client().unwrap(), &ns);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            &format!("sharded-slot-{slot}"),
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"holderIdentity": "intruder", "renewTime": now}}),
+            ),
+        )
+        .await
+        .unwrap();
+    common::eventually("the reconcile to be aborted", async || {
+        blocked() == Some(true)
+    })
+    .await;
+    a.stop().await;
+}
