@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
-use kinformer_envtest::{KUBERNETES_VERSION, TestEnv};
+use kinformer_envtest::{KUBERNETES_VERSION, TestEnv, TestEnvOptions};
 use kube_client::Client;
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::Value;
@@ -877,5 +877,149 @@ fn plot(root: &Path, results: &Results) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     area.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+const SHARDING_BEGIN: &str = "<!-- BEGIN cargo xtask bench --sharding -->";
+const SHARDING_END: &str = "<!-- END cargo xtask bench --sharding -->";
+
+/// `cargo xtask bench --sharding`: N = 1, 2, 4 replicas of an informer of
+/// every Pod of a namespace, split by uid: with server-side sharding (the
+/// `ShardedListAndWatch` gate on), with client-side filtering (no selector
+/// sent, the shard kept on the client, as against a server without the
+/// gate), and unsharded. The N replicas of a case run at once, each a
+/// process of its own; per replica: cache memory (RSS growth to 2 s after
+/// its sync), bytes of response bodies received, time to has_synced.
+/// Writes its own section of docs/benchmarks.md.
+pub async fn run_sharding(quick: bool, root: &Path) -> Result<()> {
+    let started = Instant::now();
+    let harnesses = build(root)?;
+    let size = if quick { 10_000 } else { 50_000 };
+    let rounds = if quick { 1 } else { 3 };
+    println!(
+        "\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd, ShardedListAndWatch on)"
+    );
+    let env = TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch()).await?;
+    let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
+    let client = env.client()?;
+    let ns = env.create_namespace("bench-shard").await?;
+    let t = Instant::now();
+    create_pods(&client, &ns, 0..size).await?;
+    println!(
+        "    {size} pods in place ({:.0} s to create)",
+        t.elapsed().as_secs_f64()
+    );
+    let cases: [(u64, &str); 7] = [
+        (1, "none"),
+        (2, "server"),
+        (2, "client"),
+        (2, "none"),
+        (4, "server"),
+        (4, "client"),
+        (4, "none"),
+    ];
+    // (N, mode) -> per-replica samples of (cache MiB, received MiB, sync ms, pods).
+    let mut samples: BTreeMap<(u64, &str), Vec<[f64; 4]>> = BTreeMap::new();
+    let mut server_cpu: BTreeMap<(u64, &str), Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        for k in 0..cases.len() {
+            let (n, mode) = cases[(k + round) % cases.len()];
+            let cpu = apiserver_cpu_ms(&env);
+            let count = n.to_string();
+            let args: Vec<[String; 6]> = (0..n)
+                .map(|i| {
+                    ["shard-sync", &kubeconfig, &ns, &i.to_string(), &count, mode]
+                        .map(str::to_owned)
+                })
+                .collect();
+            let runs = futures::future::try_join_all(args.iter().map(|a| {
+                let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                let harnesses = &harnesses;
+                async move { harness_env(harnesses, System::Kinformer, &a, &[]).await }
+            }))
+            .await?;
+            server_cpu
+                .entry((n, mode))
+                .or_default()
+                .push(apiserver_cpu_ms(&env) - cpu);
+            for v in runs {
+                samples.entry((n, mode)).or_default().push([
+                    num(&v, "cache_bytes")? / 1048576.0,
+                    num(&v, "bytes_received")? / 1048576.0,
+                    num(&v, "sync_seconds")? * 1e3,
+                    num(&v, "pods")?,
+                ]);
+            }
+        }
+        println!(
+            "    round {} done ({:.0} s)",
+            round + 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let column = |key: (u64, &str), i: usize| median(samples[&key].iter().map(|s| s[i]).collect());
+    let (base_cache, base_bytes) = (column((1, "none"), 0), column((1, "none"), 1));
+    let mut table = String::from(
+        "| replicas | sharding | Pods per replica | cache memory per replica, MiB | ÷ unsharded single replica | bytes received per replica, MiB | ÷ unsharded single replica | target (server-side) ≤ 1/N + 10% | time to sync, ms | kube-apiserver CPU for the N replicas, ms |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for &(n, mode) in &cases {
+        let key = (n, mode);
+        let (cache, bytes) = (column(key, 0), column(key, 1));
+        let label = match mode {
+            "server" => "server-side (selector sent)",
+            "client" => "client-side filtering (no selector: a server without the gate)",
+            _ => "unsharded (every replica caches everything)",
+        };
+        let bound = 1.0 / n as f64 + 0.10;
+        let target = if mode == "server" {
+            let met = cache / base_cache <= bound && bytes / base_bytes <= bound;
+            format!("{bound:.2}: {}", if met { "met" } else { "not met" })
+        } else {
+            String::new()
+        };
+        table.push_str(&format!(
+            "| {n} | {label} | {:.0} | {cache:.1} | {:.2} | {bytes:.1} | {:.2} | {target} | {:.0} | {:.0} |\n",
+            column(key, 3),
+            cache / base_cache,
+            bytes / base_bytes,
+            column(key, 2),
+            median(server_cpu[&key].clone()),
+        ));
+    }
+    println!("\n{table}");
+    let path = root.join("docs/benchmarks.md");
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    let section = format!(
+        "{SHARDING_BEGIN}\n## Sharded informers: N replicas\n\n\
+         Command: `cargo xtask bench --sharding{}` ({:.0} s). Machine: {}. Server: kube-apiserver {KUBERNETES_VERSION} \
+         with the `ShardedListAndWatch` gate on, {size} Pods in one namespace. Each replica is a process of its own \
+         (`kinformer-bench shard-sync`): an informer of the namespace's Pods (protobuf, managedFields dropped) holding \
+         the hash range `HashRange::split(i, N)` of their uids; the N replicas of a row run at once, on the 2 cores. \
+         Per replica, the median over the replicas and {rounds} rounds: cache memory is the RSS growth from before the \
+         informer started to 2 s after it synced; bytes received are the response bodies of its lists and watches as \
+         the client reads them (`ApiListerWatcher::bytes_received`). Ratios compare with the unsharded single replica \
+         of the same run.\n\n{table}\n{SHARDING_END}\n",
+        if quick { " --quick" } else { "" },
+        started.elapsed().as_secs_f64(),
+        machine(),
+    );
+    let updated = match (current.find(SHARDING_BEGIN), current.find(SHARDING_END)) {
+        (Some(b), Some(e)) => format!(
+            "{}{}{}",
+            &current[..b],
+            section,
+            &current[e + SHARDING_END.len()..].trim_start_matches('\n')
+        ),
+        _ => format!("{}\n\n{}", current.trim_end(), section),
+    };
+    std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "==> docs/benchmarks.md updated ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

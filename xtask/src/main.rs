@@ -38,6 +38,9 @@ enum Task {
         /// A shorter run (about 5 minutes): fewer rounds, 10 000 pods only, 15 s of latency.
         #[arg(long)]
         quick: bool,
+        /// Only the sharded informers: N = 1, 2, 4 replicas with server-side sharding, client-side filtering and none.
+        #[arg(long)]
+        sharding: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -107,8 +110,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             EnvtestCommand::Gomod => gomod(),
         },
-        Task::Bench { quick } => {
-            runtime()?.block_on(bench::run(quick, &workspace_root()))?;
+        Task::Bench { quick, sharding } => {
+            let root = workspace_root();
+            if sharding {
+                runtime()?.block_on(bench::run_sharding(quick, &root))?;
+            } else {
+                runtime()?.block_on(bench::run(quick, &root))?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Task::Soak { minutes } => {

@@ -28,6 +28,14 @@
 //!   fetched once, then decoded offline into `PartialObjectMeta<Pod>`s held
 //!   in a Vec: the RSS of the decoded objects alone, without informer or
 //!   store, and the inline size of one.
+//! - `shard-sync KUBECONFIG NAMESPACE INDEX COUNT MODE`: one replica of
+//!   COUNT splitting the Pods of NAMESPACE by uid (shard INDEX, the hash
+//!   range `HashRange::split(INDEX, COUNT)`), protobuf, managedFields
+//!   dropped. MODE `server` sends the shard selector (the server filters),
+//!   `client` sends none and keeps the shard's objects on the client (what
+//!   a server without the `ShardedListAndWatch` gate gives), `none` caches
+//!   every Pod. Time to has_synced, RSS growth, bytes of response bodies
+//!   received, objects cached.
 //! - `latency KUBECONFIG NAMESPACE SECONDS`: handler receive time minus the
 //!   write time stamped by the writer in the `bench/sent-ns` annotation.
 
@@ -41,9 +49,10 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, Compact, FifoKind, InformerOptions, ListPage, ListRequest,
-    ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest,
-    WatchStream, WireFormat, strip_managed_fields,
+    ApiListerWatcher, CancellationToken, Compact, FifoKind, HashRange, InformerOptions, ListPage,
+    ListRequest, ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, ShardField,
+    ShardSelector, SharedIndexInformer, WatchRequest, WatchStream, WireFormat,
+    strip_managed_fields,
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -134,6 +143,13 @@ fn main() -> Result<()> {
             },
         )),
         Some("relist") => rt.block_on(relist(&arg(1)?, &arg(2)?)),
+        Some("shard-sync") => rt.block_on(shard_sync(
+            &arg(1)?,
+            &arg(2)?,
+            arg(3)?.parse()?,
+            arg(4)?.parse()?,
+            &arg(5)?,
+        )),
         Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;
@@ -361,6 +377,76 @@ impl ListerWatcher<Pod> for GoneOnDemand {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+}
+
+/// The Pods of one shard, filtered here: the lister-watcher sends no
+/// selector, as against a server without the gate.
+struct ClientFiltered {
+    inner: ApiListerWatcher<Pod>,
+    shard: ShardSelector,
+}
+
+impl ListerWatcher<Pod> for ClientFiltered {
+    fn list(&self, request: ListRequest) -> BoxFuture<'_, Result<ListPage<Pod>, ListWatchError>> {
+        Box::pin(async move {
+            let mut page = self.inner.list(request).await?;
+            page.items.retain(|p| self.shard.matches(p));
+            Ok(page)
+        })
+    }
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<Pod>, ListWatchError>> {
+        Box::pin(async move {
+            let shard = self.shard.clone();
+            let events = self.inner.watch(request).await?;
+            Ok(events
+                .filter(move |e| {
+                    let keep = match e {
+                        Ok(
+                            kube_client::core::WatchEvent::Added(p)
+                            | kube_client::core::WatchEvent::Modified(p)
+                            | kube_client::core::WatchEvent::Deleted(p),
+                        ) => shard.matches(p),
+                        _ => true,
+                    };
+                    futures::future::ready(keep)
+                })
+                .boxed())
+        })
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+async fn shard_sync(
+    kubeconfig: &str,
+    ns: &str,
+    index: u64,
+    count: u64,
+    mode: &str,
+) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let shard = ShardSelector::new(ShardField::Uid, [HashRange::split(index, count)?])?;
+    let lw = ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields();
+    // Clones share the count of bytes received.
+    let counter = lw.clone();
+    let informer = match mode {
+        "server" => SharedIndexInformer::new(lw.shard(shard), options()),
+        "client" => SharedIndexInformer::new(ClientFiltered { inner: lw, shard }, options()),
+        "none" => SharedIndexInformer::new(lw, options()),
+        other => bail!("unknown shard-sync mode {other:?}: server, client or none"),
+    };
+    let mut v = measure_sync(informer, baseline_kb, "shard-sync", false).await?;
+    v["bytes_received"] = counter.bytes_received().into();
+    // The RSS growth from before the informer to 2 s after its sync.
+    let rss = v["rss_bytes"].as_u64().unwrap_or_default();
+    v["cache_bytes"] = rss.saturating_sub(baseline_kb * 1024).into();
+    v["mode"] = mode.into();
+    Ok(v)
 }
 
 /// Relist peak memory: a synced informer (protobuf, managedFields

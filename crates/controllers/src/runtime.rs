@@ -327,37 +327,53 @@ pub struct Controller<K> {
 
 /// The slot of each primary key of a sharded controller, from the primary
 /// informer's events (a delete's from the object's last state): what a
-/// worker enters before reconciling the key. A key leaves once its object
-/// has left the cache and the key has been handled.
+/// worker enters before reconciling the key. Each entry carries a
+/// generation, bumped by every event: a worker that handled a key removes
+/// its entry only if no event came meanwhile, the object is not cached and
+/// the key was not scheduled again.
 struct KeySlots {
     slots: u32,
-    map: Mutex<std::collections::HashMap<String, u32>>,
+    map: Mutex<std::collections::HashMap<String, (u32, u64)>>,
 }
 
 impl KeySlots {
     fn record<K: Object>(&self, key: Result<String, kinformer_store::KeyError>, obj: &K) {
         if let Ok(key) = key {
-            let uid = obj.uid().unwrap_or_default();
-            self.map.lock().insert(key, slot_of_uid(uid, self.slots));
+            let slot = slot_of_uid(obj.uid().unwrap_or_default(), self.slots);
+            let mut map = self.map.lock();
+            let generation = map.get(&key).map_or(0, |&(_, g)| g + 1);
+            map.insert(key, (slot, generation));
         }
     }
 
-    fn slot(&self, key: &str) -> Option<u32> {
+    /// The key's slot and generation.
+    fn get(&self, key: &str) -> Option<(u32, u64)> {
         self.map.lock().get(key).copied()
     }
 
-    /// Forgets `key` unless its object is cached. Under the map's lock: an
-    /// object added meanwhile is in the cache before its handler records
-    /// it, so either it is seen here or it is recorded after.
-    fn forget_unless_cached(&self, key: &str, cached: impl Fn(&str) -> bool) {
+    /// Forgets `key` if it is still at `generation` and its object is not
+    /// cached. Under the map's lock: the informer updates its cache before
+    /// its handlers record an event, so an object added meanwhile is either
+    /// cached here or recorded after, at a new generation.
+    fn forget(&self, key: &str, generation: u64, cached: impl Fn(&str) -> bool) {
         let mut map = self.map.lock();
-        if !cached(key) {
+        if map.get(key).is_some_and(|&(_, g)| g == generation) && !cached(key) {
             map.remove(key);
         }
     }
 
+    /// The keys of `slot`.
+    fn keys_of(&self, slot: u32) -> Vec<String> {
+        self.map
+            .lock()
+            .iter()
+            .filter(|(_, (s, _))| *s == slot)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     fn count(&self, slot: u32) -> u64 {
-        self.map.lock().values().filter(|&&s| s == slot).count() as u64
+        self.map.lock().values().filter(|(s, _)| *s == slot).count() as u64
     }
 }
 
@@ -428,6 +444,13 @@ impl<K: Object + Clone> Controller<K> {
                 }
                 if pd(Event::Delete(obj)) {
                     enqueue(&qd, deletion_handling_meta_namespace_key(obj));
+                } else if let (Some(s), Ok(key)) = (&sd, deletion_handling_meta_namespace_key(obj))
+                {
+                    // Not enqueued: nothing will handle the key, so its entry
+                    // goes now (its object is no longer cached).
+                    if let Some((_, generation)) = s.get(&key) {
+                        s.forget(&key, generation, |_| false);
+                    }
                 }
             });
         informer.add_event_handler(handler)?;
@@ -565,7 +588,12 @@ impl<K: Object + Clone> Controller<K> {
             let stop = ring_stop.clone();
             tokio::spawn(async move { ring.run(stop).await }.instrument(span.clone()))
         });
+        let ring_of = self.options.ring.clone();
         let result = self.run_inner(shutdown, managed).instrument(span).await;
+        if let (Some(ring), Err(ControllerError::WorkersStuck { .. })) = (&ring_of, &result) {
+            // Their guards never drop: a handover would wait for ever.
+            ring.abandon();
+        }
         ring_stop.cancel();
         if let Some(ring) = ring {
             let _ = ring.await;
@@ -671,8 +699,21 @@ impl<K: Object + Clone> Controller<K> {
                         let cache = self.informer.indexer();
                         move |key: &str| cache.get_by_key(key).is_some()
                     }),
+                    ready: Arc::default(),
                 },
             ),
+        });
+        // A sharded controller's workers enter only the slots whose objects
+        // are cached.
+        let _priming = shared.sharding.as_ref().map(|sharding| {
+            let informer = self.informer.clone();
+            AbortOnDrop(tokio::spawn(prime(
+                Arc::clone(&sharding.ring),
+                Arc::clone(&sharding.key_slots),
+                Arc::clone(&sharding.ready),
+                move || informer.queued(),
+                self.queue.clone(),
+            )))
         });
         let mut workers: JoinSet<()> = JoinSet::new();
         for _ in 0..self.options.workers {
@@ -817,6 +858,74 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
     }
 }
 
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a sharded controller looks whether the cache holds a slot
+/// just taken.
+const PRIME_POLL: Duration = Duration::from_millis(20);
+
+/// Keeps `ready` to the held slots whose objects the primary cache holds.
+/// A slot leaves it as soon as the ring no longer holds it. A slot the ring
+/// takes joins it once the primary informer has listed a shard including it
+/// ([`ShardScope::listed_generation`](kinformer_informer::ShardScope::listed_generation))
+/// and its queue has since been empty, so that no key of the slot is
+/// reconciled against a cache that lacks its object (it would look
+/// deleted); at once when no lister-watcher lists the ring's scope (the
+/// cache then holds every object). The keys of the slot the cache holds
+/// are then enqueued: they may have arrived, and been dropped, while the
+/// slot was not ready, and an object relisted unchanged brings no event.
+async fn prime(
+    ring: Arc<Ring>,
+    key_slots: Arc<KeySlots>,
+    ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
+    queued: impl Fn() -> usize,
+    queue: RateLimitingQueue<String>,
+) {
+    let mut held = ring.subscribe();
+    let scope = ring.scope();
+    loop {
+        let now = held.borrow_and_update().clone();
+        ready.write().retain(|s| now.contains(s));
+        let taken: Vec<u32> = {
+            let ready = ready.read();
+            now.iter().copied().filter(|s| !ready.contains(s)).collect()
+        };
+        let mut primed = true;
+        if !taken.is_empty() {
+            let generation = scope.generation();
+            loop {
+                if held.has_changed().unwrap_or(true) {
+                    // Looked at again with the new held slots.
+                    primed = false;
+                    break;
+                }
+                if !scope.in_use() || (scope.listed_generation() >= generation && queued() == 0) {
+                    break;
+                }
+                tokio::time::sleep(PRIME_POLL).await;
+            }
+        }
+        if primed && !taken.is_empty() {
+            ready.write().extend(taken.iter().copied());
+            let keys: Vec<String> = taken.iter().flat_map(|&s| key_slots.keys_of(s)).collect();
+            info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
+            for key in keys {
+                queue.add(key);
+            }
+        }
+        if primed && held.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// How long aborted workers get to unwind before they are left behind.
 const ABORT_WAIT: Duration = Duration::from_secs(5);
 
@@ -898,19 +1007,42 @@ struct Worker {
     sharding: Option<Sharding>,
 }
 
+/// Whether a reconcile left its key unscheduled (`Yes`) or scheduled it
+/// again (a retry, a `RequeueAfter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    Yes,
+    No,
+}
+
 /// What a sharded controller's workers need.
 struct Sharding {
     ring: Arc<Ring>,
     key_slots: Arc<KeySlots>,
     /// Whether the primary cache holds a key.
     cache: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// The held slots whose objects the primary cache holds: the only slots
+    /// workers enter (see `prime`).
+    ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
 }
 
 impl Sharding {
-    /// Enters the slot of `key`'s object; `None` when this replica does not
-    /// hold it now (or knows no object of that key).
-    fn enter(&self, key: &str) -> Option<SlotGuard> {
-        self.ring.enter(self.key_slots.slot(key)?)
+    /// Enters the slot of `key`'s object: the guard and the key's
+    /// generation, or the generation alone when this replica may not work
+    /// on the slot now (`None` when it knows no object of that key).
+    fn enter(&self, key: &str) -> Option<(Option<SlotGuard>, u64)> {
+        let (slot, generation) = self.key_slots.get(key)?;
+        let guard = if self.ready.read().contains(&slot) {
+            self.ring.enter(slot)
+        } else {
+            None
+        };
+        Some((guard, generation))
+    }
+
+    /// Forgets `key` at `generation` unless its object is cached.
+    fn forget(&self, key: &str, generation: u64) {
+        self.key_slots.forget(key, generation, &self.cache);
     }
 
     /// Resolves once the Lease of `guard`'s slot is lost (or no longer
@@ -942,29 +1074,33 @@ impl Worker {
                 self.queue.done(&key);
                 return;
             }
-            let guard = match &self.sharding {
-                None => None,
-                Some(sharding) => match sharding.enter(&key) {
-                    Some(guard) => Some(guard),
-                    None => {
-                        // Its slot's holder reconciles it, from its own cache.
+            let mut entered = None;
+            if let Some(sharding) = &self.sharding {
+                match sharding.enter(&key) {
+                    Some((Some(guard), generation)) => entered = Some((guard, generation)),
+                    other => {
+                        // Not a slot this replica may work on now: its
+                        // holder reconciles the key, from its own cache.
                         self.queue.forget(&key);
                         self.queue.done(&key);
-                        sharding
-                            .key_slots
-                            .forget_unless_cached(&key, &sharding.cache);
+                        if let Some((_, generation)) = other {
+                            sharding.forget(&key, generation);
+                        }
                         continue;
                     }
-                },
-            };
-            let aborted = self.process(&key, guard.as_ref()).await.is_none();
-            // The slot is left before the key is done: the handover of the
-            // slot may go on while the queue takes the key again.
-            drop(guard);
-            if let Some(sharding) = &self.sharding {
-                sharding
-                    .key_slots
-                    .forget_unless_cached(&key, &sharding.cache);
+                }
+            }
+            let outcome = self
+                .process(&key, entered.as_ref().map(|(guard, _)| guard))
+                .await;
+            let aborted = outcome.is_none();
+            if let (Some(sharding), Some((guard, generation))) = (&self.sharding, entered) {
+                // The slot is left before the key is done: its handover may
+                // go on while the queue takes the key again.
+                drop(guard);
+                if outcome == Some(Settled::Yes) {
+                    sharding.forget(&key, generation);
+                }
             }
             self.queue.done(&key);
             if aborted {
@@ -973,9 +1109,10 @@ impl Worker {
         }
     }
 
-    /// Reconciles `key` (in `slot`'s guard when sharded); `None` if the
-    /// reconcile was aborted and the worker must end.
-    async fn process(&self, key: &str, slot: Option<&SlotGuard>) -> Option<()> {
+    /// Reconciles `key` (in `slot`'s guard when sharded): whether the key
+    /// was scheduled again, or `None` if the reconcile was aborted and the
+    /// worker must end.
+    async fn process(&self, key: &str, slot: Option<&SlotGuard>) -> Option<Settled> {
         let started = Instant::now();
         // Inside the guard: a reconciler may panic before returning its future.
         let reconcile =
@@ -997,7 +1134,7 @@ impl Worker {
                 warn!(key, slot = slot.map(SlotGuard::slot), running = ?started.elapsed(), "the slot's Lease was lost; reconcile aborted");
                 self.record(key, "error", started.elapsed().as_secs_f64());
                 self.queue.forget(&key.to_owned());
-                return Some(());
+                return Some(Settled::Yes);
             }
             outcome = with_timeout(self.reconcile_timeout, reconcile) => outcome,
         };
@@ -1009,18 +1146,21 @@ impl Worker {
                 m.reconcile_error(&self.name);
             }
             let limit = self.reconcile_timeout.unwrap_or_default();
-            self.retry_or_drop(key_owned, format!("reconcile timed out after {limit:?}"));
-            return Some(());
+            return Some(
+                self.retry_or_drop(key_owned, format!("reconcile timed out after {limit:?}")),
+            );
         };
-        match outcome {
+        let settled = match outcome {
             Ok(Ok(Action::Done)) => {
                 self.record(key, "success", seconds);
                 self.queue.forget(&key_owned);
+                Settled::Yes
             }
             Ok(Ok(Action::RequeueAfter(after))) => {
                 self.record(key, "requeue_after", seconds);
                 self.queue.forget(&key_owned);
                 self.queue.add_after(key_owned, after);
+                Settled::No
             }
             Ok(Err(e)) => {
                 self.record(key, "error", seconds);
@@ -1033,8 +1173,9 @@ impl Worker {
                         m.terminal_error(&self.name);
                     }
                     self.queue.forget(&key_owned);
+                    Settled::Yes
                 } else {
-                    self.retry_or_drop(key_owned, chain(e.as_ref()));
+                    self.retry_or_drop(key_owned, chain(e.as_ref()))
                 }
             }
             Err(panic) => {
@@ -1051,12 +1192,12 @@ impl Worker {
                         message,
                     });
                     self.stop.cancel();
-                    return Some(());
+                    return Some(Settled::Yes);
                 }
-                self.retry_or_drop(key_owned, format!("panic: {message}"));
+                self.retry_or_drop(key_owned, format!("panic: {message}"))
             }
-        }
-        Some(())
+        };
+        Some(settled)
     }
 
     fn record(&self, _key: &str, result: &str, seconds: f64) {
@@ -1065,14 +1206,16 @@ impl Worker {
         }
     }
 
-    fn retry_or_drop(&self, key: String, error: String) {
+    fn retry_or_drop(&self, key: String, error: String) -> Settled {
         let retries = self.queue.num_requeues(&key);
         if retries < self.max_retries {
             warn!(key = %key, retries, error = %error, "reconcile failed; retrying with backoff");
             self.queue.add_rate_limited(key);
+            Settled::No
         } else {
             error!(key = %key, retries, error = %error, "dropping the key after too many failed reconciles");
             self.queue.forget(&key);
+            Settled::Yes
         }
     }
 }

@@ -148,9 +148,25 @@ pub struct Ring {
     /// How many keys a slot has: a sharded controller's count, for the
     /// keys-handed-over metric.
     key_count: Mutex<Option<KeyCount>>,
+    /// Whether `run` is running: one run per ring.
+    running: AtomicBool,
+    /// Work on the slots may never end (stuck reconciles): on stop, leave
+    /// the slot Leases to expire instead of waiting to hand them over.
+    abandoned: AtomicBool,
 }
 
 type KeyCount = Box<dyn Fn(u32) -> u64 + Send + Sync>;
+
+/// Clears `flag` when dropped.
+fn scopeguard(flag: &AtomicBool) -> impl Drop + '_ {
+    struct Clear<'a>(&'a AtomicBool);
+    impl Drop for Clear<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+    Clear(flag)
+}
 
 impl Drop for Ring {
     fn drop(&mut self) {
@@ -214,6 +230,8 @@ impl Ring {
         Ok(Arc::new(Self {
             scope: ShardScope::new(held_selector([], config.slots)),
             key_count: Mutex::new(None),
+            running: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             states: (0..config.slots).map(|_| SlotState::default()).collect(),
             client,
             membership,
@@ -285,6 +303,13 @@ impl Ring {
         *self.key_count.lock() = Some(Box::new(count));
     }
 
+    /// Work on the slots may never end (reconciles stuck on their threads):
+    /// when `run` stops, it leaves the slot Leases to expire rather than
+    /// waiting to hand them over, as a leader leaves its Lease.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+    }
+
     /// The elector of `slot`'s Lease while this replica holds or seeks it.
     pub(crate) fn slot_elector(&self, slot: u32) -> Option<Arc<LeaderElector>> {
         self.holders
@@ -342,7 +367,16 @@ impl Ring {
     /// and hands over those no longer assigned (each once its work has
     /// ended). On shutdown every slot is handed over that way and the
     /// replica leaves the ring.
+    ///
+    /// A ring runs once at a time: a second `run` while one is running
+    /// logs an error and returns at once. A sharded [`Controller`](crate::Controller)
+    /// runs its ring itself; one ring serves one controller.
     pub async fn run(self: &Arc<Self>, shutdown: CancellationToken) {
+        if self.running.swap(true, Ordering::SeqCst) {
+            tracing::error!(ring = %self.config.ring, "the ring is running already; one run per ring (a sharded controller runs its own)");
+            return;
+        }
+        let _running = scopeguard(&self.running);
         let mut handovers: Vec<JoinHandle<()>> = Vec::new();
         while !shutdown.is_cancelled() {
             self.look(&mut handovers).await;
@@ -350,6 +384,19 @@ impl Ring {
                 _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
+        }
+        if self.abandoned.load(Ordering::SeqCst) {
+            // Work on the slots may never end: the Leases expire instead.
+            for holder in self.holders.lock().values() {
+                holder.elector.keep_lease_on_cancel();
+                holder.stop.cancel();
+            }
+            warn!("left the slot Leases to expire: work on them did not end");
+            let _ = self.membership.leave().await;
+            self.metrics.slots_held.set(0);
+            self.scope.set(held_selector([], self.config.slots));
+            self.held.send_replace(BTreeSet::new());
+            return;
         }
         // Every slot not being handed over already.
         let slots: Vec<u32> = self

@@ -35,6 +35,9 @@ const OBJECTS: usize = 1_000;
 const SLOTS: u32 = 8;
 const LEASE: Duration = Duration::from_secs(3);
 
+/// What a reconcile of a deleted object records as the state it saw.
+const GONE: &str = "<gone>";
+
 /// One reconcile: who, which key, the `data.v` it saw, when.
 #[derive(Debug, Clone)]
 struct Reconcile {
@@ -74,6 +77,20 @@ impl Replica {
     /// A replica whose primary informer watches its slots (`scoped`) or
     /// every object.
     fn start(env: &TestEnv, ns: &str, id: &str, log: &Log, scoped: bool) -> Self {
+        Self::start_with(env, ns, id, log, scoped, false, Arc::default())
+    }
+
+    /// As `start`, with a secondary informer (`secondary`); a reconcile of
+    /// an object at `data.v == "hold"` waits for `hold` to be notified.
+    fn start_with(
+        env: &TestEnv,
+        ns: &str,
+        id: &str,
+        log: &Log,
+        scoped: bool,
+        secondary: bool,
+        hold: Arc<tokio::sync::Notify>,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -101,42 +118,40 @@ impl Replica {
             "sharded",
             informer.clone(),
             move |lookup: Lookup<ConfigMap>| {
-                let (who, log) = (who.clone(), Arc::clone(&log));
+                let (who, log, hold) = (who.clone(), Arc::clone(&log), Arc::clone(&hold));
                 async move {
-                    let Lookup::Found(cm) = lookup else {
-                        return Ok(Action::Done);
+                    let (key, seen) = match lookup {
+                        Lookup::Found(cm) => (
+                            format!(
+                                "{}/{}",
+                                cm.metadata.namespace.as_deref().unwrap_or_default(),
+                                cm.metadata.name.as_deref().unwrap_or_default()
+                            ),
+                            cm.data
+                                .as_ref()
+                                .and_then(|d| d.get("v").cloned())
+                                .unwrap_or_default(),
+                        ),
+                        Lookup::Gone { key } => (key, GONE.to_owned()),
                     };
-                    let key = format!(
-                        "{}/{}",
-                        cm.metadata.namespace.as_deref().unwrap_or_default(),
-                        cm.metadata.name.as_deref().unwrap_or_default()
-                    );
-                    let seen = cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get("v").cloned())
-                        .unwrap_or_default();
                     let index = {
                         let mut log = log.lock();
                         log.push(Reconcile {
                             replica: who,
                             key,
-                            seen,
+                            seen: seen.clone(),
                             start: Instant::now(),
                             end: None,
                         });
                         log.len() - 1
                     };
                     let _ending = Ending { log, index };
-                    if cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get("v"))
-                        .map(String::as_str)
-                        == Some("block")
-                    {
+                    if seen == "block" {
                         // Until aborted.
                         std::future::pending::<()>().await;
+                    }
+                    if seen == "hold" {
+                        hold.notified().await;
                     }
                     // Long enough for an overlap to show if there were one.
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -149,6 +164,28 @@ impl Replica {
                 .metrics(Arc::clone(&metrics)),
         )
         .unwrap();
+        // A secondary informer, whole as secondaries stay: every change of
+        // any ConfigMap enqueues its key on every replica, also while a
+        // slot just taken is not in the primary cache yet.
+        let controller = if secondary {
+            controller
+                .watches(
+                    SharedIndexInformer::new(
+                        ApiListerWatcher::<ConfigMap>::namespaced(env.client().unwrap(), ns),
+                        InformerOptions::default(),
+                    ),
+                    |cm: &ConfigMap| {
+                        vec![format!(
+                            "{}/{}",
+                            cm.metadata.namespace.as_deref().unwrap_or_default(),
+                            cm.metadata.name.as_deref().unwrap_or_default()
+                        )]
+                    },
+                )
+                .unwrap()
+        } else {
+            controller
+        };
         let shutdown = CancellationToken::new();
         let run = runtime.spawn(controller.run(shutdown.clone()));
         drop(_inside);
@@ -380,12 +417,12 @@ async fn no_key_is_reconciled_by_two_replicas_at_once_as_replicas_come_go_and_di
     };
 
     let log: Log = Arc::default();
-    let mut a = Replica::start(env, &ns, "a", &log, true);
+    let mut a = Replica::start_with(env, &ns, "a", &log, true, true, Arc::default());
     settled(&[&a], &slots).await;
-    let mut b = Replica::start(env, &ns, "b", &log, true);
+    let mut b = Replica::start_with(env, &ns, "b", &log, true, true, Arc::default());
     settled(&[&a, &b], &slots).await;
-    let mut c = Replica::start(env, &ns, "c", &log, true);
-    let mut d = Replica::start(env, &ns, "d", &log, true);
+    let mut c = Replica::start_with(env, &ns, "c", &log, true, true, Arc::default());
+    let mut d = Replica::start_with(env, &ns, "d", &log, true, true, Arc::default());
     settled(&[&a, &b, &c, &d], &slots).await;
     // Four replicas: each caches about a quarter.
     for r in [&a, &b, &c, &d] {
@@ -456,7 +493,13 @@ async fn no_key_is_reconciled_by_two_replicas_at_once_as_replicas_come_go_and_di
         changed.elapsed()
     );
     assert_eq!(overlaps, 0);
-    assert!(handovers >= OBJECTS, "{handovers} keys moved");
+    // No object was deleted: a reconcile that found none read a cache that
+    // did not hold its slot yet.
+    let gone: Vec<&Reconcile> = log.iter().filter(|r| r.seen == GONE).collect();
+    assert!(gone.is_empty(), "reconciled as deleted: {gone:?}");
+    // Every replica took part, and keys moved between them.
+    assert_eq!(by_replica.len(), 4, "{by_replica:?}");
+    assert!(handovers > 0);
     let text = a.metrics.encode();
     assert!(
         text.contains("kinformer_ring_keys_handed_over_total"),
@@ -505,6 +548,78 @@ async fn a_reconcile_whose_slot_lease_is_lost_is_aborted() {
         .unwrap();
     common::eventually("the reconcile to be aborted", async || {
         blocked() == Some(true)
+    })
+    .await;
+    a.stop().await;
+}
+
+/// The count of adds to the controller's workqueue, from its metrics.
+fn queue_adds(replica: &Replica) -> u64 {
+    replica
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("workqueue_adds_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_deleted_while_its_key_is_reconciled_has_its_deletion_reconciled() {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "deleted", 1).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let key = format!("{ns}/{}", name(0));
+    let log: Log = Arc::default();
+    let hold = Arc::new(tokio::sync::Notify::new());
+    let mut a = Replica::start_with(env, &ns, "a", &log, true, false, Arc::clone(&hold));
+    settled(&[&a], &slots).await;
+    patch_v(&api, &name(0), "hold").await;
+    common::eventually("the held reconcile to start", async || {
+        log.lock().iter().any(|r| r.seen == "hold")
+    })
+    .await;
+    // Deleted while reconciled: the delete enqueues the key again.
+    let adds = queue_adds(&a);
+    api.delete(&name(0), &Default::default()).await.unwrap();
+    common::eventually("the delete to be enqueued", async || queue_adds(&a) > adds).await;
+    hold.notify_one();
+    common::eventually("the deletion to be reconciled", async || {
+        log.lock().iter().any(|r| r.key == key && r.seen == GONE)
+    })
+    .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_whole_caches_the_keys_of_a_dead_replicas_slots_are_reconciled_without_a_write() {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "takeover", 100).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let log: Log = Arc::default();
+    let mut a = Replica::start(env, &ns, "a", &log, false);
+    let mut b = Replica::start(env, &ns, "b", &log, false);
+    settled_with(&[&a, &b], &slots, false).await;
+    let lost = b.ring.held();
+    b.kill();
+    let killed = Instant::now();
+    settled_with(&[&a], &slots, false).await;
+    // No object changes: the keys of b's slots are enqueued as a takes them.
+    let theirs: BTreeSet<&String> = slots
+        .iter()
+        .filter(|(_, s)| lost.contains(s))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(!theirs.is_empty());
+    common::eventually("a to reconcile the keys of b's slots", async || {
+        let done: BTreeSet<String> = log
+            .lock()
+            .iter()
+            .filter(|r| r.replica == "a" && r.start > killed && r.end.is_some())
+            .map(|r| r.key.clone())
+            .collect();
+        theirs.iter().all(|k| done.contains(*k))
     })
     .await;
     a.stop().await;

@@ -521,6 +521,14 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.stats.lock().clone()
     }
 
+    /// Keys (DeltaFifo) or changes (RealFifo) waiting in the queue between
+    /// the Reflector and the cache. A pop applies its change to the cache
+    /// under the queue's lock, so 0 means every change queued so far is in
+    /// the cache.
+    pub fn queued(&self) -> usize {
+        self.inner.fifo.len()
+    }
+
     /// Notifications buffered for all handlers together.
     pub fn pending_notifications(&self) -> usize {
         self.inner

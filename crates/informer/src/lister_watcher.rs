@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -130,6 +131,8 @@ pub struct ApiListerWatcher<K> {
     wire_format: WireFormat,
     /// The shard asked for, and how it went.
     shard: Option<Sharding>,
+    /// Bytes of response bodies received, shared by clones.
+    received: Arc<AtomicU64>,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -145,6 +148,7 @@ struct Sharding {
 
 impl Sharding {
     fn new(scope: ShardScope, stats: Arc<ShardStats>) -> Self {
+        scope.users.fetch_add(1, Ordering::SeqCst);
         Self {
             scope,
             listed: parking_lot::Mutex::new(None),
@@ -170,7 +174,11 @@ impl Sharding {
         let listed = self.listed.lock().clone();
         let now = self.scope.current();
         match listed {
-            Some(listed) if Arc::ptr_eq(&listed, &now) => Ok(now),
+            Some(listed) if Arc::ptr_eq(&listed, &now) => {
+                // The Reflector watches once it has handed the list over.
+                self.scope.mark_listed(&now);
+                Ok(now)
+            }
             Some(_) => Err(ListWatchError::Rescoped(format!(
                 "the shard is now {}",
                 now.printed
@@ -181,11 +189,12 @@ impl Sharding {
     }
 }
 
-/// A shard selector, printed once.
+/// A shard selector, printed once, and its generation in its scope.
 #[derive(Debug)]
 struct Shard {
     selector: ShardSelector,
     printed: String,
+    generation: u64,
 }
 
 /// The shard of one or more sharded lister-watchers, changed while they
@@ -198,6 +207,10 @@ struct Shard {
 #[derive(Clone)]
 pub struct ShardScope {
     current: Arc<tokio::sync::watch::Sender<Arc<Shard>>>,
+    /// The generation of the newest shard whose list was complete.
+    listed: Arc<AtomicU64>,
+    /// Lister-watchers given this scope.
+    users: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for ShardScope {
@@ -211,9 +224,11 @@ impl std::fmt::Debug for ShardScope {
 impl ShardScope {
     /// A scope holding `selector`.
     pub fn new(selector: ShardSelector) -> Self {
-        let (current, _) = tokio::sync::watch::channel(Arc::new(Shard::new(selector)));
+        let (current, _) = tokio::sync::watch::channel(Arc::new(Shard::new(selector, 1)));
         Self {
             current: Arc::new(current),
+            listed: Arc::default(),
+            users: Arc::default(),
         }
     }
 
@@ -224,7 +239,7 @@ impl ShardScope {
             if shard.selector == selector {
                 return false;
             }
-            *shard = Arc::new(Shard::new(selector));
+            *shard = Arc::new(Shard::new(selector, shard.generation + 1));
             true
         })
     }
@@ -232,6 +247,33 @@ impl ShardScope {
     /// The shard now.
     pub fn selector(&self) -> ShardSelector {
         self.current.borrow().selector.clone()
+    }
+
+    /// The generation of the shard now: 1 for the first, one more at each
+    /// change.
+    pub fn generation(&self) -> u64 {
+        self.current.borrow().generation
+    }
+
+    /// The generation of the newest shard whose list a Reflector has
+    /// handed to its queue in full (seen when it watches after the list, or
+    /// reads on after the end of a streaming list); 0 before any. Once it
+    /// reaches [`generation`](Self::generation) and the informer's queue
+    /// has been empty since
+    /// ([`SharedIndexInformer::queued`](crate::SharedIndexInformer::queued)),
+    /// the cache holds the objects of the shard as it is now.
+    pub fn listed_generation(&self) -> u64 {
+        self.listed.load(Ordering::SeqCst)
+    }
+
+    /// Whether a lister-watcher has been given this scope (and so lists
+    /// it).
+    pub fn in_use(&self) -> bool {
+        self.users.load(Ordering::SeqCst) > 0
+    }
+
+    fn mark_listed(&self, shard: &Shard) {
+        self.listed.fetch_max(shard.generation, Ordering::SeqCst);
     }
 
     fn current(&self) -> Arc<Shard> {
@@ -249,10 +291,11 @@ impl ShardScope {
 }
 
 impl Shard {
-    fn new(selector: ShardSelector) -> Self {
+    fn new(selector: ShardSelector, generation: u64) -> Self {
         Self {
             printed: selector.to_string(),
             selector,
+            generation,
         }
     }
 }
@@ -273,6 +316,7 @@ impl<K> Clone for ApiListerWatcher<K> {
                 .shard
                 .as_ref()
                 .map(|s| Sharding::new(s.scope.clone(), Arc::clone(&s.stats))),
+            received: Arc::clone(&self.received),
             _kind: PhantomData,
         }
     }
@@ -328,6 +372,7 @@ where
             protobuf_kind: protobuf_kind::<K>(dyntype),
             wire_format: WireFormat::default(),
             shard: None,
+            received: Arc::default(),
             _kind: PhantomData,
         }
     }
@@ -349,6 +394,13 @@ where
         self
     }
 
+    /// Bytes of list and watch response bodies this lister-watcher and its
+    /// clones have received (as the client hands them over: after any
+    /// decompression): what a shard saves in traffic, measured.
+    pub fn bytes_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
     /// The shard asked for now, if any.
     pub fn shard_selector(&self) -> Option<ShardSelector> {
         self.shard.as_ref().map(|s| s.scope.selector())
@@ -367,6 +419,7 @@ where
         let (Some(sharding), Some(shard)) = (&self.shard, shard) else {
             return page;
         };
+
         let echoed = page
             .shard_selector
             .as_deref()
@@ -391,6 +444,10 @@ where
             return events;
         };
         let stats = Arc::clone(&sharding.stats);
+        let scope = sharding.scope.clone();
+        let listed = Arc::clone(&shard);
+        let end_seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let end_polled = Arc::clone(&end_seen);
         let mut changed = Box::pin(sharding.scope.changed_from(Arc::clone(&shard)));
         let mut ended = false;
         let mut events = events
@@ -398,6 +455,18 @@ where
                 let keep = match event {
                     Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
                         shard.selector.matches(o)
+                    }
+                    Ok(WatchEvent::Bookmark(b)) => {
+                        // The end of a streaming list: marked listed at the
+                        // next poll, once the Reflector has handed it over.
+                        if b.metadata
+                            .annotations
+                            .get("k8s.io/initial-events-end")
+                            .is_some_and(|v| v == "true")
+                        {
+                            end_seen.store(true, Ordering::SeqCst);
+                        }
+                        true
                     }
                     _ => true,
                 };
@@ -411,6 +480,11 @@ where
             use std::task::Poll;
             if ended {
                 return Poll::Ready(None);
+            }
+            // The Reflector polls again only once it has handed the
+            // streaming list to its queue.
+            if end_polled.swap(false, Ordering::SeqCst) {
+                scope.mark_listed(&listed);
             }
             if changed.as_mut().poll(cx).is_ready() {
                 ended = true;
@@ -510,6 +584,8 @@ where
         let response = self.send_protobuf(request, &self.accept(true)).await?;
         let protobuf = is_protobuf(&response);
         let body = collect(response).await?;
+        self.received
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
         if !protobuf {
             return self.decode_json_list(&body);
         }
@@ -551,15 +627,16 @@ where
             http_body_util::BodyDataStream::new(response.into_body()),
             std::io::Error::other,
         ));
+        let received = Arc::clone(&self.received);
         if !protobuf {
-            return Ok(json_events::<K>(body, self.drop_managed_fields));
+            return Ok(json_events::<K>(body, self.drop_managed_fields, received));
         }
         let drop_managed_fields = self.drop_managed_fields;
         // Each event is a frame: a 4-byte big-endian length, then that many
         // bytes, read straight into one reused buffer.
-        let frames = futures::stream::unfold(
-            (body, Vec::new()),
-            move |(mut body, mut frame)| async move {
+        let frames = futures::stream::unfold((body, Vec::new()), move |(mut body, mut frame)| {
+            let received = Arc::clone(&received);
+            async move {
                 use futures::AsyncReadExt;
                 let mut len = [0u8; 4];
                 if let Err(e) = body.read_exact(&mut len).await {
@@ -576,10 +653,11 @@ where
                 if let Err(e) = body.read_exact(&mut frame).await {
                     return resumable_or(e).map(|e| (Err(e), (body, frame)));
                 }
+                received.fetch_add(4 + len as u64, Ordering::Relaxed);
                 let event = decode_protobuf_event::<K>(&frame, kind, drop_managed_fields);
                 Some((event, (body, frame)))
-            },
-        );
+            }
+        });
         Ok(frames.boxed())
     }
 
@@ -841,32 +919,38 @@ fn decode_protobuf_event<K: Resource + DeserializeOwned>(
 fn json_events<K: DeserializeOwned + Send + 'static>(
     body: impl futures::AsyncBufRead + Send + 'static,
     drop_managed_fields: bool,
+    received: Arc<AtomicU64>,
 ) -> WatchStream<K> {
     let body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>> = Box::pin(body);
-    futures::stream::unfold((body, Vec::new()), move |(mut body, mut line)| async move {
-        use futures::AsyncBufReadExt;
-        loop {
-            line.clear();
-            match body.read_until(b'\n', &mut line).await {
-                Ok(0) => return None,
-                Ok(_) => {}
-                // A watch the server or the network ended: resumable.
-                Err(e) if is_resumable_end(&e) => return None,
-                Err(e) => {
-                    return Some((Err(ListWatchError::Connect(e.to_string())), (body, line)));
+    futures::stream::unfold((body, Vec::new()), move |(mut body, mut line)| {
+        let received = Arc::clone(&received);
+        async move {
+            use futures::AsyncBufReadExt;
+            loop {
+                line.clear();
+                match body.read_until(b'\n', &mut line).await {
+                    Ok(0) => return None,
+                    Ok(n) => {
+                        received.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    // A watch the server or the network ended: resumable.
+                    Err(e) if is_resumable_end(&e) => return None,
+                    Err(e) => {
+                        return Some((Err(ListWatchError::Connect(e.to_string())), (body, line)));
+                    }
                 }
+                let json = line.trim_ascii();
+                if json.is_empty() {
+                    continue;
+                }
+                let event = if drop_managed_fields {
+                    let stripped = strip_managed_fields_json(json, JsonShape::WatchEvent);
+                    decode_stripped(json, stripped, decode_event::<K>)
+                } else {
+                    decode_event::<K>(json)
+                };
+                return Some((event, (body, line)));
             }
-            let json = line.trim_ascii();
-            if json.is_empty() {
-                continue;
-            }
-            let event = if drop_managed_fields {
-                let stripped = strip_managed_fields_json(json, JsonShape::WatchEvent);
-                decode_stripped(json, stripped, decode_event::<K>)
-            } else {
-                decode_event::<K>(json)
-            };
-            return Some((event, (body, line)));
         }
     })
     .boxed()
@@ -1006,6 +1090,8 @@ where
                     .request_text(req)
                     .await
                     .map_err(|e| self.explain(e.into()))?;
+                self.received
+                    .fetch_add(text.len() as u64, Ordering::Relaxed);
                 self.decode_json_list(text.as_bytes())?
             };
             Ok(self.shard_page(page, shard.as_deref()))
@@ -1036,7 +1122,9 @@ where
                 .request_stream(req)
                 .await
                 .map_err(|e| self.explain(e.into()))?;
-            Ok(self.shard_events(json_events::<K>(body, self.drop_managed_fields), shard))
+            let received = Arc::clone(&self.received);
+            let events = json_events::<K>(body, self.drop_managed_fields, received);
+            Ok(self.shard_events(events, shard))
         })
     }
 
