@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_client::{Client, Config};
@@ -35,7 +35,7 @@ struct Seen {
     dropped: AtomicUsize,
 }
 
-pub async fn run(kubeconfig: Option<PathBuf>, root: &Path) -> Result<()> {
+pub async fn run(kubeconfig: Option<PathBuf>, sharding: bool, root: &Path) -> Result<()> {
     step("building the kinformer binary");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -57,7 +57,9 @@ pub async fn run(kubeconfig: Option<PathBuf>, root: &Path) -> Result<()> {
             step(
                 "starting a local control plane (etcd + kube-apiserver v1.37.2, no cluster needed)",
             );
-            let env = TestEnv::start()
+            // With the ShardedListAndWatch gate, for the sharding part:
+            // the server filters each replica's objects.
+            let env = TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch())
                 .await
                 .context("starting the control plane")?;
             let path = env.kubeconfig_path().to_owned();
@@ -77,7 +79,11 @@ pub async fn run(kubeconfig: Option<PathBuf>, root: &Path) -> Result<()> {
         .with_context(|| format!("creating namespace {namespace}"))?;
     println!("    working in namespace {namespace}");
 
-    let outcome = scenario(&binary, &kubeconfig_path, &client, &namespace).await;
+    let outcome = if sharding {
+        crate::demo_sharding::scenario(&binary, &kubeconfig_path, &client, &namespace).await
+    } else {
+        scenario(&binary, &kubeconfig_path, &client, &namespace).await
+    };
 
     if env.is_none() {
         step(&format!("deleting namespace {namespace}"));
@@ -314,7 +320,7 @@ async fn scenario(binary: &Path, kubeconfig: &Path, client: &Client, ns: &str) -
 }
 
 /// A step of the demo, with the time since the demo started.
-fn step(text: &str) {
+pub(crate) fn step(text: &str) {
     static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let elapsed = STARTED.get_or_init(std::time::Instant::now).elapsed();
     println!("\n==> {text} ({:.0} s)", elapsed.as_secs_f64());
@@ -333,7 +339,7 @@ async fn client_for(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -442,7 +448,7 @@ async fn wait_ready(c: &Running) -> Result<()> {
     bail!("{} did not become ready in 30 s", c.name)
 }
 
-async fn http_get(port: u16, path: &str) -> Result<String> {
+pub(crate) async fn http_get(port: u16, path: &str) -> Result<String> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(
         format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
@@ -506,7 +512,7 @@ async fn annotate(services: &Api<Service>, name: &str, value: Option<&str>) -> R
     .await
 }
 
-fn pod(name: &str) -> Pod {
+pub(crate) fn pod(name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"app": name.split('-').next().unwrap_or(name)}},
         "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}

@@ -10,6 +10,7 @@ use kinformer_envtest::{Binaries, KUBERNETES_VERSION, TestEnv};
 
 mod bench;
 mod demo;
+mod demo_sharding;
 mod soak;
 
 #[derive(Parser)]
@@ -53,6 +54,9 @@ enum Task {
         /// Use this cluster instead of a local control plane (in a namespace of its own, deleted afterwards).
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
+        /// The sharding part instead: pod-stdout over three replicas of a ring; one killed, one joining.
+        #[arg(long)]
+        sharding: bool,
     },
     /// Regenerates crates/informer/src/protobuf/generated.rs from the Go types (xtask/proto-schema).
     ProtoSchema,
@@ -123,8 +127,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runtime()?.block_on(soak::run(minutes, &workspace_root()))?;
             Ok(ExitCode::SUCCESS)
         }
-        Task::Demo { kubeconfig } => {
-            runtime()?.block_on(demo::run(kubeconfig, &workspace_root()))?;
+        Task::Demo {
+            kubeconfig,
+            sharding,
+        } => {
+            runtime()?.block_on(demo::run(kubeconfig, sharding, &workspace_root()))?;
             println!("\ndemo finished");
             Ok(ExitCode::SUCCESS)
         }

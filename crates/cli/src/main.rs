@@ -4,14 +4,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kinformer_controllers::{
-    ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy, pod_stdout,
-    service_strategy, shutdown_on_signal,
+    ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy, Ring,
+    RingConfig, pod_stdout, service_strategy, shutdown_on_signal,
 };
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -70,6 +71,19 @@ struct Cli {
     /// Exit on the first panic in a reconcile instead of recovering.
     #[arg(long, global = true)]
     fatal_panics: bool,
+    /// Shard the controller over the replicas of this ring (their Leases
+    /// are `<ring>-member-*` and `<ring>-slot-*`); each replica reconciles,
+    /// lists and watches only the slots it holds. Not with --leader-elect.
+    #[arg(long, global = true)]
+    shard_ring: Option<String>,
+    /// How many slots cut the hash space of --shard-ring (the same for
+    /// every replica).
+    #[arg(long, global = true, default_value_t = 16)]
+    shard_slots: u32,
+    /// This replica's name in leader election and rings (default: host,
+    /// process id and a random suffix).
+    #[arg(long, global = true)]
+    identity: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -239,18 +253,24 @@ async fn run(cli: Cli) -> Result<()> {
     let mut manager_options = ManagerOptions::new();
     manager_options.metrics_bind_address = cli.metrics_bind_address.0;
     manager_options.health_probe_bind_address = cli.health_probe_bind_address.0;
+    let lease_ns = cli
+        .leader_election_namespace
+        .clone()
+        .or_else(own_namespace)
+        .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
+    let identity = cli.identity.clone().unwrap_or_else(identity);
+    if cli.leader_elect && cli.shard_ring.is_some() {
+        bail!(
+            "--leader-elect and --shard-ring exclude each other: one active replica, or all of them each on its slots"
+        );
+    }
     if cli.leader_elect {
-        let lease_ns = cli
-            .leader_election_namespace
-            .clone()
-            .or_else(own_namespace)
-            .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
         let lease = cli
             .lease_name
             .clone()
             .unwrap_or_else(|| format!("kinformer-{name}"));
         manager_options.leader_election =
-            Some(LeaderElectionConfig::new(&lease_ns, &lease, &identity()));
+            Some(LeaderElectionConfig::new(&lease_ns, &lease, &identity));
     }
     let mut factory = SharedInformerFactory::new(client.clone()).drop_managed_fields();
     if let Some(ns) = namespace {
@@ -264,26 +284,43 @@ async fn run(cli: Cli) -> Result<()> {
         workers = cli.workers,
         "starting"
     );
+    let ring = match &cli.shard_ring {
+        Some(ring) => {
+            let config = RingConfig {
+                slots: cli.shard_slots,
+                ..RingConfig::new(&lease_ns, ring, &identity)
+            };
+            let ring = Ring::new(client.clone(), config)?;
+            ring.register_metrics(manager.metrics());
+            info!(ring = %ring.config().ring, slots = cli.shard_slots, identity = %identity, "sharded");
+            Some(ring)
+        }
+        None => None,
+    };
     match cli.command {
         Command::PodStdout => {
-            let lister = manager.factory().informer::<Pod>().lister();
-            let controller = manager
+            let mut builder = manager
                 .controller::<Pod>(name)
-                .options(options(&cli, &manager))
-                .reconciler(pod_stdout::PodStdout::new(lister))?;
-            manager.add(controller);
+                .options(options(&cli, &manager));
+            if let Some(ring) = &ring {
+                builder = builder.sharded(Arc::clone(ring));
+            }
+            let lister = builder.informer().lister();
+            manager.add(builder.reconciler(pod_stdout::PodStdout::new(lister))?);
         }
         Command::ServiceStrategy => {
-            let lister = manager.factory().informer::<Service>().lister();
-            let controller = manager
+            let mut builder = manager
                 .controller::<Service>(name)
                 .options(options(&cli, &manager))
-                .with_event_filter(service_strategy::event_filter)
-                .reconciler(service_strategy::ServiceStrategy::new(
-                    lister,
-                    client.clone(),
-                ))?;
-            manager.add(controller);
+                .with_event_filter(service_strategy::event_filter);
+            if let Some(ring) = &ring {
+                builder = builder.sharded(Arc::clone(ring));
+            }
+            let lister = builder.informer().lister();
+            manager.add(builder.reconciler(service_strategy::ServiceStrategy::new(
+                lister,
+                client.clone(),
+            ))?);
         }
     }
     manager.run(shutdown).await?;

@@ -4,15 +4,16 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use kinformer_informer::{SharedIndexInformer, SharedInformerFactory};
+use kinformer_informer::{InformerScope, SharedIndexInformer, SharedInformerFactory};
 use kinformer_store::Object;
 use kube_client::Resource;
+use kube_client::core::ClusterResourceScope;
 use serde::de::DeserializeOwned;
 
 use crate::runtime::EventFilter;
 use crate::{
     Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, Lookup,
-    ReconcileError, Reconciler,
+    ReconcileError, Reconciler, Ring,
 };
 
 type Wiring<K> = Box<dyn FnOnce(Controller<K>) -> Result<Controller<K>, ControllerError>>;
@@ -31,6 +32,7 @@ pub struct ControllerBuilder<'f, K> {
     options: ControllerOptions<K>,
     filters: Vec<EventFilter<K>>,
     wiring: Vec<Wiring<K>>,
+    ring: Option<Arc<Ring>>,
 }
 
 impl<K> Controller<K>
@@ -48,6 +50,7 @@ where
             options: ControllerOptions::new(),
             filters: Vec::new(),
             wiring: Vec::new(),
+            ring: None,
         }
     }
 }
@@ -93,6 +96,34 @@ where
         self
     }
 
+    /// Shards the controller over `ring` (see [`ControllerOptions::ring`]):
+    /// its primary informer becomes the factory's informer of `K` in the
+    /// ring's scope, which lists and watches only the slots this replica
+    /// holds. Owned and watched kinds stay whole.
+    pub fn sharded(mut self, ring: Arc<Ring>) -> Self {
+        let dt = K::DynamicType::default();
+        let cluster_scoped =
+            std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
+        let scope = InformerScope {
+            namespace: self
+                .factory
+                .namespace_of()
+                .filter(|_| !cluster_scoped)
+                .map(str::to_owned),
+            shard: Some(ring.scope()),
+            ..InformerScope::default()
+        };
+        self.informer = self.factory.informer_with(&dt, scope);
+        self.ring = Some(ring);
+        self
+    }
+
+    /// The primary informer (the sharded one after [`sharded`](Self::sharded)),
+    /// for a Lister the reconciler reads.
+    pub fn informer(&self) -> &SharedIndexInformer<K> {
+        &self.informer
+    }
+
     /// How the controller runs (workers, retries, leader election, metrics...).
     pub fn options(mut self, options: ControllerOptions<K>) -> Self {
         self.options = options;
@@ -128,6 +159,9 @@ where
             self.options.event_filter = Some(Arc::new(move |e: Event<'_, K>| {
                 filters.iter().all(|f| f(e))
             }));
+        }
+        if let Some(ring) = self.ring.take() {
+            self.options.ring = Some(ring);
         }
         let mut controller = Controller::new(&self.name, self.informer, reconciler, self.options)?;
         for wire in self.wiring {

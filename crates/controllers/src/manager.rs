@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::runtime::Managed;
+use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
 use crate::{
     Controller, ControllerBuilder, ControllerError, ControllerOptions, LeaderElectionConfig,
     LeaderElector, Metrics,
@@ -234,6 +234,7 @@ impl Manager {
         let stop = shutdown.child_token();
         let informer_stop = CancellationToken::new();
         let _stop_informers = informer_stop.clone().drop_guard();
+        let informer_tasks = InformerTasks::default();
         let election_stop = CancellationToken::new();
         let election = self.elector.as_ref().map(|elector| {
             let (elector, election_stop) = (Arc::clone(elector), election_stop.clone());
@@ -267,6 +268,7 @@ impl Manager {
             let (synced, metrics) = (Arc::clone(&synced), Arc::clone(&self.metrics));
             let managed = Managed {
                 informer_stop: informer_stop.clone(),
+                informer_tasks: informer_tasks.clone(),
                 external_election,
                 synced: Box::new(move || {
                     if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
@@ -313,6 +315,7 @@ impl Manager {
             let _ = task.await;
         }
         informer_stop.cancel();
+        informer_tasks.join(INFORMER_STOP_WAIT).await;
         first_error.map_or(Ok(()), Err)
     }
 

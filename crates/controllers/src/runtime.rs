@@ -589,7 +589,16 @@ impl<K: Object + Clone> Controller<K> {
             tokio::spawn(async move { ring.run(stop).await }.instrument(span.clone()))
         });
         let ring_of = self.options.ring.clone();
-        let result = self.run_inner(shutdown, managed).instrument(span).await;
+        // The informers this controller starts: a Manager waits for them
+        // once it has stopped them; a controller on its own, here.
+        let own_tasks = InformerTasks::default();
+        let tasks = managed
+            .as_ref()
+            .map_or_else(|| own_tasks.clone(), |m| m.informer_tasks.clone());
+        let result = self
+            .run_inner(shutdown, managed, tasks)
+            .instrument(span)
+            .await;
         if let (Some(ring), Err(ControllerError::WorkersStuck { .. })) = (&ring_of, &result) {
             // Their guards never drop: a handover would wait for ever.
             ring.abandon();
@@ -598,6 +607,8 @@ impl<K: Object + Clone> Controller<K> {
         if let Some(ring) = ring {
             let _ = ring.await;
         }
+        // Stopped when run_inner returned (its drop guard).
+        own_tasks.join(INFORMER_STOP_WAIT).await;
         result
     }
 
@@ -605,6 +616,7 @@ impl<K: Object + Clone> Controller<K> {
         self,
         shutdown: CancellationToken,
         managed: Option<Managed>,
+        tasks: InformerTasks,
     ) -> Result<(), ControllerError> {
         // A Crash panic cancels `stop` as shutdown does; the informer we start
         // and the elector have tokens of their own, cancelled last (by the
@@ -621,7 +633,7 @@ impl<K: Object + Clone> Controller<K> {
             .chain(self.dependencies.iter().map(|d| d.as_ref()))
             .collect();
         for informer in &informers {
-            informer.start_unless_running(&informer_stop, &self.fatal, &stop);
+            informer.start_unless_running(&informer_stop, &self.fatal, &stop, &tasks);
         }
         info!(
             informers = informers.len(),
@@ -818,6 +830,34 @@ pub(crate) struct Managed {
     pub(crate) external_election: bool,
     /// Called once the controller's caches have synced.
     pub(crate) synced: Box<dyn Fn() + Send + Sync>,
+    /// Where the controller puts the informer tasks it starts, for the
+    /// Manager to wait for once it has stopped them.
+    pub(crate) informer_tasks: InformerTasks,
+}
+
+/// How long a stopped informer gets to end before its task is left behind.
+pub(crate) const INFORMER_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The tasks of the informers controllers started, waited for once they are
+/// stopped: an informer whose task is dropped mid-way (the runtime shutting
+/// down) reports itself failed.
+#[derive(Clone, Default)]
+pub(crate) struct InformerTasks(Arc<Mutex<Vec<JoinHandle<()>>>>);
+
+impl InformerTasks {
+    fn push(&self, task: JoinHandle<()>) {
+        self.0.lock().push(task);
+    }
+
+    /// Waits up to `limit` for every task (their informers must have been
+    /// told to stop).
+    pub(crate) async fn join(&self, limit: Duration) {
+        let tasks = std::mem::take(&mut *self.0.lock());
+        let all = futures::future::join_all(tasks);
+        if tokio::time::timeout(limit, all).await.is_err() {
+            warn!(waited = ?limit, "informers did not stop in time; leaving them behind");
+        }
+    }
 }
 
 /// An informer a controller reads: started unless running, waited for.
@@ -829,6 +869,7 @@ trait Dependency: HasSynced + Send + Sync {
         informer_stop: &CancellationToken,
         fatal: &Arc<Mutex<Option<ControllerError>>>,
         stop: &CancellationToken,
+        tasks: &InformerTasks,
     );
 }
 
@@ -838,6 +879,7 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
         informer_stop: &CancellationToken,
         fatal: &Arc<Mutex<Option<ControllerError>>>,
         stop: &CancellationToken,
+        tasks: &InformerTasks,
     ) {
         if self.is_started() {
             return;
@@ -846,7 +888,7 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
         let (informer_stop, fatal, stop) = (informer_stop.clone(), Arc::clone(fatal), stop.clone());
         // An informer that can no longer follow the server stops the
         // controller: reconciling from a frozen cache would be wrong.
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             if let Err(e) = informer.run(informer_stop).await {
                 error!(error = %e, "an informer failed; stopping the controller");
                 fatal
@@ -854,7 +896,7 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
                     .get_or_insert(ControllerError::InformerFailed(e));
                 stop.cancel();
             }
-        });
+        }));
     }
 }
 

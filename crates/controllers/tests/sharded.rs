@@ -624,3 +624,55 @@ async fn with_whole_caches_the_keys_of_a_dead_replicas_slots_are_reconciled_with
     .await;
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_built_sharded_from_a_factory_caches_only_its_slots() {
+    use kinformer_informer::SharedInformerFactory;
+
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "builder", 60).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let shutdown = CancellationToken::new();
+    let mut replicas = Vec::new();
+    for id in ["a", "b"] {
+        let client = env.client().unwrap();
+        let config = RingConfig {
+            slots: SLOTS,
+            lease_duration: LEASE,
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+            ..RingConfig::new(&ns, "built", id)
+        };
+        let ring = Ring::new(client.clone(), config).unwrap();
+        let factory = SharedInformerFactory::new(client).namespace(&ns);
+        let builder =
+            Controller::<ConfigMap>::builder("built", &factory).sharded(Arc::clone(&ring));
+        let informer = builder.informer().clone();
+        let controller = builder
+            .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
+            .unwrap();
+        tokio::spawn(controller.run(shutdown.clone()));
+        replicas.push((ring, informer));
+    }
+    // Each caches exactly the objects of the slots it holds, all slots held.
+    common::eventually("the replicas to split the objects", async || {
+        let held: Vec<BTreeSet<u32>> = replicas.iter().map(|(r, _)| r.held()).collect();
+        let all: BTreeSet<u32> = held.iter().flatten().copied().collect();
+        all.len() == SLOTS as usize
+            && held.iter().all(|h| h.len() <= SLOTS as usize / 2)
+            && replicas.iter().zip(&held).all(|((_, informer), mine)| {
+                let want: BTreeSet<&String> = slots
+                    .iter()
+                    .filter(|(_, s)| mine.contains(s))
+                    .map(|(k, _)| k)
+                    .collect();
+                let have: BTreeSet<String> = informer.indexer().list_keys().into_iter().collect();
+                have.len() == want.len() && want.iter().all(|k| have.contains(*k))
+            })
+    })
+    .await;
+    for (_, informer) in &replicas {
+        assert!(informer.indexer().len() < slots.len());
+    }
+    shutdown.cancel();
+}

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiListerWatcher, HasSynced, InformerOptions, SharedIndexInformer, WireFormat,
+    ApiListerWatcher, HasSynced, InformerOptions, ShardScope, SharedIndexInformer, WireFormat,
     wait_for_cache_sync,
 };
 
@@ -34,6 +34,10 @@ pub struct InformerScope {
     pub label_selector: Option<String>,
     /// A field selector.
     pub field_selector: Option<String>,
+    /// A shard that may change while the informer runs (see
+    /// [`ApiListerWatcher::shard_scope`]); scopes are told apart by
+    /// identity, not by their shard.
+    pub shard: Option<ShardScope>,
 }
 
 trait Startable: Send + Sync {
@@ -213,6 +217,12 @@ impl SharedInformerFactory {
         self.informer_with(resource, scope)
     }
 
+    /// The namespace the factory's informers watch by default (`None`:
+    /// all).
+    pub fn namespace_of(&self) -> Option<&str> {
+        self.default_namespace.as_deref()
+    }
+
     /// The factory's namespace, or none for a cluster-scoped `K`.
     fn default_scope<K: Resource>(&self) -> InformerScope
     where
@@ -255,6 +265,9 @@ impl SharedInformerFactory {
         }
         if let Some(f) = &scope.field_selector {
             lw = lw.fields(f);
+        }
+        if let Some(shard) = &scope.shard {
+            lw = lw.shard_scope(shard.clone());
         }
         if self.drop_managed_fields {
             lw = lw.drop_managed_fields();

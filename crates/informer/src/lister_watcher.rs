@@ -213,6 +213,21 @@ pub struct ShardScope {
     users: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Scopes are equal when they are clones of one another.
+impl PartialEq for ShardScope {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.current, &other.current)
+    }
+}
+
+impl Eq for ShardScope {}
+
+impl std::hash::Hash for ShardScope {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.current).hash(state);
+    }
+}
+
 impl std::fmt::Debug for ShardScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("ShardScope")
