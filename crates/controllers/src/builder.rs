@@ -28,7 +28,9 @@ type Wiring<K> = Box<dyn FnOnce(Controller<K>) -> Result<Controller<K>, Controll
 pub struct ControllerBuilder<'f, K> {
     name: String,
     factory: &'f SharedInformerFactory,
-    informer: SharedIndexInformer<K>,
+    /// The primary informer, made when first needed: the factory's
+    /// informer of `K`, or its sharded one after `sharded`.
+    informer: Option<SharedIndexInformer<K>>,
     options: ControllerOptions<K>,
     filters: Vec<EventFilter<K>>,
     wiring: Vec<Wiring<K>>,
@@ -46,7 +48,7 @@ where
         ControllerBuilder {
             name: name.to_owned(),
             factory,
-            informer: factory.informer::<K>(),
+            informer: None,
             options: ControllerOptions::new(),
             filters: Vec::new(),
             wiring: Vec::new(),
@@ -113,15 +115,20 @@ where
             shard: Some(ring.scope()),
             ..InformerScope::default()
         };
-        self.informer = self.factory.informer_with(&dt, scope);
+        self.informer = Some(self.factory.informer_with(&dt, scope));
         self.ring = Some(ring);
         self
     }
 
-    /// The primary informer (the sharded one after [`sharded`](Self::sharded)),
-    /// for a Lister the reconciler reads.
-    pub fn informer(&self) -> &SharedIndexInformer<K> {
-        &self.informer
+    /// The primary informer, for a Lister the reconciler reads: the
+    /// factory's informer of `K`, or the sharded one after
+    /// [`sharded`](Self::sharded). Made when first asked for, so call
+    /// `sharded` first: an informer asked for before it stays in the
+    /// factory, unstarted.
+    pub fn informer(&mut self) -> SharedIndexInformer<K> {
+        self.informer
+            .get_or_insert_with(|| self.factory.informer::<K>())
+            .clone()
     }
 
     /// How the controller runs (workers, retries, leader election, metrics...).
@@ -143,9 +150,10 @@ where
         F: Fn(Lookup<K>, Arc<C>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
     {
-        let cache = self.informer.indexer();
+        let mut this = self;
+        let cache = this.informer().indexer();
         let f = move |lookup| f(lookup, Arc::clone(&context));
-        self.reconciler(FnReconciler { cache, f })
+        this.reconciler(FnReconciler { cache, f })
     }
 
     /// Finishes the controller with a [`Reconciler`] that receives keys.
@@ -163,7 +171,8 @@ where
         if let Some(ring) = self.ring.take() {
             self.options.ring = Some(ring);
         }
-        let mut controller = Controller::new(&self.name, self.informer, reconciler, self.options)?;
+        let informer = self.informer();
+        let mut controller = Controller::new(&self.name, informer, reconciler, self.options)?;
         for wire in self.wiring {
             controller = wire(controller)?;
         }

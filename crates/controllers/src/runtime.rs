@@ -327,28 +327,52 @@ pub struct Controller<K> {
 
 /// The slot of each primary key of a sharded controller, from the primary
 /// informer's events (a delete's from the object's last state): what a
-/// worker enters before reconciling the key. Each entry carries a
-/// generation, bumped by every event: a worker that handled a key removes
-/// its entry only if no event came meanwhile, the object is not cached and
-/// the key was not scheduled again.
+/// worker enters before reconciling the key. Each record carries a
+/// generation, bumped by every event, and whether the key is queued (or
+/// scheduled again) here: a worker that handled a key forgets its record
+/// only if no event came meanwhile, the object is not cached and the key
+/// was not scheduled again; a delete the event filter drops forgets it
+/// only if the key is not queued.
 struct KeySlots {
     slots: u32,
-    map: Mutex<std::collections::HashMap<String, (u32, u64)>>,
+    map: Mutex<std::collections::HashMap<String, KeyRecord>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct KeyRecord {
+    slot: u32,
+    generation: u64,
+    queued: bool,
 }
 
 impl KeySlots {
-    fn record<K: Object>(&self, key: Result<String, kinformer_store::KeyError>, obj: &K) {
-        if let Ok(key) = key {
-            let slot = slot_of_uid(obj.uid().unwrap_or_default(), self.slots);
-            let mut map = self.map.lock();
-            let generation = map.get(&key).map_or(0, |&(_, g)| g + 1);
-            map.insert(key, (slot, generation));
-        }
+    /// Records an event of `obj`; `enqueued` when its key is being enqueued.
+    fn record<K: Object>(&self, key: &str, obj: &K, enqueued: bool) {
+        let slot = slot_of_uid(obj.uid().unwrap_or_default(), self.slots);
+        let mut map = self.map.lock();
+        let record = map.entry(key.to_owned()).or_insert(KeyRecord {
+            slot,
+            generation: 0,
+            queued: false,
+        });
+        record.slot = slot;
+        record.generation += 1;
+        record.queued |= enqueued;
     }
 
-    /// The key's slot and generation.
-    fn get(&self, key: &str) -> Option<(u32, u64)> {
-        self.map.lock().get(key).copied()
+    /// A worker takes `key` from the queue: its slot and generation.
+    fn take(&self, key: &str) -> Option<(u32, u64)> {
+        let mut map = self.map.lock();
+        let record = map.get_mut(key)?;
+        record.queued = false;
+        Some((record.slot, record.generation))
+    }
+
+    /// `key` is queued or scheduled again.
+    fn queued(&self, key: &str) {
+        if let Some(record) = self.map.lock().get_mut(key) {
+            record.queued = true;
+        }
     }
 
     /// Forgets `key` if it is still at `generation` and its object is not
@@ -357,23 +381,34 @@ impl KeySlots {
     /// cached here or recorded after, at a new generation.
     fn forget(&self, key: &str, generation: u64, cached: impl Fn(&str) -> bool) {
         let mut map = self.map.lock();
-        if map.get(key).is_some_and(|&(_, g)| g == generation) && !cached(key) {
+        if map.get(key).is_some_and(|r| r.generation == generation) && !cached(key) {
             map.remove(key);
         }
     }
 
-    /// The keys of `slot`.
-    fn keys_of(&self, slot: u32) -> Vec<String> {
+    /// Forgets `key` (its object deleted) unless it is queued.
+    fn forget_unless_queued(&self, key: &str) {
+        let mut map = self.map.lock();
+        if map.get(key).is_some_and(|r| !r.queued) {
+            map.remove(key);
+        }
+    }
+
+    /// The keys of `slot`, marked queued: the caller enqueues them.
+    fn enqueue_slot(&self, slot: u32) -> Vec<String> {
         self.map
             .lock()
-            .iter()
-            .filter(|(_, (s, _))| *s == slot)
-            .map(|(k, _)| k.clone())
+            .iter_mut()
+            .filter(|(_, r)| r.slot == slot)
+            .map(|(k, r)| {
+                r.queued = true;
+                k.clone()
+            })
             .collect()
     }
 
     fn count(&self, slot: u32) -> u64 {
-        self.map.lock().values().filter(|(s, _)| *s == slot).count() as u64
+        self.map.lock().values().filter(|r| r.slot == slot).count() as u64
     }
 }
 
@@ -420,37 +455,38 @@ impl<K: Object + Clone> Controller<K> {
         // A sharded controller records each key's slot before enqueueing it.
         let handler = ResourceEventHandlerFuncs::new()
             .on_add(move |obj: &Arc<K>, _| {
-                if let Some(s) = &sa {
-                    s.record(meta_namespace_key(obj.as_ref()), obj.as_ref());
+                let key = meta_namespace_key(obj.as_ref());
+                let pass = pa(Event::Add(obj));
+                if let (Some(s), Ok(key)) = (&sa, &key) {
+                    s.record(key, obj.as_ref(), pass);
                 }
-                if pa(Event::Add(obj)) {
-                    enqueue(&qa, meta_namespace_key(obj.as_ref()));
+                if pass {
+                    enqueue(&qa, key);
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
-                if let Some(s) = &su {
-                    s.record(meta_namespace_key(new.as_ref()), new.as_ref());
+                let key = meta_namespace_key(new.as_ref());
+                let pass = pu(Event::Update { old, new });
+                if let (Some(s), Ok(key)) = (&su, &key) {
+                    s.record(key, new.as_ref(), pass);
                 }
-                if pu(Event::Update { old, new }) {
-                    enqueue(&qu, meta_namespace_key(new.as_ref()));
+                if pass {
+                    enqueue(&qu, key);
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
-                if let Some(s) = &sd {
-                    s.record(
-                        deletion_handling_meta_namespace_key(obj),
-                        obj.object().as_ref(),
-                    );
-                }
-                if pd(Event::Delete(obj)) {
-                    enqueue(&qd, deletion_handling_meta_namespace_key(obj));
-                } else if let (Some(s), Ok(key)) = (&sd, deletion_handling_meta_namespace_key(obj))
-                {
-                    // Not enqueued: nothing will handle the key, so its entry
-                    // goes now (its object is no longer cached).
-                    if let Some((_, generation)) = s.get(&key) {
-                        s.forget(&key, generation, |_| false);
+                let key = deletion_handling_meta_namespace_key(obj);
+                let pass = pd(Event::Delete(obj));
+                if let (Some(s), Ok(key)) = (&sd, &key) {
+                    s.record(key, obj.object().as_ref(), pass);
+                    if !pass {
+                        // Nothing will handle the key unless it is queued
+                        // already; its object is no longer cached.
+                        s.forget_unless_queued(key);
                     }
+                }
+                if pass {
+                    enqueue(&qd, key);
                 }
             });
         informer.add_event_handler(handler)?;
@@ -588,7 +624,6 @@ impl<K: Object + Clone> Controller<K> {
             let stop = ring_stop.clone();
             tokio::spawn(async move { ring.run(stop).await }.instrument(span.clone()))
         });
-        let ring_of = self.options.ring.clone();
         // The informers this controller starts: a Manager waits for them
         // once it has stopped them; a controller on its own, here.
         let own_tasks = InformerTasks::default();
@@ -599,10 +634,6 @@ impl<K: Object + Clone> Controller<K> {
             .run_inner(shutdown, managed, tasks)
             .instrument(span)
             .await;
-        if let (Some(ring), Err(ControllerError::WorkersStuck { .. })) = (&ring_of, &result) {
-            // Their guards never drop: a handover would wait for ever.
-            ring.abandon();
-        }
         ring_stop.cancel();
         if let Some(ring) = ring {
             let _ = ring.await;
@@ -705,6 +736,7 @@ impl<K: Object + Clone> Controller<K> {
             elector: self.options.leader_election.clone(),
             sharding: self.options.ring.clone().zip(self.key_slots.clone()).map(
                 |(ring, key_slots)| Sharding {
+                    held: ring.subscribe(),
                     ring,
                     key_slots,
                     cache: Box::new({
@@ -795,6 +827,11 @@ impl<K: Object + Clone> Controller<K> {
             );
             workers.abort_all();
             result = Err(ControllerError::WorkersStuck { running: stuck });
+            if let Some(ring) = &self.options.ring {
+                // Their guards never drop: a handover would wait for ever,
+                // whatever error the controller ends with.
+                ring.abandon();
+            }
         }
         if let Some(mut l) = leadership {
             if !all_joined {
@@ -956,7 +993,10 @@ async fn prime(
         }
         if primed && !taken.is_empty() {
             ready.write().extend(taken.iter().copied());
-            let keys: Vec<String> = taken.iter().flat_map(|&s| key_slots.keys_of(s)).collect();
+            let keys: Vec<String> = taken
+                .iter()
+                .flat_map(|&s| key_slots.enqueue_slot(s))
+                .collect();
             info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
             for key in keys {
                 queue.add(key);
@@ -1066,20 +1106,43 @@ struct Sharding {
     /// The held slots whose objects the primary cache holds: the only slots
     /// workers enter (see `prime`).
     ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
+    /// The ring's held slots as last sent.
+    held: watch::Receiver<std::collections::BTreeSet<u32>>,
+}
+
+/// Whether a worker may reconcile a key of a sharded controller now.
+enum Entry {
+    /// Yes: in its slot's guard; the key's generation.
+    Entered(SlotGuard, u64),
+    /// The slot is held but its objects are not all cached yet: the key is
+    /// enqueued again once they are (see `prime`).
+    NotReady,
+    /// The slot is not this replica's now (or no object of the key is
+    /// known): its holder reconciles it; the key's generation, if known.
+    NotHeld(Option<u64>),
 }
 
 impl Sharding {
-    /// Enters the slot of `key`'s object: the guard and the key's
-    /// generation, or the generation alone when this replica may not work
-    /// on the slot now (`None` when it knows no object of that key).
-    fn enter(&self, key: &str) -> Option<(Option<SlotGuard>, u64)> {
-        let (slot, generation) = self.key_slots.get(key)?;
-        let guard = if self.ready.read().contains(&slot) {
-            self.ring.enter(slot)
-        } else {
-            None
+    /// Enters the slot of `key`'s object, if this replica may work on it
+    /// now: a slot in the ring's held set as last sent (the set the
+    /// informer's scope follows) whose objects are cached, and whose Lease
+    /// is safely held.
+    fn enter(&self, key: &str) -> Entry {
+        let Some((slot, generation)) = self.key_slots.take(key) else {
+            return Entry::NotHeld(None);
         };
-        Some((guard, generation))
+        if !self.held.borrow().contains(&slot) {
+            return Entry::NotHeld(Some(generation));
+        }
+        if !self.ready.read().contains(&slot) {
+            // Kept, and marked queued: `prime` enqueues the slot's keys.
+            self.key_slots.queued(key);
+            return Entry::NotReady;
+        }
+        match self.ring.enter(slot) {
+            Some(guard) => Entry::Entered(guard, generation),
+            None => Entry::NotHeld(Some(generation)),
+        }
     }
 
     /// Forgets `key` at `generation` unless its object is cached.
@@ -1119,13 +1182,14 @@ impl Worker {
             let mut entered = None;
             if let Some(sharding) = &self.sharding {
                 match sharding.enter(&key) {
-                    Some((Some(guard), generation)) => entered = Some((guard, generation)),
+                    Entry::Entered(guard, generation) => entered = Some((guard, generation)),
                     other => {
-                        // Not a slot this replica may work on now: its
-                        // holder reconciles the key, from its own cache.
+                        // Not now: the slot's holder reconciles the key from
+                        // its own cache, or, for a slot not yet ready here,
+                        // this replica once it is.
                         self.queue.forget(&key);
                         self.queue.done(&key);
-                        if let Some((_, generation)) = other {
+                        if let Entry::NotHeld(Some(generation)) = other {
                             sharding.forget(&key, generation);
                         }
                         continue;
@@ -1140,8 +1204,10 @@ impl Worker {
                 // The slot is left before the key is done: its handover may
                 // go on while the queue takes the key again.
                 drop(guard);
-                if outcome == Some(Settled::Yes) {
-                    sharding.forget(&key, generation);
+                match outcome {
+                    Some(Settled::Yes) => sharding.forget(&key, generation),
+                    Some(Settled::No) => sharding.key_slots.queued(&key),
+                    None => {}
                 }
             }
             self.queue.done(&key);

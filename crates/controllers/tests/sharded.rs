@@ -645,9 +645,9 @@ async fn a_controller_built_sharded_from_a_factory_caches_only_its_slots() {
         };
         let ring = Ring::new(client.clone(), config).unwrap();
         let factory = SharedInformerFactory::new(client).namespace(&ns);
-        let builder =
+        let mut builder =
             Controller::<ConfigMap>::builder("built", &factory).sharded(Arc::clone(&ring));
-        let informer = builder.informer().clone();
+        let informer = builder.informer();
         let controller = builder
             .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
             .unwrap();
