@@ -437,15 +437,21 @@ fn compact_log(line: &str) -> &str {
 }
 
 async fn wait_ready(c: &Running) -> Result<()> {
+    wait_ready_on(c.metrics_port, c.name).await
+}
+
+/// Waits (up to 30 s) until the process `name` serving probes on `port`
+/// answers `/readyz` with ok.
+pub(crate) async fn wait_ready_on(port: u16, name: &str) -> Result<()> {
     for _ in 0..300 {
-        if let Ok(body) = http_get(c.metrics_port, "/readyz").await
+        if let Ok(body) = http_get(port, "/readyz").await
             && body.trim() == "ok"
         {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    bail!("{} did not become ready in 30 s", c.name)
+    bail!("{name} did not become ready in 30 s")
 }
 
 pub(crate) async fn http_get(port: u16, path: &str) -> Result<String> {

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::demo::{free_port, http_get, pod, step};
+use crate::demo::{free_port, pod, step, wait_ready_on};
 
 const RING: &str = "demo";
 const SLOTS: u32 = 6;
@@ -180,15 +180,7 @@ async fn spawn(
 }
 
 async fn wait_ready(r: &Replica) -> Result<()> {
-    for _ in 0..300 {
-        if let Ok(body) = http_get(r.port, "/readyz").await
-            && body.trim() == "ok"
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("{} did not become ready in 30 s", r.id)
+    wait_ready_on(r.port, &r.id).await
 }
 
 /// slot -> holder, from the slot Leases.

@@ -86,7 +86,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::lister_watcher::{ListRequest, ListerWatcher, WatchRequest, WatchStream};
+use crate::lister_watcher::{ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream};
 use crate::panics::{AbortOnDrop, panic_message};
 use crate::{ListWatchError, Transform, WatchErrorHandler};
 
@@ -750,17 +750,7 @@ impl<K: Object + Clone> Reflector<K> {
             match page {
                 Ok(page) => {
                     pages += 1;
-                    for why in &page.skipped {
-                        self.report(&ListWatchError::Decode(format!(
-                            "skipped one listed object: {why}"
-                        )));
-                    }
-                    let mut batch = page
-                        .items
-                        .into_iter()
-                        .filter_map(|o| self.listed(o))
-                        .collect();
-                    self.hand_over(replace, &mut batch);
+                    let page = self.take_page(replace, page);
                     match page.continue_token {
                         Some(next) => {
                             paginated = true;
@@ -788,20 +778,10 @@ impl<K: Object + Clone> Reflector<K> {
                             resource_version: rv.clone(),
                         })
                         .await?;
-                    for why in &page.skipped {
-                        self.report(&ListWatchError::Decode(format!(
-                            "skipped one listed object: {why}"
-                        )));
-                    }
                     // The pages taken already no longer count as listed:
                     // an object of theirs the full list lacks was deleted.
                     replace.restart();
-                    let mut batch = page
-                        .items
-                        .into_iter()
-                        .filter_map(|o| self.listed(o))
-                        .collect();
-                    self.hand_over(replace, &mut batch);
+                    let page = self.take_page(replace, page);
                     return Ok(Listed {
                         resource_version: page.resource_version,
                         pages: pages + 1,
@@ -811,6 +791,22 @@ impl<K: Object + Clone> Reflector<K> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Hands a page's objects to the replace in progress (reporting those
+    /// the lister-watcher skipped); the page keeps its version and token.
+    fn take_page(&self, replace: &mut QueueReplace<'_, K>, mut page: ListPage<K>) -> ListPage<K> {
+        for why in &page.skipped {
+            self.report(&ListWatchError::Decode(format!(
+                "skipped one listed object: {why}"
+            )));
+        }
+        let mut batch = std::mem::take(&mut page.items)
+            .into_iter()
+            .filter_map(|o| self.listed(o))
+            .collect();
+        self.hand_over(replace, &mut batch);
+        page
     }
 
     /// A listed object through the transform; one the transform panics on
