@@ -28,6 +28,13 @@
 //!   fetched once, then decoded offline into `PartialObjectMeta<Pod>`s held
 //!   in a Vec: the RSS of the decoded objects alone, without informer or
 //!   store, and the inline size of one.
+//! - `fetch-pods KUBECONFIG NAMESPACE FILE [json]`: writes the Pod list of
+//!   NAMESPACE, as the server sends it (protobuf unless `json`), to FILE.
+//! - `decode FILE ROUNDS [keep-managed-fields]`: diagnostic: decodes the
+//!   list in FILE (protobuf or JSON, as fetched) ROUNDS times offline, one
+//!   thread, no informer: the median CPU time per Pod of one decode, the
+//!   client's share of a sync isolated from the server and the network.
+//!   client-go-peer's `decode` takes the same file.
 //! - `shard-sync KUBECONFIG NAMESPACE INDEX COUNT MODE`: one replica of
 //!   COUNT splitting the Pods of NAMESPACE by uid (shard INDEX, the hash
 //!   range `HashRange::split(INDEX, COUNT)`), protobuf, managedFields
@@ -150,6 +157,17 @@ fn main() -> Result<()> {
             arg(4)?.parse()?,
             &arg(5)?,
         )),
+        Some("fetch-pods") => rt.block_on(fetch_pods(
+            &arg(1)?,
+            &arg(2)?,
+            &arg(3)?,
+            args.get(4).map(String::as_str) == Some("json"),
+        )),
+        Some("decode") => decode(
+            &arg(1)?,
+            arg(2)?.parse()?,
+            !args[3..].iter().any(|a| a == "keep-managed-fields"),
+        ),
         Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;
@@ -575,6 +593,84 @@ async fn metadata_decode(kubeconfig: &str, ns: &str) -> Result<serde_json::Value
         "json_bytes_per_object": json.len() as f64 / n as f64,
         "inline_bytes": std::mem::size_of::<PartialObjectMeta<Pod>>(),
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / n as f64}),
+    )
+}
+
+async fn fetch_pods(
+    kubeconfig: &str,
+    ns: &str,
+    file: &str,
+    json: bool,
+) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let accept = if json {
+        "application/json"
+    } else {
+        "application/vnd.kubernetes.protobuf"
+    };
+    let req = http::Request::get(format!("/api/v1/namespaces/{ns}/pods"))
+        .header(http::header::ACCEPT, accept)
+        .body(Vec::new())?;
+    let response = client
+        .send(req.map(kube_client::client::Body::from))
+        .await?;
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await?
+        .to_bytes();
+    if !status.is_success() {
+        bail!("listing Pods: {status}: {}", String::from_utf8_lossy(&body));
+    }
+    std::fs::write(file, &body).with_context(|| format!("writing {file}"))?;
+    Ok(serde_json::json!({"system": "kinformer", "scenario": "fetch-pods", "bytes": body.len()}))
+}
+
+/// CPU time of the whole process, in nanoseconds (as client-go-peer's
+/// `decode` counts its garbage collector's).
+fn process_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_json::Value> {
+    let body = std::fs::read(file).with_context(|| format!("reading {file}"))?;
+    let protobuf = body.starts_with(b"k8s\0");
+    let once = || -> Result<usize> {
+        if protobuf {
+            let pods: Vec<Pod> =
+                kinformer_informer::protobuf::decode_list(&body, &(), drop_managed_fields)?;
+            Ok(pods.len())
+        } else {
+            let json = if drop_managed_fields {
+                kinformer_informer::strip_managed_fields_json(
+                    &body,
+                    kinformer_informer::JsonShape::List,
+                )
+            } else {
+                std::borrow::Cow::Borrowed(&body[..])
+            };
+            let list: k8s_openapi::List<Pod> = serde_json::from_slice(&json)?;
+            Ok(list.items.len())
+        }
+    };
+    let mut per_pod = Vec::with_capacity(rounds);
+    let mut pods = 0;
+    for _ in 0..rounds.max(1) {
+        let start = process_cpu_ns();
+        pods = once()?;
+        per_pod.push((process_cpu_ns() - start) as f64 / pods.max(1) as f64);
+    }
+    per_pod.sort_by(f64::total_cmp);
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "decode",
+        "format": if protobuf { "protobuf" } else { "json" }, "pods": pods,
+        "bytes_per_pod": body.len() as f64 / pods.max(1) as f64,
+        "cpu_us_per_pod": per_pod[per_pod.len() / 2] / 1e3}),
     )
 }
 

@@ -116,7 +116,7 @@ mod lister;
 mod lister_watcher;
 mod panics;
 mod processor;
-mod protobuf;
+pub mod protobuf;
 mod reflector;
 mod shard;
 mod strip;

@@ -384,7 +384,7 @@ where
             label_selector: None,
             field_selector: None,
             drop_managed_fields: false,
-            protobuf_kind: protobuf_kind::<K>(dyntype),
+            protobuf_kind: crate::protobuf::kind_of::<K>(dyntype),
             wire_format: WireFormat::default(),
             shard: None,
             received: Arc::default(),
@@ -843,19 +843,6 @@ fn event_object_name(json: &[u8]) -> String {
 /// a little; one object is at most etcd's 1.5 MiB request limit plus the
 /// envelope, so anything near this is a corrupt length.
 const MAX_FRAME: usize = 64 << 20;
-
-/// The built-in kind `K` is, if it is one whose protobuf the schema knows.
-fn protobuf_kind<K: Resource + 'static>(dyntype: &K::DynamicType) -> Option<&'static ProtoKind> {
-    let dynamic =
-        std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>();
-    if K::metadata_api() {
-        return crate::protobuf::envelope::metadata_kind();
-    }
-    if dynamic {
-        return None;
-    }
-    crate::protobuf::envelope::kind(&K::api_version(dyntype), &K::kind(dyntype))
-}
 
 fn is_protobuf<B>(response: &http::Response<B>) -> bool {
     response
