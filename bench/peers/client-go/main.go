@@ -427,6 +427,6 @@ func runDecode(file string, rounds int, strip bool) {
 	}
 	sort.Float64s(perPod)
 	emit(map[string]any{"scenario": "decode", "format": format, "pods": pods,
-		"bytes_per_pod": float64(len(body)) / float64(max(pods, 1)),
+		"bytes_per_pod":  float64(len(body)) / float64(max(pods, 1)),
 		"cpu_us_per_pod": perPod[len(perPod)/2] / 1e3})
 }
