@@ -327,6 +327,46 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             System::Kinformer,
             num(&v, "json_bytes_per_object")?,
         );
+        // Diagnostic: the client's decode alone, isolated from the server
+        // and the network: the same list bytes, fetched once, decoded
+        // offline by kinformer and client-go, alternating.
+        for (wire, json) in [("protobuf", false), ("JSON", true)] {
+            let file = std::env::temp_dir().join(format!(
+                "kinformer-bench-pods-{size}.{}",
+                if json { "json" } else { "pb" }
+            ));
+            let file = file.to_string_lossy().into_owned();
+            let mut fetch = vec![
+                "fetch-pods",
+                kubeconfig.as_str(),
+                ns.as_str(),
+                file.as_str(),
+            ];
+            if json {
+                fetch.push("json");
+            }
+            harness(&harnesses, System::Kinformer, &fetch).await?;
+            let scenario = format!(
+                "the same list of {size} pods decoded offline, {wire}, managedFields cleared (no informer)"
+            );
+            for round in 0..sync_rounds {
+                for system in [System::Kinformer, System::ClientGo]
+                    .into_iter()
+                    .cycle()
+                    .skip(round)
+                    .take(2)
+                {
+                    let v = harness(&harnesses, system, &["decode", &file, "7"]).await?;
+                    results.add(
+                        &scenario,
+                        "CPU per pod (user+system, GC included), µs",
+                        system,
+                        num(&v, "cpu_us_per_pod")?,
+                    );
+                }
+            }
+            let _ = std::fs::remove_file(&file);
+        }
         if size == sizes[0] {
             for system in all {
                 let v = harness(

@@ -625,16 +625,15 @@ async fn fetch_pods(
     Ok(serde_json::json!({"system": "kinformer", "scenario": "fetch-pods", "bytes": body.len()}))
 }
 
-/// CPU time of the whole process, in nanoseconds (as client-go-peer's
-/// `decode` counts its garbage collector's).
-fn process_cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+/// User and system CPU time of the whole process, in nanoseconds (as
+/// client-go-peer's `decode` counts its garbage collector's).
+fn process_cpu_ns() -> (u64, u64) {
+    // SAFETY: an all-zero rusage is valid, and `getrusage` fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid rusage for the call to fill.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    (ns(usage.ru_utime), ns(usage.ru_stime))
 }
 
 fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_json::Value> {
@@ -658,19 +657,24 @@ fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_
             Ok(list.items.len())
         }
     };
-    let mut per_pod = Vec::with_capacity(rounds);
+    let (mut per_pod, mut user_per_pod) = (Vec::new(), Vec::new());
     let mut pods = 0;
     for _ in 0..rounds.max(1) {
-        let start = process_cpu_ns();
+        let (user, system) = process_cpu_ns();
         pods = once()?;
-        per_pod.push((process_cpu_ns() - start) as f64 / pods.max(1) as f64);
+        let (user_after, system_after) = process_cpu_ns();
+        let n = pods.max(1) as f64;
+        per_pod.push((user_after + system_after - user - system) as f64 / n);
+        user_per_pod.push((user_after - user) as f64 / n);
     }
     per_pod.sort_by(f64::total_cmp);
+    user_per_pod.sort_by(f64::total_cmp);
     Ok(
         serde_json::json!({"system": "kinformer", "scenario": "decode",
         "format": if protobuf { "protobuf" } else { "json" }, "pods": pods,
         "bytes_per_pod": body.len() as f64 / pods.max(1) as f64,
-        "cpu_us_per_pod": per_pod[per_pod.len() / 2] / 1e3}),
+        "cpu_us_per_pod": per_pod[per_pod.len() / 2] / 1e3,
+        "user_cpu_us_per_pod": user_per_pod[user_per_pod.len() / 2] / 1e3}),
     )
 }
 
