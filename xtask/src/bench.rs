@@ -329,25 +329,32 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         );
         // Diagnostic: the client's decode alone, isolated from the server
         // and the network: the same list bytes, fetched once, decoded
-        // offline by kinformer and client-go, alternating.
+        // offline by kinformer and client-go, alternating; once as each
+        // does in an informer (kinformer drops managedFields before
+        // decoding, client-go clears them after), once with both decoding
+        // them (decoder against decoder).
         for (wire, json) in [("protobuf", false), ("JSON", true)] {
-            let file = std::env::temp_dir().join(format!(
-                "kinformer-bench-pods-{size}.{}",
+            let file = TempFile(root.join("bench/target").join(format!(
+                "pods-{size}-{}.{}",
+                std::process::id(),
                 if json { "json" } else { "pb" }
-            ));
-            let file = file.to_string_lossy().into_owned();
+            )));
+            let path = file.0.to_string_lossy().into_owned();
             let mut fetch = vec![
                 "fetch-pods",
                 kubeconfig.as_str(),
                 ns.as_str(),
-                file.as_str(),
+                path.as_str(),
             ];
             if json {
                 fetch.push("json");
             }
             harness(&harnesses, System::Kinformer, &fetch).await?;
-            let scenario = format!(
-                "the same list of {size} pods decoded offline, {wire}, managedFields cleared (no informer)"
+            let as_informers = format!(
+                "the same list of {size} pods decoded offline, {wire}, as each informer does (managedFields: dropped before decoding by kinformer, cleared after by client-go)"
+            );
+            let both_decode = format!(
+                "the same list of {size} pods decoded offline, {wire}, managedFields decoded by both"
             );
             for round in 0..sync_rounds {
                 for system in [System::Kinformer, System::ClientGo]
@@ -356,16 +363,21 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                     .skip(round)
                     .take(2)
                 {
-                    let v = harness(&harnesses, system, &["decode", &file, "7"]).await?;
-                    results.add(
-                        &scenario,
-                        "CPU per pod (user+system, GC included), µs",
-                        system,
-                        num(&v, "cpu_us_per_pod")?,
-                    );
+                    for (scenario, keep) in [(&as_informers, false), (&both_decode, true)] {
+                        let mut args = vec!["decode", path.as_str(), "7"];
+                        if keep {
+                            args.push("keep-managed-fields");
+                        }
+                        let v = harness(&harnesses, system, &args).await?;
+                        results.add(
+                            scenario,
+                            "CPU per pod (user+system, GC included), µs",
+                            system,
+                            num(&v, "cpu_us_per_pod")?,
+                        );
+                    }
                 }
             }
-            let _ = std::fs::remove_file(&file);
         }
         if size == sizes[0] {
             for system in all {
@@ -608,6 +620,15 @@ fn num(v: &Value, key: &str) -> Result<f64> {
     v[key]
         .as_f64()
         .with_context(|| format!("no number {key:?} in {v}"))
+}
+
+/// A file removed when dropped, whatever ended its use.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn pod(name: &str) -> Pod {

@@ -31,10 +31,13 @@
 //! - `fetch-pods KUBECONFIG NAMESPACE FILE [json]`: writes the Pod list of
 //!   NAMESPACE, as the server sends it (protobuf unless `json`), to FILE.
 //! - `decode FILE ROUNDS [keep-managed-fields]`: diagnostic: decodes the
-//!   list in FILE (protobuf or JSON, as fetched) ROUNDS times offline, one
-//!   thread, no informer: the median CPU time per Pod of one decode, the
-//!   client's share of a sync isolated from the server and the network.
-//!   client-go-peer's `decode` takes the same file.
+//!   list in FILE (protobuf or JSON, as fetched) ROUNDS times offline on
+//!   the main thread (the runtime's workers idle), no informer, the way the
+//!   informer decodes a list: the median process CPU per Pod of one
+//!   decode, the client's share of a sync isolated from the server and the
+//!   network. managedFields are dropped before decoding unless
+//!   `keep-managed-fields`. client-go-peer's `decode` takes the same file
+//!   (and clears managedFields after decoding).
 //! - `shard-sync KUBECONFIG NAMESPACE INDEX COUNT MODE`: one replica of
 //!   COUNT splitting the Pods of NAMESPACE by uid (shard INDEX, the hash
 //!   range `HashRange::split(INDEX, COUNT)`), protobuf, managedFields
@@ -639,10 +642,13 @@ fn process_cpu_ns() -> (u64, u64) {
 fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_json::Value> {
     let body = std::fs::read(file).with_context(|| format!("reading {file}"))?;
     let protobuf = body.starts_with(b"k8s\0");
+    // As the informer's lister-watcher decodes: protobuf items each on
+    // their own; JSON read as raw items first, then each item decoded.
     let once = || -> Result<usize> {
         if protobuf {
-            let pods: Vec<Pod> =
-                kinformer_informer::protobuf::decode_list(&body, &(), drop_managed_fields)?;
+            let list =
+                kinformer_informer::protobuf::decode_list::<Pod>(&body, &(), drop_managed_fields)?;
+            let pods: Vec<Pod> = list.items.into_iter().collect::<Result<_, _>>()?;
             Ok(pods.len())
         } else {
             let json = if drop_managed_fields {
@@ -653,8 +659,18 @@ fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_
             } else {
                 std::borrow::Cow::Borrowed(&body[..])
             };
-            let list: k8s_openapi::List<Pod> = serde_json::from_slice(&json)?;
-            Ok(list.items.len())
+            #[derive(serde::Deserialize)]
+            struct RawList<'a> {
+                #[serde(borrow)]
+                items: Vec<&'a serde_json::value::RawValue>,
+            }
+            let raw: RawList<'_> = serde_json::from_slice(&json)?;
+            let pods = raw
+                .items
+                .iter()
+                .map(|item| serde_json::from_str::<Pod>(item.get()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(pods.len())
         }
     };
     let (mut per_pod, mut user_per_pod) = (Vec::new(), Vec::new());

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -404,7 +405,7 @@ func runDecode(file string, rounds int, strip bool) {
 		os.Exit(1)
 	}
 	format := "json"
-	if strings.HasPrefix(string(body[:4]), "k8s\x00") {
+	if bytes.HasPrefix(body, []byte("k8s\x00")) {
 		format = "protobuf"
 	}
 	decoder := scheme.Codecs.UniversalDeserializer()

@@ -17,7 +17,8 @@ use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, V
 use super::generated::{MAPS, MESSAGES};
 use super::schema::{Field, INLINE, Message, OMITEMPTY, OMITZERO, POINTER, REPEATED, Ty};
 
-/// Protobuf bytes that do not decode into the object they should be.
+/// Protobuf bytes that do not decode into the object they should be, or a
+/// type whose protobuf kinformer does not know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProtobufError(pub(crate) String);
 
