@@ -10,7 +10,8 @@
 //!   is its own pop (2N pops).
 //!
 //! The informer scenarios use a RealFifo instead of the default DeltaFifo
-//! when `KINFORMER_BENCH_FIFO=real`.
+//! when `KINFORMER_BENCH_FIFO=real`, and run every task on one thread when
+//! `KINFORMER_BENCH_RUNTIME=current` (by default on two worker threads).
 //! - `relist KUBECONFIG NAMESPACE`: a synced informer forced to relist by
 //!   a 410 on its watch: peak RSS during the relist against the steady RSS.
 //! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json] [compact]`:
@@ -117,10 +118,18 @@ fn main() -> Result<()> {
             .cloned()
             .with_context(|| format!("missing argument {i}"))
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    // KINFORMER_BENCH_RUNTIME=current: one thread for every task
+    // (diagnostic: what the wake-ups between worker threads cost).
+    let rt = if std::env::var("KINFORMER_BENCH_RUNTIME").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+    };
     let result = match args.first().map(String::as_str) {
         Some("workqueue") => rt.block_on(workqueue(arg(1)?.parse()?, arg(2)?.parse()?)),
         Some("ratelimited") => rt.block_on(ratelimited(arg(1)?.parse()?, arg(2)?.parse()?)),
