@@ -83,18 +83,8 @@ fn status_kb(field: &str) -> u64 {
 
 /// CPU time (user + system) this process has used, in ms.
 fn process_cpu_ms() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime, fields 14 and 15 of stat; Linux reports them in
-    // USER_HZ = 100 ticks per second.
-    (ticks(11) + ticks(12)) * 10.0
+    let (user, system) = process_cpu_ns();
+    (user + system) as f64 / 1e6
 }
 
 fn now_ns() -> u64 {

@@ -31,16 +31,20 @@ pub(crate) fn kind_of<K: Resource + 'static>(
     if K::metadata_api() {
         return envelope::metadata_kind();
     }
-    if std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>() {
+    if is_dynamic_object::<K>() {
         return None;
     }
     envelope::kind(&K::api_version(dyntype), &K::kind(dyntype))
 }
 
+fn is_dynamic_object<K: 'static>() -> bool {
+    std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>()
+}
+
 fn known<K: Resource + 'static>(
     dyntype: &K::DynamicType,
 ) -> Result<&'static schema::Kind, ProtobufError> {
-    if std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>() {
+    if is_dynamic_object::<K>() {
         return Err(ProtobufError(format!(
             "DynamicObject ({} {}) is decoded from JSON only: decode protobuf into the \
              k8s-openapi type of the kind",
