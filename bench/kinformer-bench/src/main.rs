@@ -48,10 +48,13 @@
 //!   every Pod. Time to has_synced, RSS growth, bytes of response bodies
 //!   received, objects cached.
 //! - `latency KUBECONFIG NAMESPACE SECONDS`: handler receive time minus the
-//!   write time stamped by the writer in the `bench/sent-ns` annotation.
+//!   write time stamped by the writer in the `bench/sent-ns` annotation;
+//!   split where the Reflector decoded each update (its transform sees it
+//!   then): write to decoded, and decoded to handler.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -325,6 +328,8 @@ async fn sync(
 ) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
+    let anon_base_kb = status_kb("RssAnon:");
+    let heap_base = heap_bytes();
     let mut lw = ApiListerWatcher::<Pod>::namespaced(client, ns).wire_format(wire);
     let protobuf = lw.uses_protobuf();
     if strip {
@@ -340,6 +345,8 @@ async fn sync(
         informer.set_transform(strip_managed_fields)?;
     }
     let mut v = measure_sync(informer.clone(), baseline_kb, "sync", trim).await?;
+    add_heap_per_object(&mut v, heap_base);
+    add_anon_per_object(&mut v, anon_base_kb);
     v["strip_managed_fields"] = strip.into();
     v["wire"] = if protobuf { "protobuf" } else { "json" }.into();
     v["compact"] = compact.is_some().into();
@@ -529,6 +536,36 @@ async fn metadata_sync(kubeconfig: &str, ns: &str, wire: WireFormat) -> Result<s
 /// Runs `informer` with one no-op handler until it has synced, then, 2 s
 /// later, reads the RSS: time to synced, RSS and RSS growth per object
 /// since `baseline_kb`.
+/// Adds to a sync's output its anonymous RSS growth per object since
+/// `base_kb`: the RSS growth less the program's own pages read in from its
+/// file during the sync (code, a fixed cost, not the cache's).
+fn add_anon_per_object(v: &mut serde_json::Value, base_kb: u64) {
+    let objects = v["pods"].as_u64().unwrap_or_default().max(1) as f64;
+    if let Some(anon) = v["rss_anon_bytes"].as_u64() {
+        v["anon_bytes_per_pod"] = (anon.saturating_sub(base_kb * 1024) as f64 / objects).into();
+    }
+}
+
+/// glibc's heap now, all arenas: bytes in live allocations (mmapped chunks
+/// included) and bytes freed but kept by the allocator.
+fn heap_bytes() -> (u64, u64) {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    ((m.uordblks + m.hblkhd) as u64, m.fordblks as u64)
+}
+
+/// Adds to a sync's output its heap growth per object since `base`: live
+/// bytes and bytes freed but kept (the RSS growth less both is what lies
+/// outside glibc's heap: thread stacks, the binary's pages).
+fn add_heap_per_object(v: &mut serde_json::Value, base: (u64, u64)) {
+    let objects = v["pods"].as_u64().unwrap_or_default().max(1) as f64;
+    let (live, free) = (v["heap_live_bytes"].as_u64(), v["heap_free_bytes"].as_u64());
+    if let (Some(live), Some(free)) = (live, free) {
+        v["heap_live_per_pod"] = ((live as f64 - base.0 as f64) / objects).into();
+        v["heap_free_per_pod"] = ((free as f64 - base.1 as f64) / objects).into();
+    }
+}
+
 async fn measure_sync<K: kinformer_store::Object + Clone>(
     informer: SharedIndexInformer<K>,
     baseline_kb: u64,
@@ -557,11 +594,14 @@ async fn measure_sync<K: kinformer_store::Object + Clone>(
     }
     let rss_kb = status_kb("VmRSS:");
     let hwm_kb = status_kb("VmHWM:");
+    let (heap_live, heap_free) = heap_bytes();
+    let anon_kb = status_kb("RssAnon:");
     let objects = informer.indexer().len();
     shutdown.cancel();
     Ok(
         serde_json::json!({"system": "kinformer", "scenario": scenario, "pods": objects,
         "sync_seconds": sync_secs, "cpu_ms": cpu_ms, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "rss_anon_bytes": anon_kb * 1024, "heap_live_bytes": heap_live, "heap_free_bytes": heap_free,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )
 }
@@ -699,20 +739,33 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
         ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
         options(),
     );
-    informer.set_transform(strip_managed_fields)?;
+    // The transform runs in the Reflector as each object is decoded, before
+    // it is queued: the time it sees an update splits the latency into the
+    // part before kinformer has the object (server, wire, decode) and the
+    // part inside it (queue, informer, handler dispatch).
+    let decoded_at = Arc::new(Mutex::new(HashMap::<u64, u64>::new()));
+    let d = Arc::clone(&decoded_at);
+    informer.set_transform(move |p: Pod| {
+        if let Some(sent) = sent_ns(&p)
+            && let Ok(mut d) = d.lock()
+        {
+            d.insert(sent, now_ns());
+        }
+        strip_managed_fields(p)
+    })?;
     let samples = Arc::new(samples::Samples::default());
-    let record = |s: &Arc<samples::Samples>, p: &Pod| {
-        let sent = p
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("bench/sent-ns"))
-            .and_then(|v| v.parse::<u64>().ok());
-        if let Some(sent) = sent {
-            s.push(now_ns().saturating_sub(sent));
+    let record = move |s: &Arc<samples::Samples>, p: &Pod| {
+        if let Some(sent) = sent_ns(p) {
+            let now = now_ns();
+            let decoded = decoded_at.lock().ok().and_then(|mut d| d.remove(&sent));
+            s.push(samples::Sample {
+                total: now.saturating_sub(sent),
+                decoded: decoded.map(|at| (at.saturating_sub(sent), now.saturating_sub(at))),
+            });
         }
     };
     let (a, u) = (Arc::clone(&samples), Arc::clone(&samples));
+    let record_update = record.clone();
     informer.add_event_handler(
         ResourceEventHandlerFuncs::new()
             .on_add(move |p, initial| {
@@ -720,7 +773,7 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
                     record(&a, p)
                 }
             })
-            .on_update(move |_, p| record(&u, p)),
+            .on_update(move |_, p| record_update(&u, p)),
     )?;
     let shutdown = CancellationToken::new();
     let i = informer.clone();
@@ -733,34 +786,64 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
     eprintln!("ready");
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     shutdown.cancel();
-    let mut v = samples.take();
-    v.sort_unstable();
-    let pct = |q: f64| {
+    let taken = samples.take();
+    let pct = |mut v: Vec<u64>, q: f64| {
+        v.sort_unstable();
         v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
             .copied()
             .unwrap_or(0) as f64
             / 1e6
     };
+    let total: Vec<u64> = taken.iter().map(|s| s.total).collect();
+    let before: Vec<u64> = taken
+        .iter()
+        .filter_map(|s| s.decoded.map(|d| d.0))
+        .collect();
+    let inside: Vec<u64> = taken
+        .iter()
+        .filter_map(|s| s.decoded.map(|d| d.1))
+        .collect();
     Ok(
-        serde_json::json!({"system": "kinformer", "scenario": "latency", "events": v.len(),
-        "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": v.last().copied().unwrap_or(0) as f64 / 1e6}),
+        serde_json::json!({"system": "kinformer", "scenario": "latency", "events": total.len(),
+        "p50_ms": pct(total.clone(), 0.50), "p99_ms": pct(total.clone(), 0.99),
+        "max_ms": pct(total, 1.0),
+        "split_events": before.len(),
+        "to_decoded_p50_ms": pct(before.clone(), 0.50), "to_decoded_p99_ms": pct(before, 0.99),
+        "decoded_to_handler_p50_ms": pct(inside.clone(), 0.50),
+        "decoded_to_handler_p99_ms": pct(inside, 0.99)}),
     )
+}
+
+/// The send time the latency writer stamped on a Pod, if any.
+fn sent_ns(p: &Pod) -> Option<u64> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("bench/sent-ns"))
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 mod samples {
     use std::sync::Mutex;
 
-    /// Latency samples in nanoseconds.
+    /// One update seen by the handler, in nanoseconds: write to handler, and
+    /// (write to decoded, decoded to handler) when the transform saw it.
+    pub struct Sample {
+        pub total: u64,
+        pub decoded: Option<(u64, u64)>,
+    }
+
+    /// Latency samples.
     #[derive(Default)]
-    pub struct Samples(Mutex<Vec<u64>>);
+    pub struct Samples(Mutex<Vec<Sample>>);
 
     impl Samples {
-        pub fn push(&self, v: u64) {
+        pub fn push(&self, v: Sample) {
             if let Ok(mut s) = self.0.lock() {
                 s.push(v);
             }
         }
-        pub fn take(&self) -> Vec<u64> {
+        pub fn take(&self) -> Vec<Sample> {
             self.0
                 .lock()
                 .map(|mut s| std::mem::take(&mut *s))

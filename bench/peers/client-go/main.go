@@ -245,6 +245,7 @@ func runSync(kubeconfig, ns string, strip, json bool) {
 	}
 	cs := kubernetes.NewForConfigOrDie(cfg)
 	baseline := statusKB("VmRSS:")
+	anonBaseline := statusKB("RssAnon:")
 	opts := []informers.SharedInformerOption{informers.WithNamespace(ns)}
 	if strip {
 		opts = append(opts, informers.WithTransform(stripManagedFields))
@@ -252,6 +253,7 @@ func runSync(kubeconfig, ns string, strip, json bool) {
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, opts...)
 	inf := factory.Core().V1().Pods().Informer()
 	v := measureSync(inf, factory.Start, baseline)
+	addAnonPerObject(v, anonBaseline)
 	v["scenario"] = "sync"
 	v["strip_managed_fields"] = strip
 	v["json"] = json
@@ -273,13 +275,25 @@ func measureSync(inf cache.SharedIndexInformer, start func(<-chan struct{}), bas
 	time.Sleep(2 * time.Second)
 	rss := statusKB("VmRSS:")
 	hwm := statusKB("VmHWM:")
+	anon := statusKB("RssAnon:")
 	objects := len(inf.GetStore().ListKeys())
 	close(stop)
 	perObject := 0.0
 	if objects > 0 && rss > baseline {
 		perObject = float64((rss-baseline)*1024) / float64(objects)
 	}
-	return map[string]any{"pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "bytes_per_pod": perObject}
+	return map[string]any{"pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "rss_anon_bytes": anon * 1024, "bytes_per_pod": perObject}
+}
+
+// addAnonPerObject adds the growth of anonymous RSS per object since
+// anonBaseline (kB): the RSS growth without the program's own pages read
+// in from its file during the sync.
+func addAnonPerObject(v map[string]any, anonBaseline uint64) {
+	anon, _ := v["rss_anon_bytes"].(uint64)
+	objects, _ := v["pods"].(int)
+	if objects > 0 && anon > anonBaseline*1024 {
+		v["anon_bytes_per_pod"] = float64(anon-anonBaseline*1024) / float64(objects)
+	}
 }
 
 // jsonOnly drops the protobuf alternatives from every Accept header, so the

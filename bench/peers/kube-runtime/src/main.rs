@@ -70,6 +70,8 @@ fn main() -> Result<()> {
 async fn sync(kubeconfig: &str, ns: &str, strip: bool, paged: bool) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
+    let anon_base_kb = status_kb("RssAnon:");
+    let heap_base = heap_bytes();
     let api: Api<Pod> = Api::namespaced(client, ns);
     let config = if paged {
         watcher::Config::default()
@@ -77,6 +79,8 @@ async fn sync(kubeconfig: &str, ns: &str, strip: bool, paged: bool) -> Result<se
         watcher::Config::default().streaming_lists()
     };
     let mut v = measure_sync(api, config, strip, baseline_kb, "sync").await?;
+    add_heap_per_object(&mut v, heap_base);
+    add_anon_per_object(&mut v, anon_base_kb);
     v["strip_managed_fields"] = strip.into();
     v["paged"] = paged.into();
     Ok(v)
@@ -97,6 +101,36 @@ async fn metadata_sync(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> 
         "metadata-sync",
     )
     .await
+}
+
+/// Adds to a sync's output its anonymous RSS growth per object since
+/// `base_kb`: the RSS growth less the program's own pages read in from its
+/// file during the sync (code, a fixed cost, not the cache's).
+fn add_anon_per_object(v: &mut serde_json::Value, base_kb: u64) {
+    let objects = v["pods"].as_u64().unwrap_or_default().max(1) as f64;
+    if let Some(anon) = v["rss_anon_bytes"].as_u64() {
+        v["anon_bytes_per_pod"] = (anon.saturating_sub(base_kb * 1024) as f64 / objects).into();
+    }
+}
+
+/// glibc's heap now, all arenas: bytes in live allocations (mmapped chunks
+/// included) and bytes freed but kept by the allocator.
+fn heap_bytes() -> (u64, u64) {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    ((m.uordblks + m.hblkhd) as u64, m.fordblks as u64)
+}
+
+/// Adds to a sync's output its heap growth per object since `base`: live
+/// bytes and bytes freed but kept (the RSS growth less both is what lies
+/// outside glibc's heap: thread stacks, the binary's pages).
+fn add_heap_per_object(v: &mut serde_json::Value, base: (u64, u64)) {
+    let objects = v["pods"].as_u64().unwrap_or_default().max(1) as f64;
+    let (live, free) = (v["heap_live_bytes"].as_u64(), v["heap_free_bytes"].as_u64());
+    if let (Some(live), Some(free)) = (live, free) {
+        v["heap_live_per_pod"] = ((live as f64 - base.0 as f64) / objects).into();
+        v["heap_free_per_pod"] = ((free as f64 - base.1 as f64) / objects).into();
+    }
 }
 
 /// Watcher + reflector over `api` until the store is ready, then, 2 s later,
@@ -131,11 +165,14 @@ where
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_kb = status_kb("VmRSS:");
     let hwm_kb = status_kb("VmHWM:");
+    let (heap_live, heap_free) = heap_bytes();
+    let anon_kb = status_kb("RssAnon:");
     let objects = reader.state().len();
     driver.abort();
     Ok(
         serde_json::json!({"system": "kube-runtime", "scenario": scenario, "pods": objects,
         "sync_seconds": sync_secs, "rss_bytes": rss_kb * 1024, "peak_rss_bytes": hwm_kb * 1024,
+        "rss_anon_bytes": anon_kb * 1024, "heap_live_bytes": heap_live, "heap_free_bytes": heap_free,
         "bytes_per_pod": (rss_kb.saturating_sub(baseline_kb) * 1024) as f64 / objects.max(1) as f64}),
     )
 }
