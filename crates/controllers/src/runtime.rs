@@ -394,17 +394,29 @@ impl KeySlots {
         }
     }
 
-    /// The keys of `slot`, marked queued: the caller enqueues them.
-    fn enqueue_slot(&self, slot: u32) -> Vec<String> {
-        self.map
-            .lock()
-            .iter_mut()
-            .filter(|(_, r)| r.slot == slot)
-            .map(|(k, r)| {
-                r.queued = true;
-                k.clone()
-            })
-            .collect()
+    /// The keys of `slot` to work on once it is ready, marked queued: the
+    /// caller enqueues them. Those queued already (an event passed the
+    /// filter and has not been worked), and of the others those `wanted`
+    /// says are: it runs user code (the event filter), so without the
+    /// lock, and a key it turns down keeps its record unchanged.
+    fn enqueue_slot(&self, slot: u32, wanted: impl Fn(&str) -> bool) -> Vec<String> {
+        let (mut keys, mut others) = (Vec::new(), Vec::new());
+        for (key, record) in self.map.lock().iter().filter(|(_, r)| r.slot == slot) {
+            if record.queued {
+                keys.push(key.clone());
+            } else {
+                others.push(key.clone());
+            }
+        }
+        others.retain(|key| wanted(key));
+        let mut map = self.map.lock();
+        for key in &others {
+            if let Some(record) = map.get_mut(key) {
+                record.queued = true;
+            }
+        }
+        keys.extend(others);
+        keys
     }
 
     fn count(&self, slot: u32) -> u64 {
@@ -756,6 +768,7 @@ impl<K: Object + Clone> Controller<K> {
                 Arc::clone(&sharding.key_slots),
                 Arc::clone(&sharding.ready),
                 move || informer.queued(),
+                wanted_on_taking(&self.informer, self.options.event_filter.clone()),
                 self.queue.clone(),
             )))
         });
@@ -957,14 +970,18 @@ const PRIME_POLL: Duration = Duration::from_millis(20);
 /// and its queue has since been empty, so that no key of the slot is
 /// reconciled against a cache that lacks its object (it would look
 /// deleted); at once when no lister-watcher lists the ring's scope (the
-/// cache then holds every object). The keys of the slot the cache holds
-/// are then enqueued: they may have arrived, and been dropped, while the
-/// slot was not ready, and an object relisted unchanged brings no event.
+/// cache then holds every object). The slot's keys are then enqueued: they
+/// may have arrived, and been dropped, while the slot was not ready, and an
+/// object relisted unchanged brings no event. Those whose last event the
+/// controller's event filter turned down are enqueued only if `wanted`
+/// (the cached object passes the filter as an add, as it would on a
+/// replica's first list).
 async fn prime(
     ring: Arc<Ring>,
     key_slots: Arc<KeySlots>,
     ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
     queued: impl Fn() -> usize,
+    wanted: impl Fn(&str) -> bool,
     queue: RateLimitingQueue<String>,
 ) {
     let mut held = ring.subscribe();
@@ -995,7 +1012,7 @@ async fn prime(
             ready.write().extend(taken.iter().copied());
             let keys: Vec<String> = taken
                 .iter()
-                .flat_map(|&s| key_slots.enqueue_slot(s))
+                .flat_map(|&s| key_slots.enqueue_slot(s, &wanted))
                 .collect();
             info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
             for key in keys {
@@ -1004,6 +1021,32 @@ async fn prime(
         }
         if primed && held.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Whether a key of a slot just taken, whose last event the event filter
+/// turned down, is worth a reconcile: its cached object passes the filter
+/// as an add (what a replica that starts with the slot would see); a key
+/// whose object is not cached is (its deletion is reconciled). A filter
+/// that panics turns the key down, as the event handler would.
+fn wanted_on_taking<K: Object + Clone>(
+    informer: &SharedIndexInformer<K>,
+    filter: Option<EventFilter<K>>,
+) -> impl Fn(&str) -> bool + Send + 'static {
+    let cache = informer.indexer();
+    move |key: &str| match (cache.get_by_key(key), &filter) {
+        (None, _) | (Some(_), None) => true,
+        (Some(obj), Some(filter)) => {
+            std::panic::catch_unwind(AssertUnwindSafe(|| filter(Event::Add(&obj)))).unwrap_or_else(
+                |_| {
+                    warn!(
+                        key,
+                        "the event filter panicked on a cached object; not enqueued"
+                    );
+                    false
+                },
+            )
         }
     }
 }

@@ -20,7 +20,8 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::ring::slot_of_uid;
 use kinformer_controllers::{
-    Action, Controller, ControllerError, ControllerOptions, Lookup, Metrics, Ring, RingConfig,
+    Action, Controller, ControllerError, ControllerOptions, Event, Lookup, Metrics, Ring,
+    RingConfig,
 };
 use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_informer::{ApiListerWatcher, InformerOptions, SharedIndexInformer};
@@ -73,24 +74,48 @@ struct Replica {
     run: Option<tokio::task::JoinHandle<Result<(), ControllerError>>>,
 }
 
+/// What a replica may have besides the plain controller.
+#[derive(Default)]
+struct Extras {
+    /// A secondary informer of every ConfigMap.
+    secondary: bool,
+    /// A reconcile of an object at `data.v == "hold"` waits for this to
+    /// be notified.
+    hold: Arc<tokio::sync::Notify>,
+    /// An event filter that turns down the adds and updates of objects at
+    /// `data.v == "skip"`.
+    skip_filter: bool,
+}
+
+/// A ConfigMap's `data.v`.
+fn v_of(cm: &ConfigMap) -> &str {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get("v"))
+        .map_or("", String::as_str)
+}
+
 impl Replica {
     /// A replica whose primary informer watches its slots (`scoped`) or
     /// every object.
     fn start(env: &TestEnv, ns: &str, id: &str, log: &Log, scoped: bool) -> Self {
-        Self::start_with(env, ns, id, log, scoped, false, Arc::default())
+        Self::start_with(env, ns, id, log, scoped, Extras::default())
     }
 
-    /// As `start`, with a secondary informer (`secondary`); a reconcile of
-    /// an object at `data.v == "hold"` waits for `hold` to be notified.
+    /// As `start`, with `extras`.
     fn start_with(
         env: &TestEnv,
         ns: &str,
         id: &str,
         log: &Log,
         scoped: bool,
-        secondary: bool,
-        hold: Arc<tokio::sync::Notify>,
+        extras: Extras,
     ) -> Self {
+        let Extras {
+            secondary,
+            hold,
+            skip_filter,
+        } = extras;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -114,6 +139,16 @@ impl Replica {
         }
         let informer = SharedIndexInformer::new(lw, InformerOptions::default());
         let (who, log) = (id.to_owned(), Arc::clone(log));
+        let mut options = ControllerOptions::new()
+            .workers(2)
+            .ring(Arc::clone(&ring))
+            .metrics(Arc::clone(&metrics));
+        if skip_filter {
+            options = options.event_filter(|e| match e {
+                Event::Add(cm) | Event::Update { new: cm, .. } => v_of(cm) != "skip",
+                Event::Delete(_) => true,
+            });
+        }
         let controller = Controller::from_fn(
             "sharded",
             informer.clone(),
@@ -127,10 +162,7 @@ impl Replica {
                                 cm.metadata.namespace.as_deref().unwrap_or_default(),
                                 cm.metadata.name.as_deref().unwrap_or_default()
                             ),
-                            cm.data
-                                .as_ref()
-                                .and_then(|d| d.get("v").cloned())
-                                .unwrap_or_default(),
+                            v_of(&cm).to_owned(),
                         ),
                         Lookup::Gone { key } => (key, GONE.to_owned()),
                     };
@@ -158,10 +190,7 @@ impl Replica {
                     Ok(Action::Done)
                 }
             },
-            ControllerOptions::new()
-                .workers(2)
-                .ring(Arc::clone(&ring))
-                .metrics(Arc::clone(&metrics)),
+            options,
         )
         .unwrap();
         // A secondary informer, whole as secondaries stay: every change of
@@ -220,6 +249,14 @@ impl Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Extras with a secondary informer.
+fn secondary() -> Extras {
+    Extras {
+        secondary: true,
+        ..Extras::default()
     }
 }
 
@@ -417,12 +454,12 @@ async fn no_key_is_reconciled_by_two_replicas_at_once_as_replicas_come_go_and_di
     };
 
     let log: Log = Arc::default();
-    let mut a = Replica::start_with(env, &ns, "a", &log, true, true, Arc::default());
+    let mut a = Replica::start_with(env, &ns, "a", &log, true, secondary());
     settled(&[&a], &slots).await;
-    let mut b = Replica::start_with(env, &ns, "b", &log, true, true, Arc::default());
+    let mut b = Replica::start_with(env, &ns, "b", &log, true, secondary());
     settled(&[&a, &b], &slots).await;
-    let mut c = Replica::start_with(env, &ns, "c", &log, true, true, Arc::default());
-    let mut d = Replica::start_with(env, &ns, "d", &log, true, true, Arc::default());
+    let mut c = Replica::start_with(env, &ns, "c", &log, true, secondary());
+    let mut d = Replica::start_with(env, &ns, "d", &log, true, secondary());
     settled(&[&a, &b, &c, &d], &slots).await;
     // Four replicas: each caches about a quarter.
     for r in [&a, &b, &c, &d] {
@@ -573,7 +610,17 @@ async fn an_object_deleted_while_its_key_is_reconciled_has_its_deletion_reconcil
     let key = format!("{ns}/{}", name(0));
     let log: Log = Arc::default();
     let hold = Arc::new(tokio::sync::Notify::new());
-    let mut a = Replica::start_with(env, &ns, "a", &log, true, false, Arc::clone(&hold));
+    let mut a = Replica::start_with(
+        env,
+        &ns,
+        "a",
+        &log,
+        true,
+        Extras {
+            hold: Arc::clone(&hold),
+            ..Extras::default()
+        },
+    );
     settled(&[&a], &slots).await;
     patch_v(&api, &name(0), "hold").await;
     common::eventually("the held reconcile to start", async || {
@@ -587,6 +634,77 @@ async fn an_object_deleted_while_its_key_is_reconciled_has_its_deletion_reconcil
     hold.notify_one();
     common::eventually("the deletion to be reconciled", async || {
         log.lock().iter().any(|r| r.key == key && r.seen == GONE)
+    })
+    .await;
+    a.stop().await;
+}
+
+fn queue_depth(replica: &Replica) -> u64 {
+    replica
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("workqueue_depth{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_the_event_filter_turned_down_are_not_reconciled_when_their_slot_is_taken() {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "filtered", 100).await;
+    let ns = api.namespace().unwrap().to_owned();
+    // Every other key of each slot is at "skip" before the replica starts:
+    // the filter turns its add down. Each slot keeps a key that passes, so
+    // that its reconcile shows the slot was taken and primed.
+    let mut by_slot: BTreeMap<u32, Vec<&String>> = BTreeMap::new();
+    for (key, slot) in &slots {
+        by_slot.entry(*slot).or_default().push(key);
+    }
+    let skipped: BTreeSet<String> = by_slot
+        .values()
+        .flat_map(|keys| keys.iter().skip(1).step_by(2))
+        .map(|key| (*key).clone())
+        .collect();
+    assert!(!skipped.is_empty());
+    for key in &skipped {
+        patch_v(&api, key.rsplit('/').next().unwrap(), "skip").await;
+    }
+    let log: Log = Arc::default();
+    let extras = Extras {
+        skip_filter: true,
+        ..Extras::default()
+    };
+    let mut a = Replica::start_with(env, &ns, "a", &log, true, extras);
+    settled(&[&a], &slots).await;
+    let wanted: BTreeSet<&String> = slots.keys().filter(|k| !skipped.contains(*k)).collect();
+    common::eventually(
+        "the keys the filter passes to be reconciled and the queue to drain",
+        async || {
+            let log = log.lock();
+            let done: BTreeSet<&String> = log.iter().map(|r| &r.key).collect();
+            wanted.iter().all(|k| done.contains(*k))
+                && log.iter().all(|r| r.end.is_some())
+                && queue_depth(&a) == 0
+        },
+    )
+    .await;
+    let wrong: Vec<String> = log
+        .lock()
+        .iter()
+        .filter(|r| skipped.contains(&r.key))
+        .map(|r| r.key.clone())
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "keys the filter turned down were reconciled: {wrong:?}"
+    );
+    // An update the filter passes is reconciled.
+    let key = skipped.iter().next().unwrap();
+    patch_v(&api, key.rsplit('/').next().unwrap(), "go").await;
+    common::eventually("the passed update to be reconciled", async || {
+        log.lock().iter().any(|r| &r.key == key && r.seen == "go")
     })
     .await;
     a.stop().await;
