@@ -328,11 +328,12 @@ pub struct Controller<K> {
 /// The slot of each primary key of a sharded controller, from the primary
 /// informer's events (a delete's from the object's last state): what a
 /// worker enters before reconciling the key. Each record carries a
-/// generation, bumped by every event, and whether the key is queued (or
-/// scheduled again) here: a worker that handled a key forgets its record
-/// only if no event came meanwhile, the object is not cached and the key
-/// was not scheduled again; a delete the event filter drops forgets it
-/// only if the key is not queued.
+/// generation, bumped by every event, whether the key is queued (or
+/// scheduled again) here, and whether an event the filter passed has not
+/// been worked on since (`pending`): a worker that handled a key forgets
+/// its record only if no event came meanwhile, the object is not cached
+/// and the key was not scheduled again; a delete the event filter drops
+/// forgets it only if the key is not queued.
 struct KeySlots {
     slots: u32,
     map: Mutex<std::collections::HashMap<String, KeyRecord>>,
@@ -343,6 +344,10 @@ struct KeyRecord {
     slot: u32,
     generation: u64,
     queued: bool,
+    /// An event the filter passed came and no worker has entered the key's
+    /// slot for it since: set by such an event, cleared only by a worker
+    /// that enters the slot with the key at the generation it took.
+    pending: bool,
 }
 
 impl KeySlots {
@@ -354,10 +359,22 @@ impl KeySlots {
             slot,
             generation: 0,
             queued: false,
+            pending: false,
         });
         record.slot = slot;
         record.generation += 1;
         record.queued |= enqueued;
+        record.pending |= enqueued;
+    }
+
+    /// A worker entered `key`'s slot to reconcile it, having taken it at
+    /// `generation`: the events up to then are being worked on.
+    fn entered(&self, key: &str, generation: u64) {
+        if let Some(record) = self.map.lock().get_mut(key)
+            && record.generation == generation
+        {
+            record.pending = false;
+        }
     }
 
     /// A worker takes `key` from the queue: its slot and generation.
@@ -394,29 +411,30 @@ impl KeySlots {
         }
     }
 
-    /// The keys of `slot` to work on once it is ready, marked queued: the
-    /// caller enqueues them. Those queued already (an event passed the
-    /// filter and has not been worked), and of the others those `wanted`
-    /// says are: it runs user code (the event filter), so without the
-    /// lock, and a key it turns down keeps its record unchanged.
-    fn enqueue_slot(&self, slot: u32, wanted: impl Fn(&str) -> bool) -> Vec<String> {
-        let (mut keys, mut others) = (Vec::new(), Vec::new());
+    /// The keys of `slot`, for a slot just made ready: those with an event
+    /// the filter passed and nobody here worked on (queued or pending), and
+    /// the others, whose last events the filter turned down or which were
+    /// worked on already.
+    fn slot_keys(&self, slot: u32) -> (Vec<String>, Vec<String>) {
+        let (mut passed, mut others) = (Vec::new(), Vec::new());
         for (key, record) in self.map.lock().iter().filter(|(_, r)| r.slot == slot) {
-            if record.queued {
-                keys.push(key.clone());
+            if record.queued || record.pending {
+                passed.push(key.clone());
             } else {
                 others.push(key.clone());
             }
         }
-        others.retain(|key| wanted(key));
+        (passed, others)
+    }
+
+    /// Marks `keys` queued: the caller enqueues them.
+    fn mark_queued(&self, keys: &[String]) {
         let mut map = self.map.lock();
-        for key in &others {
+        for key in keys {
             if let Some(record) = map.get_mut(key) {
                 record.queued = true;
             }
         }
-        keys.extend(others);
-        keys
     }
 
     fn count(&self, slot: u32) -> u64 {
@@ -963,6 +981,10 @@ impl Drop for AbortOnDrop {
 /// just taken.
 const PRIME_POLL: Duration = Duration::from_millis(20);
 
+/// How many keys of a slot just taken `prime` runs the event filter on
+/// before it yields.
+const PRIME_BATCH: usize = 256;
+
 /// Keeps `ready` to the held slots whose objects the primary cache holds.
 /// A slot leaves it as soon as the ring no longer holds it. A slot the ring
 /// takes joins it once the primary informer has listed a shard including it
@@ -972,10 +994,10 @@ const PRIME_POLL: Duration = Duration::from_millis(20);
 /// deleted); at once when no lister-watcher lists the ring's scope (the
 /// cache then holds every object). The slot's keys are then enqueued: they
 /// may have arrived, and been dropped, while the slot was not ready, and an
-/// object relisted unchanged brings no event. Those whose last event the
-/// controller's event filter turned down are enqueued only if `wanted`
-/// (the cached object passes the filter as an add, as it would on a
-/// replica's first list).
+/// object relisted unchanged brings no event. A key with an event the
+/// filter passed that no worker here has worked on is enqueued; any other
+/// only if `wanted` (its cached object passes the filter as an add, as it
+/// would on a replica's first list).
 async fn prime(
     ring: Arc<Ring>,
     key_slots: Arc<KeySlots>,
@@ -1010,10 +1032,19 @@ async fn prime(
         }
         if primed && !taken.is_empty() {
             ready.write().extend(taken.iter().copied());
-            let keys: Vec<String> = taken
-                .iter()
-                .flat_map(|&s| key_slots.enqueue_slot(s, &wanted))
-                .collect();
+            let (mut keys, mut others) = (Vec::new(), Vec::new());
+            for &slot in &taken {
+                let (passed, rest) = key_slots.slot_keys(slot);
+                keys.extend(passed);
+                others.extend(rest);
+            }
+            // The filter is user code and may decode (a compact cache):
+            // let other tasks run between batches.
+            for batch in others.chunks(PRIME_BATCH) {
+                keys.extend(batch.iter().filter(|key| wanted(key)).cloned());
+                tokio::task::yield_now().await;
+            }
+            key_slots.mark_queued(&keys);
             info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
             for key in keys {
                 queue.add(key);
@@ -1025,29 +1056,29 @@ async fn prime(
     }
 }
 
-/// Whether a key of a slot just taken, whose last event the event filter
-/// turned down, is worth a reconcile: its cached object passes the filter
-/// as an add (what a replica that starts with the slot would see); a key
-/// whose object is not cached is (its deletion is reconciled). A filter
-/// that panics turns the key down, as the event handler would.
+/// Whether a key of a slot just taken, with no event the filter passed
+/// waiting, is worth a reconcile: its object is cached and passes the
+/// filter as an add (what a replica that starts with the slot would see).
+/// A key whose object is not cached is not: its deletion, if the filter
+/// passed it, is pending. A filter that panics turns the key down, as it
+/// does an event.
 fn wanted_on_taking<K: Object + Clone>(
     informer: &SharedIndexInformer<K>,
     filter: Option<EventFilter<K>>,
 ) -> impl Fn(&str) -> bool + Send + 'static {
     let cache = informer.indexer();
-    move |key: &str| match (cache.get_by_key(key), &filter) {
-        (None, _) | (Some(_), None) => true,
+    move |key: &str| {
+        match (cache.get_by_key(key), &filter) {
+        (None, _) => false,
+        (Some(_), None) => true,
         (Some(obj), Some(filter)) => {
-            std::panic::catch_unwind(AssertUnwindSafe(|| filter(Event::Add(&obj)))).unwrap_or_else(
-                |_| {
-                    warn!(
-                        key,
-                        "the event filter panicked on a cached object; not enqueued"
-                    );
+            std::panic::catch_unwind(AssertUnwindSafe(|| filter(Event::Add(&obj))))
+                .unwrap_or_else(|panic| {
+                    error!(key, panic = %panic_message(&panic), "the event filter panicked on a cached object of a slot just taken; not enqueued");
                     false
-                },
-            )
+                })
         }
+    }
     }
 }
 
@@ -1183,7 +1214,10 @@ impl Sharding {
             return Entry::NotReady;
         }
         match self.ring.enter(slot) {
-            Some(guard) => Entry::Entered(guard, generation),
+            Some(guard) => {
+                self.key_slots.entered(key, generation);
+                Entry::Entered(guard, generation)
+            }
             None => Entry::NotHeld(Some(generation)),
         }
     }

@@ -82,9 +82,8 @@ struct Extras {
     /// A reconcile of an object at `data.v == "hold"` waits for this to
     /// be notified.
     hold: Arc<tokio::sync::Notify>,
-    /// An event filter that turns down the adds and updates of objects at
-    /// `data.v == "skip"`.
-    skip_filter: bool,
+    /// The controller's event filter.
+    filter: Option<fn(Event<'_, ConfigMap>) -> bool>,
 }
 
 /// A ConfigMap's `data.v`.
@@ -114,7 +113,7 @@ impl Replica {
         let Extras {
             secondary,
             hold,
-            skip_filter,
+            filter,
         } = extras;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -143,11 +142,8 @@ impl Replica {
             .workers(2)
             .ring(Arc::clone(&ring))
             .metrics(Arc::clone(&metrics));
-        if skip_filter {
-            options = options.event_filter(|e| match e {
-                Event::Add(cm) | Event::Update { new: cm, .. } => v_of(cm) != "skip",
-                Event::Delete(_) => true,
-            });
+        if let Some(filter) = filter {
+            options = options.event_filter(filter);
         }
         let controller = Controller::from_fn(
             "sharded",
@@ -672,8 +668,12 @@ async fn keys_the_event_filter_turned_down_are_not_reconciled_when_their_slot_is
         patch_v(&api, key.rsplit('/').next().unwrap(), "skip").await;
     }
     let log: Log = Arc::default();
+    // Adds and updates of objects at "skip" are turned down.
     let extras = Extras {
-        skip_filter: true,
+        filter: Some(|e| match e {
+            Event::Add(cm) | Event::Update { new: cm, .. } => v_of(cm) != "skip",
+            Event::Delete(_) => true,
+        }),
         ..Extras::default()
     };
     let mut a = Replica::start_with(env, &ns, "a", &log, true, extras);
@@ -707,6 +707,55 @@ async fn keys_the_event_filter_turned_down_are_not_reconciled_when_their_slot_is
         log.lock().iter().any(|r| &r.key == key && r.seen == "go")
     })
     .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_the_filter_passed_whose_reconcile_died_with_its_replica_is_reconciled_by_the_next_holder()
+ {
+    let env = sharded_env().await;
+    let (api, slots) = config_maps(env, "passed", 100).await;
+    let ns = api.namespace().unwrap().to_owned();
+    let log: Log = Arc::default();
+    // Updates pass; adds of objects at "hold" are turned down, so only the
+    // update itself can bring the key to a new holder's workers.
+    let hold = Arc::new(tokio::sync::Notify::new());
+    let filtered = || Extras {
+        filter: Some(|e| match e {
+            Event::Add(cm) => v_of(cm) != "hold",
+            _ => true,
+        }),
+        hold: Arc::clone(&hold),
+        ..Extras::default()
+    };
+    let mut a = Replica::start_with(env, &ns, "a", &log, false, filtered());
+    let mut b = Replica::start_with(env, &ns, "b", &log, false, filtered());
+    settled_with(&[&a, &b], &slots, false).await;
+    let (key, _) = slots
+        .iter()
+        .find(|(_, s)| b.ring.held().contains(s))
+        .expect("b holds a slot with a key");
+    let key = key.clone();
+    // b starts reconciling the update and dies before it ends; a saw the
+    // update too (whole caches) and left it to b.
+    patch_v(&api, key.rsplit('/').next().unwrap(), "hold").await;
+    common::eventually("b to start reconciling the update", async || {
+        log.lock()
+            .iter()
+            .any(|r| r.replica == "b" && r.key == key && r.seen == "hold")
+    })
+    .await;
+    b.kill();
+    common::eventually(
+        "a to reconcile the update once it holds the slot",
+        async || {
+            log.lock()
+                .iter()
+                .any(|r| r.replica == "a" && r.key == key && r.seen == "hold")
+        },
+    )
+    .await;
+    hold.notify_one();
     a.stop().await;
 }
 
