@@ -586,16 +586,23 @@ async fn a_reconcile_whose_slot_lease_is_lost_is_aborted() {
     a.stop().await;
 }
 
-/// The count of adds to the controller's workqueue, from its metrics.
-fn queue_adds(replica: &Replica) -> u64 {
+/// The value of the controller's workqueue metric `name`, if reported.
+fn queue_metric(replica: &Replica, name: &str) -> Option<u64> {
     replica
         .metrics
         .encode()
         .lines()
-        .find(|l| l.starts_with("workqueue_adds_total{"))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+}
+
+/// The count of adds to the controller's workqueue, from its metrics.
+fn queue_adds(replica: &Replica) -> u64 {
+    queue_metric(replica, "workqueue_adds_total").unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,15 +642,10 @@ async fn an_object_deleted_while_its_key_is_reconciled_has_its_deletion_reconcil
     a.stop().await;
 }
 
+/// The depth of the controller's workqueue, from its metrics (`u64::MAX`
+/// until it is reported).
 fn queue_depth(replica: &Replica) -> u64 {
-    replica
-        .metrics
-        .encode()
-        .lines()
-        .find(|l| l.starts_with("workqueue_depth{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(u64::MAX)
+    queue_metric(replica, "workqueue_depth").unwrap_or(u64::MAX)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
