@@ -344,9 +344,10 @@ struct KeyRecord {
     slot: u32,
     generation: u64,
     queued: bool,
-    /// An event the filter passed came and no worker has entered the key's
-    /// slot for it since: set by such an event, cleared only by a worker
-    /// that enters the slot with the key at the generation it took.
+    /// An event the filter passed came and no reconcile here has settled
+    /// since: set by such an event, cleared only when a reconcile of the
+    /// key taken at the record's generation ends without scheduling it
+    /// again.
     pending: bool,
 }
 
@@ -367,9 +368,10 @@ impl KeySlots {
         record.pending |= enqueued;
     }
 
-    /// A worker entered `key`'s slot to reconcile it, having taken it at
-    /// `generation`: the events up to then are being worked on.
-    fn entered(&self, key: &str, generation: u64) {
+    /// A reconcile of `key`, taken at `generation`, has settled (ended
+    /// without scheduling the key again): the events up to then are worked
+    /// on.
+    fn worked(&self, key: &str, generation: u64) {
         if let Some(record) = self.map.lock().get_mut(key)
             && record.generation == generation
         {
@@ -412,9 +414,9 @@ impl KeySlots {
     }
 
     /// The keys of `slot`, for a slot just made ready: those with an event
-    /// the filter passed and nobody here worked on (queued or pending), and
-    /// the others, whose last events the filter turned down or which were
-    /// worked on already.
+    /// the filter passed and no reconcile here settled since (queued or
+    /// pending), and the others, whose events the filter turned down or
+    /// were reconciled here already.
     fn slot_keys(&self, slot: u32) -> (Vec<String>, Vec<String>) {
         let (mut passed, mut others) = (Vec::new(), Vec::new());
         for (key, record) in self.map.lock().iter().filter(|(_, r)| r.slot == slot) {
@@ -995,9 +997,9 @@ const PRIME_BATCH: usize = 256;
 /// cache then holds every object). The slot's keys are then enqueued: they
 /// may have arrived, and been dropped, while the slot was not ready, and an
 /// object relisted unchanged brings no event. A key with an event the
-/// filter passed that no worker here has worked on is enqueued; any other
-/// only if `wanted` (its cached object passes the filter as an add, as it
-/// would on a replica's first list).
+/// filter passed, and no reconcile here settled since, is enqueued; any
+/// other only if `wanted` (its cached object passes the filter as an add,
+/// as it would on a replica's first list).
 async fn prime(
     ring: Arc<Ring>,
     key_slots: Arc<KeySlots>,
@@ -1214,10 +1216,7 @@ impl Sharding {
             return Entry::NotReady;
         }
         match self.ring.enter(slot) {
-            Some(guard) => {
-                self.key_slots.entered(key, generation);
-                Entry::Entered(guard, generation)
-            }
+            Some(guard) => Entry::Entered(guard, generation),
             None => Entry::NotHeld(Some(generation)),
         }
     }
@@ -1282,7 +1281,10 @@ impl Worker {
                 // go on while the queue takes the key again.
                 drop(guard);
                 match outcome {
-                    Some(Settled::Yes) => sharding.forget(&key, generation),
+                    Some(Settled::Yes) => {
+                        sharding.key_slots.worked(&key, generation);
+                        sharding.forget(&key, generation);
+                    }
                     Some(Settled::No) => sharding.key_slots.queued(&key),
                     None => {}
                 }
