@@ -344,11 +344,11 @@ struct KeyRecord {
     slot: u32,
     generation: u64,
     queued: bool,
-    /// An event the filter passed came and no reconcile here has settled
-    /// since: set by such an event, cleared only when a reconcile of the
-    /// key taken at the record's generation ends without scheduling it
-    /// again.
-    pending: bool,
+    /// The generation of the latest event the filter passed, while no
+    /// reconcile here has settled since: cleared only when a reconcile of
+    /// the key, taken at that generation or later, ends done (not
+    /// scheduled again, not aborted).
+    pending: Option<u64>,
 }
 
 impl KeySlots {
@@ -360,22 +360,24 @@ impl KeySlots {
             slot,
             generation: 0,
             queued: false,
-            pending: false,
+            pending: None,
         });
         record.slot = slot;
         record.generation += 1;
         record.queued |= enqueued;
-        record.pending |= enqueued;
+        if enqueued {
+            record.pending = Some(record.generation);
+        }
     }
 
-    /// A reconcile of `key`, taken at `generation`, has settled (ended
-    /// without scheduling the key again): the events up to then are worked
-    /// on.
+    /// A reconcile of `key`, taken at `generation`, is done (ended without
+    /// scheduling the key again): the passed events up to then are worked
+    /// on, whatever events the filter turned down came since.
     fn worked(&self, key: &str, generation: u64) {
         if let Some(record) = self.map.lock().get_mut(key)
-            && record.generation == generation
+            && record.pending.is_some_and(|at| at <= generation)
         {
-            record.pending = false;
+            record.pending = None;
         }
     }
 
@@ -420,7 +422,7 @@ impl KeySlots {
     fn slot_keys(&self, slot: u32) -> (Vec<String>, Vec<String>) {
         let (mut passed, mut others) = (Vec::new(), Vec::new());
         for (key, record) in self.map.lock().iter().filter(|(_, r)| r.slot == slot) {
-            if record.queued || record.pending {
+            if record.queued || record.pending.is_some() {
                 passed.push(key.clone());
             } else {
                 others.push(key.clone());
@@ -1165,12 +1167,15 @@ struct Worker {
     sharding: Option<Sharding>,
 }
 
-/// Whether a reconcile left its key unscheduled (`Yes`) or scheduled it
-/// again (a retry, a `RequeueAfter`).
+/// Whether a reconcile left its key unscheduled (`Yes`), scheduled it
+/// again (a retry, a `RequeueAfter`: `No`), or was aborted because its
+/// slot's Lease was lost (`LeaseLost`: not scheduled again here, and not
+/// done either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Settled {
     Yes,
     No,
+    LeaseLost,
 }
 
 /// What a sharded controller's workers need.
@@ -1285,6 +1290,7 @@ impl Worker {
                         sharding.key_slots.worked(&key, generation);
                         sharding.forget(&key, generation);
                     }
+                    Some(Settled::LeaseLost) => sharding.forget(&key, generation),
                     Some(Settled::No) => sharding.key_slots.queued(&key),
                     None => {}
                 }
@@ -1317,11 +1323,13 @@ impl Worker {
                 }
             } => {
                 // Another replica may take the slot once the Lease expires:
-                // this reconcile must not outlive that. Not retried here.
+                // this reconcile must not outlive that. Not retried here (the
+                // key stays pending, for this replica to take up again if
+                // it takes the slot back).
                 warn!(key, slot = slot.map(SlotGuard::slot), running = ?started.elapsed(), "the slot's Lease was lost; reconcile aborted");
                 self.record(key, "error", started.elapsed().as_secs_f64());
                 self.queue.forget(&key.to_owned());
-                return Some(Settled::Yes);
+                return Some(Settled::LeaseLost);
             }
             outcome = with_timeout(self.reconcile_timeout, reconcile) => outcome,
         };
@@ -1454,6 +1462,42 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    fn key_slots_with_one_key() -> (KeySlots, k8s_openapi::api::core::v1::ConfigMap, u32) {
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.uid = Some("0b5e0d8e-5a44-4d3a-9f3e-1c2d3e4f5a6b".into());
+        let slot = slot_of_uid(cm.metadata.uid.as_deref().unwrap_or_default(), 4);
+        let slots = KeySlots {
+            slots: 4,
+            map: Mutex::default(),
+        };
+        (slots, cm, slot)
+    }
+
+    #[test]
+    fn an_event_the_filter_turned_down_during_a_reconcile_does_not_keep_the_key_pending() {
+        let (slots, cm, slot) = key_slots_with_one_key();
+        slots.record("ns/a", &cm, true);
+        let (_, generation) = slots.take("ns/a").unwrap();
+        // A status write of the reconcile comes back, turned down.
+        slots.record("ns/a", &cm, false);
+        slots.worked("ns/a", generation);
+        let (passed, others) = slots.slot_keys(slot);
+        assert!(passed.is_empty(), "{passed:?}");
+        assert_eq!(others, ["ns/a"]);
+    }
+
+    #[test]
+    fn an_event_the_filter_passed_during_a_reconcile_keeps_the_key_pending() {
+        let (slots, cm, slot) = key_slots_with_one_key();
+        slots.record("ns/a", &cm, true);
+        let (_, generation) = slots.take("ns/a").unwrap();
+        slots.record("ns/a", &cm, true);
+        slots.take("ns/a");
+        slots.worked("ns/a", generation);
+        let (passed, _) = slots.slot_keys(slot);
+        assert_eq!(passed, ["ns/a"]);
     }
 
     #[test]
