@@ -33,6 +33,10 @@ pub enum ListWatchError {
     /// A response or event could not be decoded.
     #[error("cannot decode the server's response: {0}")]
     Decode(String),
+    /// One object of a watch (or a streaming list) could not be decoded;
+    /// its key, when readable, lets the Reflector keep what is cached.
+    #[error("cannot decode an object: {0}")]
+    Undecodable(crate::Undecodable),
     /// A watch saw no event, not even a bookmark, for longer than its idle timeout.
     #[error("watch idle for {0:?}: treating the connection as dead")]
     Idle(std::time::Duration),
@@ -75,15 +79,17 @@ impl ListWatchError {
 
     /// Whether the server refused a list at a resource version it has not
     /// reached yet (typically after failing over to a lagging apiserver):
-    /// a cause `ResourceVersionTooLarge`, or, from servers 1.17.0-1.18.5, a
-    /// Timeout whose cause says "Too large resource version". client-go's
+    /// a cause `ResourceVersionTooLarge`, or a Timeout that says "Too large
+    /// resource version" in a cause (servers 1.17.0-1.18.5) or in its
+    /// message (servers before 1.17, which send no cause). client-go's
     /// `isTooLargeResourceVersionError`; the Reflector then lists at `""`.
     pub fn is_too_large_resource_version(&self) -> bool {
+        const TOO_LARGE: &str = "Too large resource version";
         let Self::Api {
             code,
             reason,
+            message,
             causes,
-            ..
         } = self
         else {
             return false;
@@ -91,11 +97,14 @@ impl ListWatchError {
         if causes.iter().any(|c| c.reason == "ResourceVersionTooLarge") {
             return true;
         }
+        // apimachinery's IsTimeout: the reason, or a 504 whose reason it
+        // does not know.
         let timeout = reason == "Timeout" || (*code == 504 && !is_known_reason(reason));
-        timeout
-            && causes
-                .iter()
-                .any(|c| c.message == "Too large resource version")
+        // client-go also wants the Status to have `details` before it reads
+        // causes or message. Whether it had is not kept here; the
+        // apiservers that send these words build the Status with
+        // `NewTimeoutError`, which always sets details.
+        timeout && (causes.iter().any(|c| c.message == TOO_LARGE) || message.contains(TOO_LARGE))
     }
 
     pub(crate) fn from_status(status: &kube_client::core::Status) -> Self {
@@ -243,6 +252,20 @@ mod tests {
             "details": {"causes": [{"message": "Too large resource version"}]}
         });
         assert!(status(old).is_too_large_resource_version());
+        // Servers before 1.17: no cause at all, only the message
+        // (`NewTimeoutError`'s "Timeout: " prefix included).
+        let older = serde_json::json!({
+            "status": "Failure", "reason": "Timeout", "code": 504,
+            "message": "Timeout: Too large resource version: 2000, current: 1000",
+            "details": {"retryAfterSeconds": 1}
+        });
+        assert!(status(older).is_too_large_resource_version());
+        // The same read as a 504 with a reason apimachinery does not know.
+        let unknown = serde_json::json!({
+            "status": "Failure", "reason": "SomethingNew", "code": 504,
+            "message": "Too large resource version: 2000, current: 1000"
+        });
+        assert!(status(unknown).is_too_large_resource_version());
         // A Timeout for any other reason is not one.
         let timeout = serde_json::json!({
             "status": "Failure", "reason": "Timeout", "code": 504,
@@ -255,6 +278,17 @@ mod tests {
             "details": {"causes": [{"message": "Too large resource version"}]}
         });
         assert!(!status(internal).is_too_large_resource_version());
+        let internal = serde_json::json!({
+            "status": "Failure", "reason": "InternalError", "code": 500,
+            "message": "Too large resource version: 2000, current: 1000"
+        });
+        assert!(!status(internal).is_too_large_resource_version());
+        // Nor a 504 whose known reason is not Timeout.
+        let unavailable = serde_json::json!({
+            "status": "Failure", "reason": "ServiceUnavailable", "code": 504,
+            "message": "Too large resource version: 2000, current: 1000"
+        });
+        assert!(!status(unavailable).is_too_large_resource_version());
     }
 
     #[test]

@@ -1,14 +1,22 @@
 //! Event handlers: what an informer calls for each add, update and delete.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kinformer_store::ObjectOrTombstone;
+
+/// How long a handler waits after a panic unless it says otherwise: client-go's.
+pub(crate) const DEFAULT_PANIC_PAUSE: Duration = Duration::from_secs(1);
 
 /// Receives an informer's notifications: client-go's `ResourceEventHandler`.
 ///
 /// Each handler runs on a thread of its own with an unbounded buffer, so a
 /// slow handler delays only itself; it may block. A handler that panics is
-/// logged and goes on with the next notification.
+/// logged, and gets its next notification after a pause
+/// ([`panic_pause`](Self::panic_pause), 1 s by default, as client-go), so
+/// that a handler panicking on every object cannot keep a core busy; its
+/// notifications meanwhile stay buffered, and the other handlers and the
+/// watch go on.
 pub trait ResourceEventHandler<K>: Send + Sync + 'static {
     /// An object appeared. `is_in_initial_list` is true for the objects of
     /// the first list (and for the current cache replayed to a handler added
@@ -24,6 +32,13 @@ pub trait ResourceEventHandler<K>: Send + Sync + 'static {
     /// An object was deleted; a tombstone when the deletion was found on relist.
     fn on_delete(&self, obj: &ObjectOrTombstone<K>) {
         let _ = obj;
+    }
+    /// How long this handler waits after one of its callbacks panicked
+    /// before it gets its next notification: 1 s, as client-go's
+    /// processorListener (restarted by `wait.Until` a second after a
+    /// panic). Zero: at once. Read once, when the handler is added.
+    fn panic_pause(&self) -> Duration {
+        DEFAULT_PANIC_PAUSE
     }
 }
 
@@ -45,6 +60,7 @@ pub struct ResourceEventHandlerFuncs<K> {
     add: Option<AddFn<K>>,
     update: Option<UpdateFn<K>>,
     delete: Option<DeleteFn<K>>,
+    panic_pause: Duration,
 }
 
 impl<K> Default for ResourceEventHandlerFuncs<K> {
@@ -53,6 +69,7 @@ impl<K> Default for ResourceEventHandlerFuncs<K> {
             add: None,
             update: None,
             delete: None,
+            panic_pause: DEFAULT_PANIC_PAUSE,
         }
     }
 }
@@ -80,6 +97,14 @@ impl<K> ResourceEventHandlerFuncs<K> {
         self.delete = Some(Box::new(f));
         self
     }
+
+    /// How long to wait after a panic of one of the closures before the
+    /// next notification ([`ResourceEventHandler::panic_pause`]); 1 s
+    /// unless set, zero for none.
+    pub fn panic_pause(mut self, pause: Duration) -> Self {
+        self.panic_pause = pause;
+        self
+    }
 }
 
 impl<K: Send + Sync + 'static> ResourceEventHandler<K> for ResourceEventHandlerFuncs<K> {
@@ -97,5 +122,8 @@ impl<K: Send + Sync + 'static> ResourceEventHandler<K> for ResourceEventHandlerF
         if let Some(f) = &self.delete {
             f(obj)
         }
+    }
+    fn panic_pause(&self) -> Duration {
+        self.panic_pause
     }
 }

@@ -5,7 +5,12 @@
 //! says so.
 //! - Handlers: a panic is caught on the handler's thread, logged with the
 //!   object's key and counted ([`ResourceEventHandlerRegistration::panics`]);
-//!   the handler gets the next notification.
+//!   the handler gets the next notification after its
+//!   [`panic_pause`](ResourceEventHandler::panic_pause) (1 s by default, as
+//!   client-go), so that one panicking on every object cannot keep a core
+//!   busy. Its notifications meanwhile stay buffered
+//!   ([`ResourceEventHandlerRegistration::pending`]); the other handlers and
+//!   the watch are not held up.
 //! - Index functions: the object is cached and left out of that index only,
 //!   logged with key and index, counted ([`SharedIndexInformer::index_failures`]).
 //! - The transform and the watch error handler: caught by the Reflector (see

@@ -3,7 +3,10 @@
 //! Each listener owns an unbounded channel and a thread that drains it into
 //! its handler: distributing a notification never waits for a handler, so a
 //! slow handler cannot hold up the others or the watch. Its buffer depth is
-//! counted so that it can be exported.
+//! counted so that it can be exported. After a handler panic the thread
+//! waits the handler's `panic_pause` before the next notification, as
+//! client-go's listener is restarted by `wait.Until` a second after a
+//! panic: a handler that panics on every object cannot keep a core busy.
 //!
 //! The listener list sits behind a `RwLock`: delta processing takes it for
 //! reading while it updates the Indexer and distributes, and adding a handler
@@ -14,7 +17,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use kinformer_store::{
@@ -25,6 +28,7 @@ use tokio::time::Instant;
 use tracing::error;
 
 use crate::ResourceEventHandler;
+use crate::handler::DEFAULT_PANIC_PAUSE;
 use crate::panics::panic_message;
 
 pub(crate) enum Notification<K> {
@@ -66,6 +70,10 @@ pub(crate) struct ListenerState {
 pub(crate) struct Listener<K> {
     pub id: u64,
     tx: mpsc::Sender<Notification<K>>,
+    /// Never sent on: dropping the listener (removed, or the informer
+    /// stopped) disconnects it, which ends a pause after a handler panic at
+    /// once instead of keeping the thread for the rest of the pause.
+    _wake: mpsc::Sender<()>,
     pub state: Arc<ListenerState>,
     resync_period: Option<Duration>,
     next_resync: Mutex<Instant>,
@@ -79,11 +87,12 @@ impl<K: Object> Listener<K> {
         resync_period: Option<Duration>,
     ) -> Self {
         let (tx, rx) = mpsc::channel::<Notification<K>>();
+        let (wake, woken) = mpsc::channel::<()>();
         let state = Arc::new(ListenerState::default());
         let thread_state = Arc::clone(&state);
         let spawned = std::thread::Builder::new()
             .name(format!("kinformer-handler-{id}"))
-            .spawn(move || run_listener(rx, handler, thread_state));
+            .spawn(move || run_listener(rx, woken, handler, thread_state));
         if let Err(e) = spawned {
             error!(handler = id, error = %e, "cannot start the handler thread");
             state.stopped.store(true, Ordering::SeqCst);
@@ -91,6 +100,7 @@ impl<K: Object> Listener<K> {
         Self {
             id,
             tx,
+            _wake: wake,
             state,
             resync_period,
             next_resync: Mutex::new(Instant::now() + resync_period.unwrap_or_default()),
@@ -113,9 +123,16 @@ impl<K> Listener<K> {
 
 fn run_listener<K: Object>(
     rx: mpsc::Receiver<Notification<K>>,
+    woken: mpsc::Receiver<()>,
     handler: Arc<dyn ResourceEventHandler<K>>,
     state: Arc<ListenerState>,
 ) {
+    // Asked here rather than by the caller of `spawn`, so that a panic in
+    // this user callback is contained like the others.
+    let pause = catch_unwind(AssertUnwindSafe(|| handler.panic_pause())).unwrap_or_else(|panic| {
+        error!(panic = %panic_message(panic.as_ref()), "the event handler's panic_pause panicked; pausing {DEFAULT_PANIC_PAUSE:?} after a panic");
+        DEFAULT_PANIC_PAUSE
+    });
     for n in rx {
         if state.stopped.load(Ordering::SeqCst) {
             return;
@@ -126,6 +143,7 @@ fn run_listener<K: Object>(
             Notification::Update { old, new } => handler.on_update(old, new),
             Notification::Delete(obj) => handler.on_delete(obj),
         }));
+        let panicked = result.is_err();
         if let Err(panic) = result {
             state.panics.fetch_add(1, Ordering::Relaxed);
             let (what, key) = match &n {
@@ -134,13 +152,39 @@ fn run_listener<K: Object>(
                 Notification::Delete(obj) => ("delete", deletion_handling_meta_namespace_key(obj)),
             };
             let key = key.unwrap_or_else(|e| e.to_string());
-            error!(key = %key, notification = what, panic = %panic_message(panic.as_ref()), "event handler panicked; continuing with the next notification");
+            error!(key = %key, notification = what, panic = %panic_message(panic.as_ref()), pause_ms = pause.as_millis() as u64, "event handler panicked; it gets its next notification after the pause");
         }
+        // The notification that panicked is done with (skipped, as in
+        // client-go) before the pause: it no longer holds up has_synced.
         state.handled.fetch_add(1, Ordering::Relaxed);
         if initial {
             state.pending_initial.fetch_sub(1, Ordering::SeqCst);
         }
         state.depth.fetch_sub(1, Ordering::Relaxed);
+        if panicked {
+            pause_after_panic(&woken, pause);
+        }
+    }
+}
+
+/// Waits `pause`, or until the listener is dropped. Notifications sent
+/// meanwhile stay buffered in the listener's channel.
+fn pause_after_panic(woken: &mpsc::Receiver<()>, pause: Duration) {
+    let Some(deadline) = std::time::Instant::now().checked_add(pause) else {
+        // Longer than the clock can count: until the listener is dropped.
+        while woken.recv().is_ok() {}
+        return;
+    };
+    // A deadline rather than one timed wait: the pause is never cut short,
+    // whatever `recv_timeout` makes of an early wake-up.
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        if let Err(RecvTimeoutError::Disconnected) = woken.recv_timeout(left) {
+            return;
+        }
     }
 }
 

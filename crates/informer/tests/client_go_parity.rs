@@ -1,0 +1,317 @@
+//! Two behaviours of client-go that kinformer once lacked (issue 23,
+//! defect 6), against an in-memory ListerWatcher:
+//! - a list refused with a Timeout whose message alone says "Too large
+//!   resource version" (servers before 1.17 send no cause) is retried at
+//!   once at resource version "" (client-go's `isTooLargeResourceVersionError`);
+//! - a handler that panics waits before its next notification (client-go's
+//!   `wait.Until(..., 1*time.Second, ...)` around the listener's run loop),
+//!   so that a handler panicking on every object cannot spin a core, while
+//!   the other handlers go on.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_informer::{
+    CancellationToken, InformerError, ListPage, ListRequest, ListWatchError, ListerWatcher,
+    ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest, WatchStream,
+};
+use kube_client::core::WatchEvent;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+fn cm(name: &str, rv: u64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            resource_version: Some(rv.to_string()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatchError> {
+    Ok(ListPage {
+        items,
+        resource_version: rv.to_string(),
+        continue_token: None,
+        skipped: Vec::new(),
+        shard_selector: None,
+    })
+}
+
+type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
+
+/// Lists come from a script and are recorded with the (tokio) instant they
+/// were asked at; each watch hands the test its sender.
+#[derive(Default)]
+struct Script {
+    lists: VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>,
+    list_requests: Vec<(ListRequest, tokio::time::Instant)>,
+    watch_requests: Vec<WatchRequest>,
+}
+
+#[derive(Clone)]
+struct Fake {
+    script: Arc<Mutex<Script>>,
+    watches: mpsc::UnboundedSender<WatchTx>,
+}
+
+impl ListerWatcher<ConfigMap> for Fake {
+    fn list(
+        &self,
+        request: ListRequest,
+    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
+        let mut s = self.script.lock();
+        s.list_requests.push((request, tokio::time::Instant::now()));
+        let next = s
+            .lists
+            .pop_front()
+            .unwrap_or_else(|| Err(ListWatchError::Connect("script has no more lists".into())));
+        Box::pin(async move { next })
+    }
+
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
+        self.script.lock().watch_requests.push(request);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _ = self.watches.send(tx);
+        Box::pin(async move { Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()) })
+    }
+
+    fn describe(&self) -> String {
+        "configmaps (fake)".into()
+    }
+}
+
+struct Harness {
+    informer: SharedIndexInformer<ConfigMap>,
+    script: Arc<Mutex<Script>>,
+    watches: mpsc::UnboundedReceiver<WatchTx>,
+    shutdown: CancellationToken,
+}
+
+/// An informer over `lists`, with list + watch (no streaming list) and the
+/// default backoff, so that a retry after a backoff shows in the times.
+fn harness(lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>) -> Harness {
+    let script = Arc::new(Mutex::new(Script {
+        lists: lists.into(),
+        ..Script::default()
+    }));
+    let (tx, watches) = mpsc::unbounded_channel();
+    let fake = Fake {
+        script: Arc::clone(&script),
+        watches: tx,
+    };
+    let reflector = ReflectorOptions {
+        use_watch_list: false,
+        ..ReflectorOptions::default()
+    };
+    Harness {
+        informer: SharedIndexInformer::new(fake, common::options().reflector(reflector)),
+        script,
+        watches,
+        shutdown: CancellationToken::new(),
+    }
+}
+
+impl Harness {
+    fn start(&self) -> tokio::task::JoinHandle<Result<(), InformerError>> {
+        let informer = self.informer.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move { informer.run(shutdown).await })
+    }
+
+    async fn next_watch(&mut self) -> WatchTx {
+        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
+            .await
+            .expect("no watch opened")
+            .expect("the informer is gone")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relist_refused_with_a_timeout_whose_message_says_too_large_resource_version_is_retried_at_once_at_an_empty_one()
+ {
+    // What an apiserver before 1.17 answers to a list at a version its
+    // watch cache has not reached (`NewTimeoutError`): no cause, the words
+    // only in the message.
+    let too_large: kube_client::core::Status = serde_json::from_value(serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "Timeout: Too large resource version: 5, current: 4",
+        "reason": "Timeout", "code": 504,
+        "details": {"retryAfterSeconds": 1}
+    }))
+    .unwrap();
+    let mut h = harness(vec![
+        page(vec![cm("a", 5)], 5),
+        Err(kube_client::Error::Api(Box::new(too_large)).into()),
+        page(vec![cm("a", 5)], 9),
+    ]);
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    let _w2 = h.next_watch().await;
+    let s = h.script.lock();
+    let versions: Vec<_> = s
+        .list_requests
+        .iter()
+        .map(|(r, _)| r.resource_version.as_deref())
+        .collect();
+    assert_eq!(versions, [Some("0"), Some("5"), None]);
+    // At once: no backoff (800 ms at least) between the refused list and
+    // the list at "".
+    assert_eq!(s.list_requests[2].1, s.list_requests[1].1);
+    assert_eq!(s.watch_requests[1].resource_version, "9");
+    drop(s);
+    h.shutdown.cancel();
+}
+
+/// Waits (up to 30 s) for the next message of a handler.
+async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the handler got nothing within 30 s")
+        .expect("the handler is gone")
+}
+
+/// Waits (up to 10 s) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within 10 s");
+}
+
+/// A handler that logs the name of each object added.
+fn healthy() -> (
+    ResourceEventHandlerFuncs<ConfigMap>,
+    mpsc::UnboundedReceiver<String>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handler = ResourceEventHandlerFuncs::new().on_add(move |o: &Arc<ConfigMap>, _| {
+        let _ = tx.send(o.metadata.name.clone().unwrap_or_default());
+    });
+    (handler, rx)
+}
+
+/// A handler that says when it is called, then panics.
+fn panicking() -> (
+    ResourceEventHandlerFuncs<ConfigMap>,
+    mpsc::UnboundedReceiver<Instant>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handler = ResourceEventHandlerFuncs::new().on_add(move |_: &Arc<ConfigMap>, _| {
+        let _ = tx.send(Instant::now());
+        panic!("the handler broke");
+    });
+    (handler, rx)
+}
+
+fn three_objects() -> Vec<Result<ListPage<ConfigMap>, ListWatchError>> {
+    vec![page(vec![cm("a", 1), cm("b", 2), cm("c", 3)], 3)]
+}
+
+async fn all_three(rx: &mut mpsc::UnboundedReceiver<String>) {
+    let mut names = vec![next(rx).await, next(rx).await, next(rx).await];
+    names.sort();
+    assert_eq!(names, ["a", "b", "c"]);
+}
+
+// The listener threads are not tokio's, so their pause is real time: the
+// test only asserts lower bounds, which a sleep cannot undercut.
+#[tokio::test]
+async fn a_handler_that_panics_on_every_object_waits_a_second_after_each_panic() {
+    let mut h = harness(three_objects());
+    let (handler, mut calls) = panicking();
+    let broken = h.informer.add_event_handler(handler).unwrap();
+    let (handler, mut names) = healthy();
+    h.informer.add_event_handler(handler).unwrap();
+    let run = h.start();
+    let _w = h.next_watch().await;
+    all_three(&mut names).await;
+    let first = next(&mut calls).await;
+    let second = next(&mut calls).await;
+    let third = next(&mut calls).await;
+    assert!(
+        second - first >= Duration::from_secs(1),
+        "second notification {:?} after the first",
+        second - first
+    );
+    assert!(
+        third - second >= Duration::from_secs(1),
+        "third notification {:?} after the second",
+        third - second
+    );
+    until("the third panic counted", || broken.panics() == 3).await;
+    assert_eq!(broken.handled(), 3);
+    h.shutdown.cancel();
+    assert!(run.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn only_the_handler_that_panicked_waits_and_its_notifications_stay_buffered_until_the_informer_stops()
+ {
+    let mut h = harness(three_objects());
+    let (handler, mut calls) = panicking();
+    // Registered first, so that each notification reaches its buffer before
+    // the healthy handler's.
+    let broken = h
+        .informer
+        .add_event_handler(handler.panic_pause(Duration::from_secs(3600)))
+        .unwrap();
+    let (handler, mut names) = healthy();
+    h.informer.add_event_handler(handler).unwrap();
+    let run = h.start();
+    let _w = h.next_watch().await;
+    // The healthy handler gets everything while the other one waits its hour.
+    all_three(&mut names).await;
+    next(&mut calls).await;
+    until("the first panic counted", || broken.panics() >= 1).await;
+    assert_eq!(broken.panics(), 1);
+    assert_eq!(broken.handled(), 1);
+    assert_eq!(broken.pending(), 2, "kept for after the pause");
+    assert!(h.informer.has_synced());
+    // Stopping the informer ends the pause: the handler's thread ends (and
+    // drops the handler, closing its channel) without delivering the rest.
+    h.shutdown.cancel();
+    assert!(run.await.unwrap().is_ok());
+    let ended = tokio::time::timeout(Duration::from_secs(10), calls.recv()).await;
+    assert_eq!(
+        ended,
+        Ok(None),
+        "the handler thread still waits after the stop"
+    );
+}
+
+#[tokio::test]
+async fn with_a_zero_pause_a_panicking_handler_gets_every_notification() {
+    let mut h = harness(three_objects());
+    let (handler, mut calls) = panicking();
+    let broken = h
+        .informer
+        .add_event_handler(handler.panic_pause(Duration::ZERO))
+        .unwrap();
+    let run = h.start();
+    let _w = h.next_watch().await;
+    for _ in 0..3 {
+        next(&mut calls).await;
+    }
+    until("three panics counted", || broken.panics() == 3).await;
+    h.shutdown.cancel();
+    assert!(run.await.unwrap().is_ok());
+}
