@@ -1,0 +1,366 @@
+//! The EventRecorder against a real kube-apiserver when the server refuses,
+//! loses or is slow with a series' writes: the writes for one series stay
+//! bounded (issue 23, defect 4).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kinformer_controllers::{EventRecorder, EventType};
+use kinformer_envtest::TestEnv;
+use kube_client::Client;
+use kube_client::api::{Api, DeleteParams, ListParams, PostParams};
+use tokio::sync::watch;
+
+mod common;
+use common::{config_map, eventually, setup};
+
+/// A ConfigMap `name` in `ns`, created for real, and a reference to it.
+async fn regarding(client: &Client, ns: &str, name: &str) -> ObjectReference {
+    let cm: ConfigMap = Api::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &config_map(name))
+        .await
+        .unwrap();
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(ns.to_owned()),
+        name: Some(name.to_owned()),
+        uid: cm.metadata.uid,
+        ..Default::default()
+    }
+}
+
+async fn publish(recorder: &EventRecorder, regarding: &ObjectReference) -> kube_client::Result<()> {
+    recorder
+        .publish(regarding, EventType::Warning, "SyncFailed", "Sync", "boom")
+        .await
+}
+
+async fn events(client: &Client, ns: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+fn is_status(result: &kube_client::Result<()>, code: u16) -> bool {
+    matches!(result, Err(kube_client::Error::Api(s)) if s.code == code)
+}
+
+/// Whether `user` may `verb` events.k8s.io events in `ns`, as the API
+/// server's authorizer sees it now.
+async fn may(admin: &Client, ns: &str, user: &str, verb: &str) -> bool {
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "spec": {
+            "user": user,
+            "resourceAttributes": {
+                "namespace": ns, "verb": verb, "group": "events.k8s.io", "resource": "events"
+            }
+        }
+    }))
+    .unwrap();
+    Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_whose_updates_are_forbidden_gets_a_bounded_number_of_attempts_not_one_per_occurrence()
+ {
+    const USER: &str = "kinformer-events-create-only";
+    let (admin, ns) = setup("events-forbidden").await;
+    // RBAC that lets the recorder create Events but not patch them: every
+    // series update is answered 403.
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "events-create-only"},
+        "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "events-create-only"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "events-create-only"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    eventually("the binding to reach the authorizer", async || {
+        may(&admin, &ns, USER, "create").await
+    })
+    .await;
+    assert!(!may(&admin, &ns, USER, "patch").await);
+    // The admin, impersonating the user.
+    let mut config = TestEnv::shared().await.unwrap().config();
+    config.auth_info.impersonate = Some(USER.to_owned());
+    let client = Client::try_from(config).unwrap();
+
+    let target = regarding(&admin, &ns, "forbidden").await;
+    let interval = Duration::from_secs(1);
+    let recorder =
+        EventRecorder::new(client, "kinformer.dev/test", "test-0").series_interval(interval);
+    publish(&recorder, &target).await.unwrap();
+    assert_eq!(recorder.writes(), 1, "the create");
+    // Let the series become due, so that the next occurrence writes it.
+    tokio::time::sleep(interval).await;
+
+    let start = tokio::time::Instant::now();
+    let mut refused = 0;
+    for _ in 0..200 {
+        let result = publish(&recorder, &target).await;
+        if result.is_err() {
+            assert!(is_status(&result, 403), "{result:?}");
+            refused += 1;
+        }
+    }
+    let elapsed = start.elapsed();
+    let attempts = recorder.writes() - 1;
+    eprintln!("200 occurrences, updates forbidden: {attempts} update attempts in {elapsed:?}");
+    assert_eq!(attempts, refused, "each attempt was refused and said so");
+    // Never more than one write per interval, whatever the answers (with
+    // the back-off, fewer): one when the loop is faster than the interval.
+    let bound = 1 + (elapsed.as_millis() / interval.as_millis()) as u64;
+    assert!(
+        (1..=bound).contains(&attempts),
+        "{attempts} attempts in {elapsed:?} (at most {bound})"
+    );
+
+    // flush tries a failing series once per call, not in a loop.
+    for _ in 0..2 {
+        let before = recorder.writes();
+        let result = recorder.flush().await;
+        assert!(is_status(&result, 403), "{result:?}");
+        assert_eq!(recorder.writes(), before + 1, "one attempt per flush");
+    }
+
+    // The Event is there, as created: the count could not be written.
+    let events = events(&admin, &ns).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert!(events[0].series.is_none());
+}
+
+/// A plain-HTTP proxy in front of the API server (reached through an admin
+/// client) that holds every PATCH until its gate opens and counts how many
+/// PATCHes are in flight at once: a slow series update, without timing.
+struct HoldingProxy {
+    port: u16,
+    upstream: Client,
+    gate: watch::Sender<bool>,
+    /// PATCH requests received so far.
+    arrived: watch::Sender<usize>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+impl HoldingProxy {
+    async fn start(upstream: Client) -> Arc<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Arc::new(Self {
+            port: listener.local_addr().unwrap().port(),
+            upstream,
+            gate: watch::Sender::new(false),
+            arrived: watch::Sender::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        });
+        let this = Arc::clone(&proxy);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let this = Arc::clone(&this);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let this = Arc::clone(&this);
+                        async move { Ok::<_, Infallible>(this.forward(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        proxy
+    }
+
+    /// A client through this proxy, with no credentials of its own (the
+    /// proxy's upstream client is the admin).
+    async fn client(&self) -> Client {
+        let mut config = TestEnv::shared().await.unwrap().config();
+        config.cluster_url = format!("http://127.0.0.1:{}", self.port).parse().unwrap();
+        config.auth_info = Default::default();
+        Client::try_from(config).unwrap()
+    }
+
+    fn open(&self) {
+        self.gate.send_replace(true);
+    }
+
+    async fn forward(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        let patch = parts.method == Method::PATCH;
+        if patch {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            self.arrived.send_modify(|n| *n += 1);
+            let _ = self.gate.subscribe().wait_for(|open| *open).await;
+        }
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut out = Request::builder().method(parts.method.clone()).uri(path);
+        for (name, value) in &parts.headers {
+            if name != header::HOST && name != header::CONTENT_LENGTH && name != header::CONNECTION
+            {
+                out = out.header(name, value);
+            }
+        }
+        let answer = self
+            .upstream
+            .send(out.body(kube_client::client::Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        let (mut parts, body) = answer.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        if patch {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        // Re-framed by hyper from the collected body.
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Response::from_parts(parts, Full::new(body))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occurrences_that_find_a_series_write_in_flight_only_count_and_flush_waits_for_it() {
+    let (admin, ns) = setup("events-inflight").await;
+    let proxy = HoldingProxy::start(admin.clone()).await;
+    let target = regarding(&admin, &ns, "slow").await;
+    let interval = Duration::from_millis(300);
+    let recorder = Arc::new(
+        EventRecorder::new(proxy.client().await, "kinformer.dev/test", "test-0")
+            .series_interval(interval),
+    );
+    // The create is a POST: it goes straight through.
+    publish(&recorder, &target).await.unwrap();
+    assert_eq!(recorder.writes(), 1);
+    // Let the series become due, so that the next occurrence writes it.
+    tokio::time::sleep(interval).await;
+
+    // 50 concurrent occurrences; the series update(s) they send are held.
+    let finished = watch::Sender::new(0usize);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (recorder, target, finished) =
+            (Arc::clone(&recorder), target.clone(), finished.clone());
+        tasks.spawn(async move {
+            let result = publish(&recorder, &target).await;
+            finished.send_modify(|n| *n += 1);
+            result
+        });
+    }
+    // Until each occurrence has either returned or has its PATCH held.
+    let (mut done, mut held) = (finished.subscribe(), proxy.arrived.subscribe());
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while *done.borrow_and_update() + *held.borrow_and_update() < 50 {
+            tokio::select! {
+                _ = done.changed() => {}
+                _ = held.changed() => {}
+            }
+        }
+    })
+    .await
+    .expect("every occurrence returned or has its write held");
+    let held_patches = *proxy.arrived.borrow();
+
+    // A flush now must not send a second update beside the held one. (A
+    // wait that can only miss a second PATCH, never invent one.)
+    let flush = tokio::spawn({
+        let recorder = Arc::clone(&recorder);
+        async move { recorder.flush().await }
+    });
+    let second = tokio::time::timeout(
+        Duration::from_millis(500),
+        proxy.arrived.subscribe().wait_for(|n| *n > held_patches),
+    )
+    .await
+    .is_ok();
+
+    proxy.open();
+    while let Some(result) = tasks.join_next().await {
+        result.unwrap().unwrap();
+    }
+    flush.await.unwrap().unwrap();
+    let max = proxy.max_in_flight.load(Ordering::SeqCst);
+    let patches = *proxy.arrived.borrow();
+    eprintln!(
+        "50 concurrent occurrences: {held_patches} updates held at once, \
+         {max} in flight at most, {patches} in all with the flush"
+    );
+    assert_eq!(held_patches, 1, "one update for the 50 occurrences");
+    assert!(!second, "the flush sent an update beside the one in flight");
+    assert_eq!(max, 1, "updates in flight at once");
+    assert_eq!(patches, 2, "the held update, then the flush's");
+    assert_eq!(recorder.writes(), 3);
+    // The flush wrote what the held update could not know of.
+    let events = events(&admin, &ns).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0].series.as_ref().map(|s| s.count), Some(51));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_event_is_created_again_by_the_next_due_series_write() {
+    let (client, ns) = setup("events-deleted").await;
+    let target = regarding(&client, &ns, "deleted").await;
+    let interval = Duration::from_secs(1);
+    let recorder = EventRecorder::new(client.clone(), "kinformer.dev/test", "test-0")
+        .series_interval(interval);
+    publish(&recorder, &target).await.unwrap();
+    let created = events(&client, &ns).await;
+    assert_eq!(created.len(), 1, "{created:#?}");
+    let name = created[0].metadata.name.clone().unwrap();
+    Api::<Event>::namespaced(client.clone(), &ns)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // Let the series become due, so that the next occurrence writes it.
+    tokio::time::sleep(interval).await;
+
+    // The update is answered 404 and the same write creates the Event anew.
+    publish(&recorder, &target).await.unwrap();
+    assert_eq!(recorder.writes(), 3, "create, the update (404), create");
+    let again = events(&client, &ns).await;
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert_eq!(again[0].metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(again[0].series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(again[0].event_time, created[0].event_time);
+
+    // And the series goes on as usual on it: counted, then one update.
+    for _ in 0..5 {
+        publish(&recorder, &target).await.unwrap();
+    }
+    assert_eq!(recorder.writes(), 3, "not due: only counted");
+    recorder.flush().await.unwrap();
+    assert_eq!(recorder.writes(), 4);
+    let later = events(&client, &ns).await;
+    assert_eq!(later.len(), 1, "{later:#?}");
+    assert_eq!(later[0].series.as_ref().map(|s| s.count), Some(7));
+}
