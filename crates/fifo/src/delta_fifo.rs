@@ -258,6 +258,8 @@ impl<K> DeltaFifo<K> {
             fifo: self,
             action: self.replace_action(),
             listed: HashSet::default(),
+            kept: HashSet::default(),
+            keep_all: false,
             pushed: 0,
         }
     }
@@ -510,6 +512,10 @@ pub struct DeltaFifoReplace<'a, K> {
     fifo: &'a DeltaFifo<K>,
     action: DeltaType,
     listed: HashSet<Arc<str>, Hasher>,
+    /// Listed keys whose objects could not be read: no deletion for them.
+    kept: HashSet<Arc<str>, Hasher>,
+    /// A listed object's key could not be read: no deletion at all.
+    keep_all: bool,
     pushed: usize,
 }
 
@@ -561,6 +567,20 @@ impl<K> DeltaFifoReplace<'_, K> {
         refused
     }
 
+    /// A listed object that could not be read (it did not decode) under
+    /// `key`: the key counts as listed, so [`finish`](Self::finish) infers
+    /// no deletion for it and the version the consumer holds stays, as
+    /// it does for a key whose object was pushed. Nothing is queued.
+    pub fn keep(&mut self, key: &str) {
+        self.kept.insert(Arc::from(key));
+    }
+
+    /// A listed object whose key could not be read either: any key might
+    /// be its own, so [`finish`](Self::finish) infers no deletion at all.
+    pub fn keep_all(&mut self) {
+        self.keep_all = true;
+    }
+
     /// How many distinct keys have been pushed.
     pub fn len(&self) -> usize {
         self.listed.len()
@@ -577,15 +597,19 @@ impl<K> DeltaFifoReplace<'_, K> {
     /// the new list lacks is found deleted at [`finish`](Self::finish).
     pub fn restart(&mut self) {
         self.listed.clear();
+        self.kept.clear();
+        self.keep_all = false;
     }
 
     /// The list is complete: queues a `Deleted` delta (with a
     /// [`DeletedFinalStateUnknown`] tombstone) for every key queued or
-    /// known that was not pushed, as [`DeltaFifo::replace`] does.
+    /// known that was neither pushed nor [kept](Self::keep), as
+    /// [`DeltaFifo::replace`] does.
     pub fn finish(self, _resource_version: &str) {
         let mut inner = self.fifo.inner.lock();
-        self.fifo
-            .finish_replace(&mut inner, |key| self.listed.contains(key));
+        self.fifo.finish_replace(&mut inner, |key| {
+            self.keep_all || self.listed.contains(key) || self.kept.contains(key)
+        });
         // Released before `self` is dropped, whose Drop takes the lock.
         drop(inner);
     }

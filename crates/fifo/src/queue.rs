@@ -201,6 +201,25 @@ impl<K> QueueReplace<'_, K> {
         }
     }
 
+    /// A listed object that could not be read under `key`: no deletion is
+    /// inferred for the key, and the version the consumer holds stays (see
+    /// [`DeltaFifoReplace::keep`] and [`RealFifoReplace::keep`]).
+    pub fn keep(&mut self, key: &str) {
+        match self {
+            Self::DeltaFifo(r) => r.keep(key),
+            Self::RealFifo(r) => r.keep(key),
+        }
+    }
+
+    /// A listed object whose key could not be read either: no deletion is
+    /// inferred from this list at all.
+    pub fn keep_all(&mut self) {
+        match self {
+            Self::DeltaFifo(r) => r.keep_all(),
+            Self::RealFifo(r) => r.keep_all(),
+        }
+    }
+
     /// How many objects have been taken (distinct keys on a DeltaFifo).
     pub fn len(&self) -> usize {
         match self {

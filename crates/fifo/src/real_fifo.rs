@@ -185,7 +185,7 @@ impl<K> RealFifo<K> {
                     .map_err(|source| FifoError::ReplaceKey { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.replace_keyed(keys, list);
+        self.replace_keyed(keys, list, &Kept::default());
         Ok(())
     }
 
@@ -203,12 +203,15 @@ impl<K> RealFifo<K> {
             fifo: self,
             keys: Vec::new(),
             list: Vec::new(),
+            kept: Kept::default(),
             pushed: 0,
         }
     }
 
-    fn replace_keyed(&self, keys: Vec<Arc<str>>, list: Vec<Arc<K>>) {
-        let listed: HashSet<&str, Hasher> = keys.iter().map(|k| k.as_ref()).collect();
+    fn replace_keyed(&self, keys: Vec<Arc<str>>, list: Vec<Arc<K>>, kept: &Kept) {
+        let mut listed: HashSet<&str, Hasher> = keys.iter().map(|k| k.as_ref()).collect();
+        listed.extend(kept.keys.iter().map(|k| k.as_ref()));
+        let listed = |key: &str| kept.all || listed.contains(key);
 
         let mut inner = self.inner.lock();
         // The last entry queued for each key, in the order keys first appear.
@@ -222,14 +225,14 @@ impl<K> RealFifo<K> {
         let mut gone: Vec<(Arc<str>, Arc<K>)> = Vec::new();
         for key in &order {
             let (_, delta) = &inner.items[last[key]];
-            if listed.contains(key.as_ref()) || delta.kind == DeltaType::Deleted {
+            if listed(key) || delta.kind == DeltaType::Deleted {
                 continue;
             }
             gone.push((Arc::clone(key), Arc::clone(delta.object.object())));
         }
         if let Some(known) = &self.known_objects {
             for key in known.list_keys() {
-                if listed.contains(key.as_str()) || last.contains_key(key.as_str()) {
+                if listed(&key) || last.contains_key(key.as_str()) {
                     continue;
                 }
                 // Gone from the consumer meanwhile: nothing to report.
@@ -249,7 +252,6 @@ impl<K> RealFifo<K> {
             };
             self.push(&mut inner, key, delta);
         }
-        drop(listed);
         for (key, obj) in keys.into_iter().zip(list) {
             self.push(&mut inner, key, Delta::new(DeltaType::Replaced, obj));
         }
@@ -399,7 +401,16 @@ pub struct RealFifoReplace<'a, K> {
     fifo: &'a RealFifo<K>,
     keys: Vec<Arc<str>>,
     list: Vec<Arc<K>>,
+    kept: Kept,
     pushed: usize,
+}
+
+/// Listed keys whose objects could not be read, or `all` when one's key
+/// could not be read either: no deletion is inferred for them.
+#[derive(Debug, Default)]
+struct Kept {
+    keys: Vec<Arc<str>>,
+    all: bool,
 }
 
 impl<K> fmt::Debug for RealFifoReplace<'_, K> {
@@ -432,6 +443,20 @@ impl<K> RealFifoReplace<'_, K> {
             .collect()
     }
 
+    /// A listed object that could not be read (it did not decode) under
+    /// `key`: the key counts as listed, so [`finish`](Self::finish) infers
+    /// no deletion for it and the version the consumer holds stays.
+    /// Nothing is queued for it.
+    pub fn keep(&mut self, key: &str) {
+        self.kept.keys.push(Arc::from(key));
+    }
+
+    /// A listed object whose key could not be read either: any key might
+    /// be its own, so [`finish`](Self::finish) infers no deletion at all.
+    pub fn keep_all(&mut self) {
+        self.kept.all = true;
+    }
+
     /// How many objects have been taken.
     pub fn len(&self) -> usize {
         self.list.len()
@@ -447,11 +472,13 @@ impl<K> RealFifoReplace<'_, K> {
     pub fn restart(&mut self) {
         self.keys.clear();
         self.list.clear();
+        self.kept = Kept::default();
     }
 
-    /// The list is complete: queues it as [`RealFifo::replace`] does.
+    /// The list is complete: queues it as [`RealFifo::replace`] does,
+    /// inferring no deletion for the keys [kept](Self::keep).
     pub fn finish(self, _resource_version: &str) {
-        self.fifo.replace_keyed(self.keys, self.list);
+        self.fifo.replace_keyed(self.keys, self.list, &self.kept);
     }
 }
 

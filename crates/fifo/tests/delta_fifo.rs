@@ -641,3 +641,41 @@ async fn a_requeue_during_the_first_replace_does_not_sync_the_queue_before_it_fi
     assert!(initial);
     assert!(fifo.has_synced());
 }
+
+#[tokio::test]
+async fn a_replace_infers_no_deletion_for_a_key_whose_listed_object_could_not_be_read() {
+    let known = Arc::new(Indexer::new());
+    for name in ["unreadable", "gone"] {
+        known.add(pod(name, 1)).unwrap();
+    }
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 2)).unwrap();
+    replace.keep("ns/unreadable");
+    replace.finish("3");
+    let mut popped = pop_all(&fifo).await;
+    popped.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        popped,
+        vec![
+            ("ns/a".to_string(), vec![(DeltaType::Replaced, 2, false)]),
+            ("ns/gone".to_string(), vec![(DeltaType::Deleted, 1, true)]),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_replace_with_an_object_whose_key_could_not_be_read_infers_no_deletion_at_all() {
+    let known = Arc::new(Indexer::new());
+    known.add(pod("maybe-that-one", 1)).unwrap();
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 2)).unwrap();
+    replace.keep_all();
+    replace.finish("3");
+    assert_eq!(
+        pop_all(&fifo).await,
+        vec![("ns/a".to_string(), vec![(DeltaType::Replaced, 2, false)])]
+    );
+    assert!(fifo.has_synced());
+}

@@ -304,3 +304,34 @@ async fn a_restarted_replace_queues_only_what_the_new_list_holds() {
     );
     assert!(fifo.is_empty());
 }
+
+#[tokio::test]
+async fn a_replace_infers_no_deletion_for_a_key_whose_listed_object_could_not_be_read() {
+    let known = Arc::new(Indexer::new());
+    for (name, rv) in [("unreadable", 5), ("gone", 6)] {
+        known.add(pod(name, rv)).unwrap();
+    }
+    let fifo = with_known(&known);
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("new", 8)).unwrap();
+    replace.keep("ns/unreadable");
+    replace.finish("9");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(pop(&fifo).await.0);
+    }
+    assert_eq!(
+        seen,
+        [
+            e(DeltaType::Deleted, "gone", 6, true),
+            e(DeltaType::Replaced, "new", 8, false),
+        ]
+    );
+    assert!(fifo.is_empty());
+
+    // A list with an object whose key is unknown infers no deletion at all.
+    let mut replace = fifo.begin_replace();
+    replace.keep_all();
+    replace.finish("10");
+    assert!(fifo.is_empty());
+}

@@ -108,6 +108,7 @@
 
 mod backoff;
 pub mod consistency;
+mod deep;
 mod error;
 mod factory;
 mod handler;
@@ -123,6 +124,7 @@ mod strip;
 mod sync;
 
 pub use backoff::BackoffConfig;
+pub use deep::MAX_JSON_NESTING;
 pub use error::{InformerError, ListWatchError};
 pub use factory::{InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
@@ -134,8 +136,8 @@ pub use kinformer_fifo::FifoKind;
 pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
-    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, ShardScope, WatchRequest, WatchStream,
-    WireFormat,
+    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, ShardScope, Undecodable, WatchRequest,
+    WatchStream, WireFormat,
 };
 pub use reflector::{
     DEFAULT_PAGE_SIZE, LIST_BATCH, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,

@@ -50,12 +50,44 @@ pub struct ListPage<K> {
     pub resource_version: String,
     /// The token for the next page, if there is one.
     pub continue_token: Option<String>,
-    /// Objects of the page that could not be decoded, with why: they are
-    /// left out and reported, the rest is kept.
-    pub skipped: Vec<String>,
+    /// Objects of the page that could not be decoded: left out and
+    /// reported, the rest kept; the Reflector keeps the version cached
+    /// under each one's key (it is not taken for deleted).
+    pub skipped: Vec<Undecodable>,
     /// The shard selector the server says it applied
     /// (`ListMeta.shardInfo.selector`), if any.
     pub shard_selector: Option<String>,
+}
+
+/// An object of a list or a watch that could not be decoded: it is left
+/// out, and the version cached under its key, if any, stays (the object is
+/// not taken for deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    /// `namespace/name` (or `name`) as read from its bytes; `None` when
+    /// even that could not be read.
+    pub key: Option<String>,
+    /// What was wrong, naming the object.
+    pub reason: String,
+}
+
+impl Undecodable {
+    /// The object under `key` (if known) could not be decoded because of `why`.
+    pub fn new(key: Option<String>, why: impl std::fmt::Display) -> Self {
+        let name = key
+            .as_deref()
+            .unwrap_or("an object without a readable name");
+        Self {
+            reason: format!("{name}: {why}"),
+            key,
+        }
+    }
+}
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
 }
 
 /// One watch call, from `resource_version`, ended by the server after
@@ -772,7 +804,7 @@ where
 
 /// `namespace/name` (or `name`) of an object that does not decode as `K`,
 /// read from its JSON as far as it goes.
-pub(crate) fn object_name(json: &str) -> String {
+pub(crate) fn object_key(json: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Named {
         #[serde(default)]
@@ -783,15 +815,15 @@ pub(crate) fn object_name(json: &str) -> String {
         name: Option<String>,
         namespace: Option<String>,
     }
-    match serde_json::from_str::<Named>(json).map(|n| n.metadata) {
+    match crate::deep::from_json::<Named>(json.as_bytes()).map(|n| n.metadata) {
         Ok(Meta {
             name: Some(name),
             namespace: Some(ns),
-        }) if !ns.is_empty() => format!("{ns}/{name}"),
+        }) if !ns.is_empty() => Some(format!("{ns}/{name}")),
         Ok(Meta {
             name: Some(name), ..
-        }) => name,
-        _ => "an object without a readable name".to_owned(),
+        }) => Some(name),
+        _ => None,
     }
 }
 
@@ -826,16 +858,16 @@ fn is_resumable_end(e: &std::io::Error) -> bool {
     false
 }
 
-/// The name of the object inside a watch event's JSON.
-fn event_object_name(json: &[u8]) -> String {
+/// The key of the object inside a watch event's JSON.
+fn event_object_key(json: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Event<'a> {
         #[serde(borrow)]
         object: &'a serde_json::value::RawValue,
     }
-    match serde_json::from_slice::<Event<'_>>(json) {
-        Ok(event) => object_name(event.object.get()),
-        Err(_) => "an event without a readable object".to_owned(),
+    match crate::deep::from_json::<Event<'_>>(json) {
+        Ok(event) => object_key(event.object.get()),
+        Err(_) => None,
     }
 }
 
@@ -882,7 +914,7 @@ fn decode_protobuf_event<K: Resource + DeserializeOwned>(
     let event = envelope::event(frame).map_err(decode)?;
     let object = |event: &envelope::Event<'_>| {
         envelope::object::<K>(&event.object, kind, drop_managed_fields).map_err(|e| {
-            ListWatchError::Decode(format!("{}: {e}", envelope::object_name(event.object.raw)))
+            ListWatchError::Undecodable(Undecodable::new(envelope::object_key(event.object.raw), e))
         })
     };
     Ok(match event.type_ {
@@ -984,17 +1016,17 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
         #[serde(borrow, default)]
         items: Vec<&'a serde_json::value::RawValue>,
     }
-    let raw: RawList<'_> = serde_json::from_slice(json)
+    let raw: RawList<'_> = crate::deep::from_json(json)
         .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
     let mut items = Vec::with_capacity(raw.items.len());
     let mut skipped = Vec::new();
     for item in raw.items {
-        match serde_json::from_str::<K>(item.get()) {
+        match crate::deep::from_json::<K>(item.get().as_bytes()) {
             Ok(obj) => items.push(obj),
             Err(e) => {
                 let text = item.get();
                 let head: String = text.chars().take(160).collect();
-                skipped.push(format!("{}: {e} in {head}", object_name(text)));
+                skipped.push(Undecodable::new(object_key(text), format!("{e} in {head}")));
             }
         }
     }
@@ -1023,13 +1055,13 @@ fn decode_stripped<T>(
 /// One watch event line, as kube-client decodes it: an event, or a Status
 /// error the server sent instead.
 fn decode_event<K: DeserializeOwned>(json: &[u8]) -> Result<WatchEvent<K>, ListWatchError> {
-    match serde_json::from_slice::<WatchEvent<K>>(json) {
+    match crate::deep::from_json::<WatchEvent<K>>(json) {
         Ok(event) => Ok(event),
         Err(e) => match serde_json::from_slice::<kube_client::core::Status>(json) {
             Ok(status) if status.code != 0 => Err(ListWatchError::from_status(&status)),
-            _ => Err(ListWatchError::Decode(format!(
-                "{}: {e}",
-                event_object_name(json)
+            _ => Err(ListWatchError::Undecodable(Undecodable::new(
+                event_object_key(json),
+                e,
             ))),
         },
     }

@@ -33,12 +33,15 @@
 //!   first (client-go reopens at once): the error tends to repeat.
 //! - A watch that sees nothing, not even a bookmark, for the idle timeout is
 //!   taken for a dead (half-open) connection and reopened.
-//! - An object of a list that cannot be decoded is left out of the list (and
-//!   reported), where client-go fails the whole list: the cache then lacks
-//!   it, and a relist deletes it from the cache (a tombstone to the
-//!   handlers) if it was there. List and watch agree; the next watch starts
-//!   after it, so an object that stays undecodable costs one relist per
-//!   change of it, not a relist loop.
+//! - An object of a list that cannot be decoded is left out of the list
+//!   (reported by name and counted in
+//!   [`ReflectorStats::undecodable_objects`]), where client-go fails the
+//!   whole list; it is never taken for deleted: the version cached under
+//!   its key stays (a relist infers no deletion for that key), and an
+//!   object never cached stays absent. One whose key cannot be read either
+//!   makes the list infer no deletion at all. List and watch agree; the
+//!   next watch starts after it, so an object that stays undecodable costs
+//!   one relist per change of it, not a relist loop.
 //! - A streaming list that fails falls back to list + watch for good, and
 //!   one without its end bookmark within `watch_list_timeout` fails.
 //! - [`ListWatchError::Rescoped`] (the shard of a
@@ -86,7 +89,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::lister_watcher::{ListPage, ListRequest, ListerWatcher, WatchRequest, WatchStream};
+use crate::lister_watcher::{
+    ListPage, ListRequest, ListerWatcher, Undecodable, WatchRequest, WatchStream,
+};
 use crate::panics::{AbortOnDrop, panic_message};
 use crate::{ListWatchError, Transform, WatchErrorHandler};
 
@@ -210,6 +215,9 @@ pub struct ReflectorStats {
     pub errors: AtomicU64,
     /// Objects the transform panicked on (each left out, as undecodable).
     pub transform_panics: AtomicU64,
+    /// Objects of lists and watches that could not be decoded (or that the
+    /// transform panicked on): each left out, its cached version kept.
+    pub undecodable_objects: AtomicU64,
     /// Panics of the watch error handler, caught.
     pub error_handler_panics: AtomicU64,
 }
@@ -597,14 +605,15 @@ impl<K: Object + Clone> Reflector<K> {
                         "the streaming list ended before its initial-events-end bookmark".into(),
                     ));
                 }
-                Some(Err(ListWatchError::Decode(e))) => {
+                Some(Err(ListWatchError::Undecodable(skipped))) => {
                     // One undecodable object is skipped; the list goes on.
-                    self.report(&ListWatchError::Decode(format!(
-                        "skipped one object of the streaming list: {e}"
-                    )));
+                    self.skip(&mut replace, &skipped, "the streaming list");
                 }
                 Some(Err(e)) => return Err(e),
-                Some(Ok(WatchEvent::Added(obj))) => batch.extend(self.listed(obj)),
+                Some(Ok(WatchEvent::Added(obj))) => match self.listed(obj) {
+                    Ok(obj) => batch.push(obj),
+                    Err(skipped) => self.skip(&mut replace, &skipped, "the streaming list"),
+                },
                 Some(Ok(WatchEvent::Bookmark(b))) => {
                     let ended = b
                         .metadata
@@ -796,26 +805,38 @@ impl<K: Object + Clone> Reflector<K> {
     /// Hands a page's objects to the replace in progress (reporting those
     /// the lister-watcher skipped); the page keeps its version and token.
     fn take_page(&self, replace: &mut QueueReplace<'_, K>, mut page: ListPage<K>) -> ListPage<K> {
-        for why in &page.skipped {
-            self.report(&ListWatchError::Decode(format!(
-                "skipped one listed object: {why}"
-            )));
+        for skipped in std::mem::take(&mut page.skipped) {
+            self.skip(replace, &skipped, "a listed page");
         }
-        let mut batch = std::mem::take(&mut page.items)
-            .into_iter()
-            .filter_map(|o| self.listed(o))
-            .collect();
+        let mut batch = Vec::with_capacity(page.items.len());
+        for obj in std::mem::take(&mut page.items) {
+            match self.listed(obj) {
+                Ok(obj) => batch.push(obj),
+                Err(skipped) => self.skip(replace, &skipped, "a listed page"),
+            }
+        }
         self.hand_over(replace, &mut batch);
         page
     }
 
     /// A listed object through the transform; one the transform panics on
-    /// is reported and left out, as an undecodable one is.
-    fn listed(&self, obj: K) -> Option<Arc<K>> {
-        self.transform(obj)
-            .map(Arc::new)
-            .inspect_err(|e| self.report(e))
-            .ok()
+    /// is undecodable.
+    fn listed(&self, obj: K) -> Result<Arc<K>, Undecodable> {
+        self.transform(obj).map(Arc::new)
+    }
+
+    /// An object of the list in progress that could not be decoded: left
+    /// out, reported and counted, and its key kept, so that the list is not
+    /// taken to say it was deleted (no key: no deletion inferred at all).
+    fn skip(&self, replace: &mut QueueReplace<'_, K>, skipped: &Undecodable, list: &str) {
+        ReflectorStats::bump(&self.stats.undecodable_objects);
+        match &skipped.key {
+            Some(key) => replace.keep(key),
+            None => replace.keep_all(),
+        }
+        self.report(&ListWatchError::Decode(format!(
+            "left one object of {list} out, keeping what is cached under its key: {skipped}"
+        )));
     }
 
     /// Hands `batch` (emptied) to the replace in progress; an object
@@ -831,20 +852,20 @@ impl<K: Object + Clone> Reflector<K> {
         }
     }
 
-    /// The object through the transform; a panic of the transform is a
-    /// [`ListWatchError::Decode`] naming the object (it cannot be cached
-    /// faithfully, like an object that cannot be decoded).
-    fn transform(&self, obj: K) -> Result<K, ListWatchError> {
+    /// The object through the transform; a panic of the transform makes
+    /// the object [`Undecodable`] (it cannot be cached faithfully).
+    fn transform(&self, obj: K) -> Result<K, Undecodable> {
         let Some(transform) = &self.transform else {
             return Ok(obj);
         };
         // Taken first: the transform consumes the object.
-        let key = meta_namespace_key(&obj).unwrap_or_else(|_| object_description(&obj));
+        let key = meta_namespace_key(&obj).ok();
+        let name = key.clone().unwrap_or_else(|| object_description(&obj));
         catch_unwind(AssertUnwindSafe(|| transform(obj))).map_err(|panic| {
             ReflectorStats::bump(&self.stats.transform_panics);
             let panic = panic_message(panic.as_ref());
-            error!(key = %key, panic = %panic, "the transform panicked; the object is treated as undecodable");
-            ListWatchError::Decode(format!("the transform panicked on {key}: {panic}"))
+            error!(key = %name, panic = %panic, "the transform panicked; the object is treated as undecodable");
+            Undecodable::new(key, format!("the transform panicked: {panic}"))
         })
     }
 
@@ -869,9 +890,13 @@ impl<K: Object + Clone> Reflector<K> {
                     };
                 }
                 Ok(Some(Ok(event))) => event,
-                Ok(Some(Err(ListWatchError::Decode(e)))) => {
+                Ok(Some(Err(e @ (ListWatchError::Decode(_) | ListWatchError::Undecodable(_))))) => {
                     // Skipping it would move the resource version past a
-                    // change the cache never got: relist instead.
+                    // change the cache never got: relist instead (which
+                    // keeps what is cached under its key).
+                    if matches!(e, ListWatchError::Undecodable(_)) {
+                        ReflectorStats::bump(&self.stats.undecodable_objects);
+                    }
                     return WatchEnd::Failed(ListWatchError::Decode(format!(
                         "undecodable watch event: {e}"
                     )));
@@ -883,21 +908,21 @@ impl<K: Object + Clone> Reflector<K> {
                     let rv = obj.resource_version().map(str::to_owned);
                     match self.transform(obj) {
                         Ok(obj) => (rv, self.fifo.add(Arc::new(obj))),
-                        Err(e) => return WatchEnd::Failed(e),
+                        Err(e) => return WatchEnd::Failed(ListWatchError::Undecodable(e)),
                     }
                 }
                 WatchEvent::Modified(obj) => {
                     let rv = obj.resource_version().map(str::to_owned);
                     match self.transform(obj) {
                         Ok(obj) => (rv, self.fifo.update(Arc::new(obj))),
-                        Err(e) => return WatchEnd::Failed(e),
+                        Err(e) => return WatchEnd::Failed(ListWatchError::Undecodable(e)),
                     }
                 }
                 WatchEvent::Deleted(obj) => {
                     let rv = obj.resource_version().map(str::to_owned);
                     match self.transform(obj) {
                         Ok(obj) => (rv, self.fifo.delete(Arc::new(obj))),
-                        Err(e) => return WatchEnd::Failed(e),
+                        Err(e) => return WatchEnd::Failed(ListWatchError::Undecodable(e)),
                     }
                 }
                 WatchEvent::Bookmark(bookmark) => {

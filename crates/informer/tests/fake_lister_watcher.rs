@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_informer::{
     CancellationToken, FifoKind, InformerError, InformerOptions, LIST_BATCH, ListPage, ListRequest,
     ListWatchError, ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs,
-    SharedIndexInformer, WatchRequest, WatchStream,
+    SharedIndexInformer, Undecodable, WatchRequest, WatchStream,
 };
 use kinformer_store::Indexers;
 use kube_client::core::WatchEvent;
@@ -1336,5 +1336,141 @@ async fn a_paged_relist_replaces_cached_objects_page_by_page_and_deletes_only_at
     second_page.notify_one();
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
     assert_eq!(h.script.lock().list_requests.len(), 4);
+    h.shutdown.cancel();
+}
+
+/// A page whose `skipped` holds objects that did not decode.
+fn page_skipping(
+    items: Vec<ConfigMap>,
+    skipped: Vec<Undecodable>,
+    rv: u64,
+) -> Result<ListPage<ConfigMap>, ListWatchError> {
+    let mut page = page(items, rv)?;
+    page.skipped = skipped;
+    Ok(page)
+}
+
+#[tokio::test]
+async fn an_undecodable_item_of_a_relist_keeps_the_cached_object_and_is_counted() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2), cm("gone", 3)], 3),
+            // The relist: b is there but does not decode; gone is gone.
+            page_skipping(
+                vec![cm("a", 1)],
+                vec![Undecodable::new(
+                    Some("ns/b".into()),
+                    "a string that is not UTF-8",
+                )],
+                5,
+            ),
+        ],
+        common::options(),
+    );
+    let errors = common::errors_seen(&h.informer);
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Undecodable(Undecodable::new(
+        Some("ns/b".into()),
+        "a string that is not UTF-8",
+    ))))
+    .unwrap();
+    let _w2 = h.next_watch().await;
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
+    let seen = log.wait_for(4).await;
+    assert_eq!(
+        seen[3..],
+        ["delete gone 3 tombstone"],
+        "b is never deleted: {seen:?}"
+    );
+    assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
+    let stats = h.informer.reflector_stats().unwrap();
+    assert_eq!(
+        count(&stats.undecodable_objects),
+        2,
+        "the watch event and the list item"
+    );
+    assert!(
+        errors.any("ns/b: a string that is not UTF-8"),
+        "{:?}",
+        errors.messages()
+    );
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_undecodable_item_without_a_readable_key_makes_the_relist_delete_nothing() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 2),
+            page_skipping(
+                vec![cm("a", 1)],
+                vec![Undecodable::new(None, "truncated")],
+                5,
+            ),
+        ],
+        common::options(),
+    );
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Decode("truncated frame".into())))
+        .unwrap();
+    let w2 = h.next_watch().await;
+    w2.send(Ok(WatchEvent::Added(cm("c", 6)))).unwrap();
+    assert_eq!(
+        h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
+        ["ns/a", "ns/b", "ns/c"]
+    );
+    let seen = log.wait_for(3).await;
+    assert_eq!(seen[2..], ["add c 6"], "nothing deleted: {seen:?}");
+    h.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
+    let mut h = harness_with(
+        vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
+        common::options(),
+        ReflectorOptions {
+            use_watch_list: true,
+            ..fast_reflector()
+        },
+    );
+    h.script.lock().watch_list = true;
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    // The first streaming list.
+    let w = h.next_watch().await;
+    for obj in [cm("a", 1), cm("b", 2)] {
+        w.send(Ok(WatchEvent::Added(obj))).unwrap();
+    }
+    w.send(Ok(end_bookmark(2))).unwrap();
+    assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
+    // An event that does not decode: a streaming relist, where b does not decode either.
+    w.send(Err(ListWatchError::Undecodable(Undecodable::new(
+        Some("ns/b".into()),
+        "bad",
+    ))))
+    .unwrap();
+    let w2 = h.next_watch().await;
+    w2.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
+    w2.send(Err(ListWatchError::Undecodable(Undecodable::new(
+        Some("ns/b".into()),
+        "bad",
+    ))))
+    .unwrap();
+    w2.send(Ok(end_bookmark(5))).unwrap();
+    w2.send(Ok(WatchEvent::Added(cm("c", 6)))).unwrap();
+    assert_eq!(
+        h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
+        ["ns/a", "ns/b", "ns/c"]
+    );
+    let seen = log.wait_for(3).await;
+    assert!(!seen.iter().any(|s| s.starts_with("delete")), "{seen:?}");
     h.shutdown.cancel();
 }

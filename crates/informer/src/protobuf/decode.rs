@@ -9,8 +9,27 @@
 //! set, and then in the JSON whatever its value. Zero times and empty raw
 //! extensions are JSON `null`, so they are skipped. Unknown field numbers
 //! (a newer server) are skipped, as JSON decoding ignores unknown keys.
+//!
+//! What the server stores, this decodes as its JSON encoding shows it:
+//! - A string that is not UTF-8 (protobuf strings are bytes, and a Go
+//!   client can write any) has each byte that does not start a valid
+//!   sequence replaced by U+FFFD, as Go's `encoding/json` writes it.
+//! - Messages nest as deep as the bytes say, on a stack that grows
+//!   ([`stacker`]) rather than the thread's: Go's stacks grow, so the server
+//!   writes and client-go reads objects far deeper than a thread's stack
+//!   holds in recursive Rust. Beyond [`MAX_NESTING`] levels, far above what
+//!   the server accepts, the object is refused (with its name, by the
+//!   caller), never an overflow.
+//! - What one object decodes into is bounded: each message, element and
+//!   string is charged its estimated size in memory as it is decoded, and
+//!   an object over [`MAX_DECODED_BYTES`] is refused. An empty repeated
+//!   message is 2 bytes on the wire and a whole k8s-openapi struct in
+//!   memory, so without the bound one frame could ask for gigabytes.
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
+use std::sync::OnceLock;
 
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
@@ -131,6 +150,7 @@ pub(crate) fn from_message<'de, T: de::Deserialize<'de>>(
     message: u16,
     bytes: &'de [u8],
 ) -> Result<T> {
+    let _scope = Scope::enter();
     T::deserialize(MessageDe {
         message: message_at(message)?,
         bytes,
@@ -154,12 +174,149 @@ pub(crate) fn from_typed_object<'de, T: de::Deserialize<'de>>(
     drop_managed_fields: bool,
     type_meta: Option<(&'static str, &'static str)>,
 ) -> Result<T> {
+    let _scope = Scope::enter();
     T::deserialize(MessageDe {
         message: message_at(message)?,
         bytes,
         drop_managed_fields,
         type_meta,
     })
+}
+
+/// The deepest nesting of messages decoded: far above what the server
+/// accepts (Go's JSON decoder, which reads every JSON request, stops at
+/// 10 000 levels of JSON, about 5 000 levels of a schema's `properties`,
+/// each one message here).
+pub const MAX_NESTING: u32 = 20_000;
+
+/// The most one object may decode into, as estimated while decoding (the
+/// in-memory size of each message, string and element): 256 MiB, over a
+/// hundred times what the largest object etcd stores by default (1.5 MiB)
+/// decodes into when it is made of ordinary fields.
+pub const MAX_DECODED_BYTES: u64 = 256 << 20;
+
+/// Stack left below which a nested message is decoded on a new segment,
+/// and the size of that segment: one level of nesting (this deserializer
+/// and k8s-openapi's visitor of a large struct) takes tens of KiB in a
+/// debug build.
+const RED_ZONE: usize = 256 << 10;
+const STACK_SEGMENT: usize = 8 << 20;
+
+/// Runs `f` on a stack with at least [`RED_ZONE`] left, growing it onto a
+/// new segment when the current one is nearly used up.
+pub(crate) fn with_stack<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(RED_ZONE, STACK_SEGMENT, f)
+}
+
+thread_local! {
+    /// The nesting depth and the bytes left to decode into, of the object
+    /// this thread decodes now (the decode is synchronous, one per thread).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static BUDGET: Cell<u64> = const { Cell::new(MAX_DECODED_BYTES) };
+}
+
+/// One top-level decode: fresh limits, and the caller's restored after.
+struct Scope {
+    depth: u32,
+    budget: u64,
+}
+
+impl Scope {
+    fn enter() -> Self {
+        Self {
+            depth: DEPTH.replace(0),
+            budget: BUDGET.replace(MAX_DECODED_BYTES),
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        DEPTH.set(self.depth);
+        BUDGET.set(self.budget);
+    }
+}
+
+/// Charges `bytes` of decoded memory to the object being decoded.
+fn charge(bytes: u64) -> Result<()> {
+    let left = BUDGET.get();
+    if bytes > left {
+        BUDGET.set(0);
+        return err(format!(
+            "the object decodes into more than {MAX_DECODED_BYTES} bytes (the limit of one \
+             object; its encoding is made of many small or empty elements)"
+        ));
+    }
+    BUDGET.set(left - bytes);
+    Ok(())
+}
+
+/// Decodes one nested message with `f`: one level deeper, charged the
+/// message's size in memory, on a stack that grows.
+fn nested<R>(message: u16, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let depth = DEPTH.get() + 1;
+    if depth > MAX_NESTING {
+        return err(format!(
+            "messages nested more than {MAX_NESTING} levels deep"
+        ));
+    }
+    charge(inline_size(message))?;
+    DEPTH.set(depth);
+    let out = with_stack(f);
+    DEPTH.set(depth - 1);
+    out
+}
+
+/// What a message takes in memory before any of its strings, elements or
+/// entries: k8s-openapi lays each field out inline (an `Option` of a
+/// struct holds the whole struct), so that is the sum of its fields',
+/// nested single messages included; a message met again inside itself is
+/// boxed (a pointer).
+fn inline_size(message: u16) -> u64 {
+    static SIZES: OnceLock<Vec<u64>> = OnceLock::new();
+    let sizes = SIZES.get_or_init(|| {
+        let mut memo = vec![None; MESSAGES.len()];
+        (0..MESSAGES.len())
+            .map(|m| size_of_message(m, &mut memo, &mut Vec::new()))
+            .collect()
+    });
+    sizes.get(usize::from(message)).copied().unwrap_or(0)
+}
+
+fn size_of_message(m: usize, memo: &mut [Option<u64>], open: &mut Vec<usize>) -> u64 {
+    if let Some(size) = memo[m] {
+        return size;
+    }
+    if open.contains(&m) {
+        return 8; // recursive: a Box
+    }
+    open.push(m);
+    let mut size = 0;
+    for field in MESSAGES[m].fields {
+        size += match field.ty {
+            _ if field.flags & REPEATED != 0 => 24,
+            Ty::Map(_) | Ty::String | Ty::Bytes | Ty::Time | Ty::MicroTime | Ty::Quantity => 24,
+            Ty::IntOrString | Ty::RawJson => 32,
+            Ty::Bool => 1,
+            Ty::Int32 | Ty::Int64 | Ty::Float64 => 16,
+            Ty::Message(n) => size_of_message(usize::from(n), memo, open),
+        };
+    }
+    open.pop();
+    memo[m] = Some(size);
+    size
+}
+
+/// The largest ratio of decoded memory to wire bytes any message allows:
+/// an empty occurrence of it in a repeated field (2 bytes) against its
+/// size in memory. For docs and tests.
+#[cfg(test)]
+pub(crate) fn worst_ratio() -> (u64, &'static str) {
+    (0..MESSAGES.len())
+        .filter_map(|m| u16::try_from(m).ok())
+        .map(|m| (inline_size(m) / 2, MESSAGES[usize::from(m)].name))
+        .max()
+        .unwrap_or((0, ""))
 }
 
 fn message_at(index: u16) -> Result<&'static Message> {
@@ -583,8 +740,39 @@ impl<'de> ValueDe<'de> {
     }
 }
 
-fn utf8(bytes: &[u8]) -> Result<&str> {
-    std::str::from_utf8(bytes).or_else(|e| err(format!("a string that is not UTF-8: {e}")))
+/// `bytes` as text, as Go's `encoding/json` writes a string: each byte
+/// that does not start a valid UTF-8 sequence becomes U+FFFD (one per
+/// byte, where Rust's `from_utf8_lossy` writes one per invalid sequence).
+pub(crate) fn go_lossy_utf8(bytes: &[u8]) -> Cow<'_, str> {
+    let first = match std::str::from_utf8(bytes) {
+        Ok(text) => return Cow::Borrowed(text),
+        Err(e) => e,
+    };
+    let mut out = String::with_capacity(bytes.len() + 2);
+    let mut rest = bytes;
+    let mut valid_up_to = first.valid_up_to();
+    loop {
+        let (valid, invalid) = rest.split_at(valid_up_to);
+        out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+        if invalid.is_empty() {
+            return Cow::Owned(out);
+        }
+        out.push('\u{FFFD}');
+        rest = &invalid[1..];
+        valid_up_to = match std::str::from_utf8(rest) {
+            Ok(_) => rest.len(),
+            Err(e) => e.valid_up_to(),
+        };
+    }
+}
+
+/// Hands `bytes` to `visitor` as a string (see [`go_lossy_utf8`]).
+fn visit_text<'de, V: Visitor<'de>>(bytes: &'de [u8], visitor: V) -> Result<V::Value> {
+    charge(bytes.len() as u64)?;
+    match go_lossy_utf8(bytes) {
+        Cow::Borrowed(text) => visitor.visit_borrowed_str(text),
+        Cow::Owned(text) => visitor.visit_string(text),
+    }
 }
 
 impl<'de> de::Deserializer<'de> for ValueDe<'de> {
@@ -592,18 +780,31 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         match self.ty {
-            Ty::String => visitor.visit_borrowed_str(utf8(self.bytes()?)?),
-            Ty::Bytes => visitor.visit_string(base64(self.bytes()?)),
+            Ty::String => visit_text(self.bytes()?, visitor),
+            Ty::Bytes => {
+                let bytes = self.bytes()?;
+                charge(bytes.len() as u64 * 4 / 3 + 24)?;
+                visitor.visit_string(base64(bytes))
+            }
             Ty::Bool => visitor.visit_bool(self.number()? != 0),
             // int32 and int64 are sign-extended to 64 bits on the wire.
-            Ty::Int32 | Ty::Int64 => visitor.visit_i64(self.number()? as i64),
-            Ty::Float64 => visitor.visit_f64(f64::from_bits(self.number()?)),
+            Ty::Int32 | Ty::Int64 => {
+                charge(8)?;
+                visitor.visit_i64(self.number()? as i64)
+            }
+            Ty::Float64 => {
+                charge(8)?;
+                visitor.visit_f64(f64::from_bits(self.number()?))
+            }
             Ty::Message(m) => {
                 let message = message_at(m)?;
-                if is_value_message(message) {
-                    return value_of(message, self.bytes()?, visitor);
-                }
-                visitor.visit_map(MessageAccess::new(message, self.bytes()?, self.skip)?)
+                let bytes = self.bytes()?;
+                nested(m, || {
+                    if is_value_message(message) {
+                        return value_of(message, bytes, visitor);
+                    }
+                    visitor.visit_map(MessageAccess::new(message, bytes, self.skip)?)
+                })
             }
             Ty::Map(_) => err("a map value outside a map field"),
             Ty::Time => visitor.visit_string(time(self.bytes()?, false)?),
@@ -619,7 +820,7 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                     }
                 }
                 if kind == 1 {
-                    visitor.visit_borrowed_str(utf8(string)?)
+                    visit_text(string, visitor)
                 } else {
                     visitor.visit_i64(int)
                 }
@@ -631,7 +832,7 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                         string = b;
                     }
                 }
-                visitor.visit_borrowed_str(utf8(string)?)
+                visit_text(string, visitor)
             }
             Ty::RawJson => {
                 let mut json = &[][..];
@@ -643,8 +844,9 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                 if json.is_empty() {
                     return visitor.visit_unit();
                 }
-                let mut de = serde_json::Deserializer::from_slice(json);
-                de::Deserializer::deserialize_any(&mut de, visitor)
+                // A JSON value in memory is a few times its text.
+                charge(json.len() as u64 * 4)?;
+                crate::deep::deserialize_json(json, visitor)
                     .map_err(|e| ProtobufError(format!("embedded JSON: {e}")))
             }
         }
@@ -775,7 +977,178 @@ fn base64(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, PodSpec};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
+
+    use super::super::envelope::message_named;
     use super::*;
+
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// Field `number` holding `bytes` (length-delimited).
+    fn ld(number: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_varint(&mut out, number << 3 | 2);
+        put_varint(&mut out, bytes.len() as u64);
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    const SCHEMA: &str = "k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps";
+
+    /// A schema whose `properties` nest `depth` levels: `{type: object,
+    /// properties: {a: ...}}` down to `{type: string}`.
+    fn deep_schema(depth: usize) -> Vec<u8> {
+        let mut inner = ld(5, b"string");
+        for _ in 0..depth {
+            let entry = [ld(1, b"a"), ld(2, &inner)].concat();
+            inner = [ld(5, b"object"), ld(29, &entry)].concat();
+        }
+        inner
+    }
+
+    fn depth_of(mut schema: &JSONSchemaProps) -> usize {
+        let mut depth = 0;
+        while let Some(next) = schema.properties.as_ref().and_then(|p| p.get("a")) {
+            depth += 1;
+            schema = next;
+        }
+        depth
+    }
+
+    /// Runs `f` on a thread of `stack` bytes, as a tokio worker or any
+    /// thread a user makes would.
+    fn on_stack<R: Send + 'static>(stack: usize, f: impl FnOnce() -> R + Send + 'static) -> R {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn strings_that_are_not_utf8_read_as_gos_json_writes_them() {
+        // Go replaces each byte that does not start a valid sequence, so a
+        // truncated 4-byte sequence is three U+FFFD (Rust's lossy: one).
+        for (bytes, text) in [
+            (&b"plain"[..], "plain"),
+            (b"a\xffb", "a\u{FFFD}b"),
+            (b"\xf0\x9f\x98", "\u{FFFD}\u{FFFD}\u{FFFD}"),
+            (b"\xed\xa0\x80", "\u{FFFD}\u{FFFD}\u{FFFD}"), // a surrogate
+            (b"\xc0\xafx\xe2\x82\xac", "\u{FFFD}\u{FFFD}x\u{20AC}"), // overlong, then a valid euro
+            (b"\xf0\x9f\x98\x80\xff", "\u{1F600}\u{FFFD}"),
+        ] {
+            assert_eq!(go_lossy_utf8(bytes), text, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn a_config_map_with_bytes_that_are_not_utf8_decodes_with_replacement_characters() {
+        // ConfigMap{metadata: {name: "c\xff"}, data: {"k\xfe": "v\xfd"}}
+        let meta = ld(1, b"c\xff");
+        let entry = [ld(1, b"k\xfe"), ld(2, b"v\xfd")].concat();
+        let bytes = [ld(1, &meta), ld(2, &entry)].concat();
+        let message = message_named("k8s.io.api.core.v1.ConfigMap").unwrap();
+        let cm: ConfigMap = from_typed_object(message, &bytes, false, None).unwrap();
+        assert_eq!(cm.metadata.name.as_deref(), Some("c\u{FFFD}"));
+        assert_eq!(cm.data.unwrap()["k\u{FFFD}"], "v\u{FFFD}");
+    }
+
+    #[test]
+    fn a_schema_nested_thousands_of_levels_decodes_on_a_small_stack() {
+        // 5 000 levels of properties is about what the server accepts in
+        // JSON (10 000 levels of nesting); before the stack grew, 80
+        // aborted a debug build on a 2 MiB stack.
+        let message = message_named(SCHEMA).unwrap();
+        let bytes = deep_schema(5_000);
+        let depth = on_stack(256 << 10, move || {
+            let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
+            let depth = depth_of(&schema);
+            // Dropping recurses too: on a stack of its own.
+            stacker::grow(256 << 20, move || drop(schema));
+            depth
+        });
+        assert_eq!(depth, 5_000);
+    }
+
+    #[test]
+    fn zz_drop_probe() {
+        let depth: usize = std::env::var("PROBE_DEPTH")
+            .map(|d| d.parse().unwrap())
+            .unwrap_or(10);
+        let message = message_named(SCHEMA).unwrap();
+        let bytes = deep_schema(depth);
+        on_stack(2 << 20, move || {
+            let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
+            match std::env::var("PROBE_OP").as_deref() {
+                Ok("clone") => {
+                    let c = schema.clone();
+                    std::mem::forget(c);
+                    std::mem::forget(schema);
+                }
+                Ok("json") => {
+                    let j = serde_json::to_vec(&schema).unwrap();
+                    std::mem::forget(schema);
+                    eprintln!("{}", j.len());
+                }
+                _ => drop(schema),
+            }
+            eprintln!("ok {depth}");
+        });
+    }
+
+    #[test]
+    fn a_schema_nested_deeper_than_the_limit_is_an_error_not_an_abort() {
+        let message = message_named(SCHEMA).unwrap();
+        let bytes = deep_schema(MAX_NESTING as usize + 1);
+        let e = on_stack(256 << 10, move || {
+            from_message::<JSONSchemaProps>(message, &bytes).unwrap_err()
+        });
+        assert!(e.to_string().contains("nested more than"), "{e}");
+    }
+
+    #[test]
+    fn the_estimated_sizes_are_within_a_factor_of_two_of_k8s_openapis() {
+        use k8s_openapi::api::core::v1::{Container, Pod};
+        for (name, real) in [
+            ("k8s.io.api.core.v1.Container", size_of::<Container>()),
+            ("k8s.io.api.core.v1.PodSpec", size_of::<PodSpec>()),
+            ("k8s.io.api.core.v1.Pod", size_of::<Pod>()),
+            ("k8s.io.api.core.v1.ConfigMap", size_of::<ConfigMap>()),
+            (SCHEMA, size_of::<JSONSchemaProps>()),
+        ] {
+            let estimate = inline_size(message_named(name).unwrap()) as usize;
+            assert!(
+                estimate >= real / 2 && estimate <= real * 2,
+                "{name}: estimated {estimate}, k8s-openapi's {real}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_repeated_messages_cannot_decode_into_more_than_the_limit() {
+        // PodSpec{containers: [{}, {}, ...]}: 2 bytes each on the wire, a
+        // whole Container each in memory.
+        let (ratio, name) = worst_ratio();
+        assert!(ratio > 100, "{ratio} for {name}");
+        let container = inline_size(message_named("k8s.io.api.core.v1.Container").unwrap());
+        let count = (MAX_DECODED_BYTES / container + 1) as usize;
+        let bytes = ld(2, &[]).repeat(count);
+        let message = message_named("k8s.io.api.core.v1.PodSpec").unwrap();
+        let e = from_message::<PodSpec>(message, &bytes).unwrap_err();
+        assert!(e.to_string().contains("decodes into more than"), "{e}");
+        // Under the limit, the same decodes.
+        let bytes = ld(2, &[]).repeat(1000);
+        let spec: PodSpec = from_message(message, &bytes).unwrap();
+        assert_eq!(spec.containers.len(), 1000);
+    }
 
     #[test]
     fn base64_pads_as_the_standard_alphabet_does() {

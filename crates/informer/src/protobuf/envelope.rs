@@ -4,7 +4,7 @@
 
 use serde::de::DeserializeOwned;
 
-use super::decode::{Fields, ProtobufError, Raw, from_message, from_typed_object};
+use super::decode::{Fields, ProtobufError, Raw, from_message, from_typed_object, go_lossy_utf8};
 use super::generated::{KINDS, MESSAGES};
 use super::schema::{Kind, Ty};
 
@@ -132,28 +132,29 @@ pub(crate) struct List<K> {
     pub continue_token: Option<String>,
     /// `shardInfo.selector`: the shard selector the server applied.
     pub shard_selector: Option<String>,
-    pub items: Vec<std::result::Result<K, String>>,
+    pub items: Vec<std::result::Result<K, crate::Undecodable>>,
 }
 
-/// `namespace/name` (or `name`) from an object's bytes, for errors: its
-/// `metadata` is field 1 in every kind, name 1 and namespace 3 in it.
-pub(crate) fn object_name(object: &[u8]) -> String {
+/// `namespace/name` (or `name`) from an object's bytes, for errors and to
+/// keep what is cached under it: its `metadata` is field 1 in every kind,
+/// name 1 and namespace 3 in it; text as the decoder reads it.
+pub(crate) fn object_key(object: &[u8]) -> Option<String> {
     let (mut name, mut namespace) = (None, None);
     for field in Fields::new(object).map_while(|f| f.ok()) {
         if let (1, Raw::Bytes(meta)) = field {
             for f in Fields::new(meta).map_while(|f| f.ok()) {
                 match f {
-                    (1, Raw::Bytes(n)) => name = std::str::from_utf8(n).ok(),
-                    (3, Raw::Bytes(ns)) => namespace = std::str::from_utf8(ns).ok(),
+                    (1, Raw::Bytes(n)) => name = Some(go_lossy_utf8(n)),
+                    (3, Raw::Bytes(ns)) => namespace = Some(go_lossy_utf8(ns)),
                     _ => {}
                 }
             }
         }
     }
     match (namespace.filter(|n| !n.is_empty()), name) {
-        (Some(ns), Some(name)) => format!("{ns}/{name}"),
-        (None, Some(name)) => name.to_owned(),
-        _ => "an object without a readable name".to_owned(),
+        (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+        (None, Some(name)) => Some(name.into_owned()),
+        _ => None,
     }
 }
 
@@ -212,7 +213,7 @@ pub(crate) fn list<K: DeserializeOwned>(
             }
             (2, Raw::Bytes(item)) => out.items.push(
                 from_typed_object(item_message, item, drop_managed_fields, type_meta(expected))
-                    .map_err(|e| format!("{}: {e}", object_name(item))),
+                    .map_err(|e| crate::Undecodable::new(object_key(item), e)),
             ),
             _ => {}
         }

@@ -21,7 +21,7 @@ pub(crate) mod schema;
 use kube_client::Resource;
 use serde::de::DeserializeOwned;
 
-pub use decode::ProtobufError;
+pub use decode::{MAX_DECODED_BYTES, MAX_NESTING, ProtobufError};
 
 /// The built-in kind `K` is, if it is one whose protobuf the schema knows:
 /// `None` for custom resources and `DynamicObject`.
@@ -103,7 +103,7 @@ pub fn decode_list<K: Resource + DeserializeOwned + 'static>(
         items: list
             .items
             .into_iter()
-            .map(|item| item.map_err(ProtobufError))
+            .map(|item| item.map_err(|e| ProtobufError(e.reason)))
             .collect(),
     })
 }
