@@ -15,8 +15,22 @@
 //! `Serialize` and `Deserialize`) fits every k8s-openapi type, custom
 //! resource and `DynamicObject`. A codec must read back what it wrote: the
 //! store round-trips the first object it encodes and, if that fails, keeps
-//! whole objects from then on and says why ([`CompactStats::disabled`]). An
-//! object a codec cannot encode is kept whole, never dropped.
+//! whole objects from then on and says why ([`CompactStats::disabled`]);
+//! it also round-trips every later encoding the codec asks it to check
+//! ([`Codec::needs_check`]), keeping whole an object that does not come
+//! back the same. An object a codec cannot encode is kept whole, never
+//! dropped.
+//!
+//! Why [`JsonCodec`] needs no check of every object: serde_json writes
+//! strings and integers exactly, and floats as the shortest text that
+//! reads back to the same bits (read with `float_roundtrip`, which the
+//! workspace enables). What JSON cannot hold, it writes as `null`: a float
+//! that is not finite (a Go client can write NaN into a protobuf
+//! `float64`, which kinformer decodes as client-go does). So an encoding
+//! without `null` reads back exactly, and one with it is checked. Nesting
+//! deeper than serde_json reads back ([`JSON_MAX_NESTING`]) is refused
+//! while encoding, so such an object is kept whole (and its encoding never
+//! recurses deeper than that on the thread's stack).
 //!
 //! The decoded-object cache is the `lru` crate's `LruCache` behind one
 //! mutex, keyed by the store's key and checked against a per-write version,
@@ -35,26 +49,101 @@ use crate::BoxError;
 /// Turns objects into bytes and back, for a compact store.
 ///
 /// `decode(encode(obj))` must give back `obj`: the store checks it on the
-/// first object and keeps whole objects if it does not hold.
+/// first object (and keeps whole objects if it does not hold), and on every
+/// encoding [`needs_check`](Self::needs_check) picks out (keeping that
+/// object whole if it does not hold).
 pub trait Codec<K>: Send + Sync {
     /// The bytes to keep for `obj`.
     fn encode(&self, obj: &K) -> Result<Vec<u8>, BoxError>;
     /// The object `bytes` (from [`encode`](Self::encode)) stand for.
     fn decode(&self, bytes: &[u8]) -> Result<K, BoxError>;
+    /// Whether `encoded` (what [`encode`](Self::encode) just wrote) may not
+    /// read back the same, and must be checked before the store relies on
+    /// it. None by default: the codec reads back everything it writes.
+    fn needs_check(&self, encoded: &[u8]) -> bool {
+        let _ = encoded;
+        false
+    }
 }
 
+/// The deepest nesting of JSON arrays and objects [`JsonCodec`] writes:
+/// below serde_json's own limit on reading (128), so everything it writes
+/// it reads back. An object nested deeper is not encoded (a compact store
+/// keeps it whole).
+pub const JSON_MAX_NESTING: usize = 100;
+
 /// JSON through the type's own serde implementations: fits every
-/// k8s-openapi type, custom resource and `DynamicObject`.
+/// k8s-openapi type, custom resource and `DynamicObject`. Floats read back
+/// bit for bit; an encoding holding `null` (which is how a float that is
+/// not finite is written, as well as a real null) is checked by the store.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct JsonCodec;
 
 impl<K: Serialize + DeserializeOwned + 'static> Codec<K> for JsonCodec {
     fn encode(&self, obj: &K) -> Result<Vec<u8>, BoxError> {
-        Ok(serde_json::to_vec(obj)?)
+        let mut out = Vec::with_capacity(512);
+        let mut serializer = serde_json::Serializer::with_formatter(&mut out, DepthLimited(0));
+        obj.serialize(&mut serializer)?;
+        Ok(out)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<K, BoxError> {
         Ok(serde_json::from_slice(bytes)?)
+    }
+
+    fn needs_check(&self, encoded: &[u8]) -> bool {
+        // A null value follows a colon, a bracket or a comma (the compact
+        // output has no spaces); inside a string it is only a false alarm.
+        encoded
+            .windows(5)
+            .any(|w| matches!(w, [b':' | b'[' | b',', b'n', b'u', b'l', b'l']))
+    }
+}
+
+/// serde_json's compact output, refusing to nest deeper than
+/// [`JSON_MAX_NESTING`].
+struct DepthLimited(usize);
+
+impl DepthLimited {
+    fn open<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        bracket: &[u8],
+    ) -> std::io::Result<()> {
+        self.0 += 1;
+        if self.0 > JSON_MAX_NESTING {
+            return Err(std::io::Error::other(format!(
+                "nested more than {JSON_MAX_NESTING} levels deep"
+            )));
+        }
+        writer.write_all(bracket)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        bracket: &[u8],
+    ) -> std::io::Result<()> {
+        self.0 = self.0.saturating_sub(1);
+        writer.write_all(bracket)
+    }
+}
+
+impl serde_json::ser::Formatter for DepthLimited {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"]")
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.open(writer, b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.close(writer, b"}")
     }
 }
 
@@ -152,8 +241,8 @@ pub struct CompactStats {
     pub encoded_objects: usize,
     /// The bytes of their encodings, together.
     pub encoded_bytes: usize,
-    /// Objects held whole: the codec could not encode them, or compaction
-    /// is disabled.
+    /// Objects held whole: the codec could not encode them (or read one
+    /// back), or compaction is disabled.
     pub whole_objects: usize,
     /// Decodes done to answer reads.
     pub decodes: u64,
@@ -162,8 +251,8 @@ pub struct CompactStats {
     /// Reads that found bytes the codec could not decode; the object was
     /// left out of the answer (and the failure logged with its key). Such
     /// an object is invisible to reads, so an informer cannot hand its last
-    /// state to a delete handler either; the first-object round trip
-    /// check makes this a codec bug, not a data condition, for [`JsonCodec`].
+    /// state to a delete handler either; the round-trip checks make this a
+    /// codec bug, not a data condition, for [`JsonCodec`].
     pub decode_failures: u64,
     /// Why the store keeps whole objects instead of encoding them: the
     /// codec did not read back the first object it encoded.
@@ -259,6 +348,11 @@ impl<K> CompactState<K> {
                 return Stored::Whole(Arc::clone(obj));
             }
             self.round_trip.store(CHECKED, Ordering::Release);
+        } else if self.codec.needs_check(&bytes)
+            && let Err(why) = self.check_round_trip(&bytes)
+        {
+            tracing::warn!(key, reason = %why, "the compact store's codec does not read this object back; it is kept whole");
+            return Stored::Whole(Arc::clone(obj));
         }
         Stored::Encoded {
             bytes: bytes.into(),
@@ -428,6 +522,11 @@ mod tests {
 
     use super::*;
     use crate::{Indexers, ThreadSafeStore};
+
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinition, CustomResourceDefinitionSpec, CustomResourceDefinitionVersion,
+        CustomResourceValidation, JSONSchemaProps,
+    };
 
     fn cm(name: &str, rv: &str, data: &str) -> Arc<ConfigMap> {
         Arc::new(ConfigMap {
@@ -627,5 +726,126 @@ mod tests {
         assert!(!store.remove("ns/a"));
         assert_eq!(store.compact_stats().unwrap().decodes, 0);
         assert!(store.is_empty());
+    }
+
+    fn crd(name: &str, schema: JSONSchemaProps) -> Arc<CustomResourceDefinition> {
+        Arc::new(CustomResourceDefinition {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: CustomResourceDefinitionSpec {
+                versions: vec![CustomResourceDefinitionVersion {
+                    name: "v1".into(),
+                    schema: Some(CustomResourceValidation {
+                        open_api_v3_schema: Some(schema),
+                    }),
+                    ..CustomResourceDefinitionVersion::default()
+                }],
+                ..CustomResourceDefinitionSpec::default()
+            },
+            status: None,
+        })
+    }
+
+    fn schema_of(crd: &CustomResourceDefinition) -> &JSONSchemaProps {
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap()
+    }
+
+    fn crd_store() -> ThreadSafeStore<CustomResourceDefinition> {
+        ThreadSafeStore::compact(Indexers::new(), Compact::json())
+    }
+
+    #[test]
+    fn floats_read_back_bit_for_bit_from_a_compact_store() {
+        let store = crd_store();
+        // About one float in ten (1/11 among them) read back one ulp off
+        // without serde_json's float_roundtrip.
+        let floats: Vec<f64> = (1..200)
+            .map(|n| 1.0 / f64::from(n))
+            .chain([0.1 + 0.2, 1e-310, f64::MAX])
+            .collect();
+        for (i, &f) in floats.iter().enumerate() {
+            let schema = JSONSchemaProps {
+                maximum: Some(f),
+                ..JSONSchemaProps::default()
+            };
+            store
+                .add(&i.to_string(), crd(&i.to_string(), schema))
+                .unwrap();
+        }
+        assert_eq!(store.compact_stats().unwrap().whole_objects, 0);
+        for (i, &f) in floats.iter().enumerate() {
+            let read = store.get(&i.to_string()).unwrap();
+            assert_eq!(
+                schema_of(&read).maximum.map(f64::to_bits),
+                Some(f.to_bits()),
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_later_object_json_cannot_hold_is_kept_whole_not_changed() {
+        let store = crd_store();
+        store
+            .add("first", crd("first", JSONSchemaProps::default()))
+            .unwrap();
+        // NaN and infinity are written as null, which reads back as None.
+        for (key, f) in [("nan", f64::NAN), ("inf", f64::INFINITY)] {
+            let schema = JSONSchemaProps {
+                maximum: Some(f),
+                ..JSONSchemaProps::default()
+            };
+            store.add(key, crd(key, schema)).unwrap();
+            let read = store.get(key).unwrap();
+            assert_eq!(
+                schema_of(&read).maximum.map(f64::to_bits),
+                Some(f.to_bits()),
+                "{key}"
+            );
+        }
+        let stats = store.compact_stats().unwrap();
+        assert_eq!((stats.encoded_objects, stats.whole_objects), (1, 2));
+        assert_eq!(stats.disabled, None, "the store goes on compacting");
+    }
+
+    #[test]
+    fn an_object_nested_deeper_than_json_reads_back_is_kept_whole() {
+        let store = crd_store();
+        store
+            .add("first", crd("first", JSONSchemaProps::default()))
+            .unwrap();
+        let mut schema = JSONSchemaProps::default();
+        for _ in 0..JSON_MAX_NESTING {
+            schema = JSONSchemaProps {
+                properties: Some(BTreeMap::from([("a".to_owned(), schema)])),
+                ..JSONSchemaProps::default()
+            };
+        }
+        store.add("deep", crd("deep", schema)).unwrap();
+        let read = store.get("deep").unwrap();
+        let mut depth = 0;
+        let mut at = schema_of(&read);
+        while let Some(next) = at.properties.as_ref().and_then(|p| p.get("a")) {
+            depth += 1;
+            at = next;
+        }
+        assert_eq!(depth, JSON_MAX_NESTING);
+        let stats = store.compact_stats().unwrap();
+        assert_eq!(
+            (
+                stats.encoded_objects,
+                stats.whole_objects,
+                stats.decode_failures
+            ),
+            (1, 1, 0)
+        );
     }
 }

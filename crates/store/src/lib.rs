@@ -48,7 +48,7 @@ mod object;
 mod reader;
 mod thread_safe_store;
 
-pub use compact::{Codec, Compact, CompactStats, JsonCodec};
+pub use compact::{Codec, Compact, CompactStats, JSON_MAX_NESTING, JsonCodec};
 pub use error::{BoxError, IndexError, IndexFuncPanic, KeyError, StoreError};
 pub use index::{
     IndexFunc, Indexers, NAMESPACE_INDEX, meta_namespace_index_func, namespace_indexers,

@@ -1079,32 +1079,6 @@ mod tests {
     }
 
     #[test]
-    fn zz_drop_probe() {
-        let depth: usize = std::env::var("PROBE_DEPTH")
-            .map(|d| d.parse().unwrap())
-            .unwrap_or(10);
-        let message = message_named(SCHEMA).unwrap();
-        let bytes = deep_schema(depth);
-        on_stack(2 << 20, move || {
-            let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
-            match std::env::var("PROBE_OP").as_deref() {
-                Ok("clone") => {
-                    let c = schema.clone();
-                    std::mem::forget(c);
-                    std::mem::forget(schema);
-                }
-                Ok("json") => {
-                    let j = serde_json::to_vec(&schema).unwrap();
-                    std::mem::forget(schema);
-                    eprintln!("{}", j.len());
-                }
-                _ => drop(schema),
-            }
-            eprintln!("ok {depth}");
-        });
-    }
-
-    #[test]
     fn a_schema_nested_deeper_than_the_limit_is_an_error_not_an_abort() {
         let message = message_named(SCHEMA).unwrap();
         let bytes = deep_schema(MAX_NESTING as usize + 1);
