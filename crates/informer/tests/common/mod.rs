@@ -238,3 +238,63 @@ pub fn spec_pod(name: &str) -> serde_json::Value {
         }
     })
 }
+
+/// Hand-written Kubernetes protobuf bodies, for writing what a Go client
+/// can write and a Rust one built on k8s-openapi cannot (strings that are
+/// not UTF-8).
+pub mod protobuf {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// Field `number` holding `bytes` (length-delimited).
+    pub fn ld(number: u64, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        varint(&mut out, number << 3 | 2);
+        varint(&mut out, bytes.len() as u64);
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// `k8s\0` and the `runtime.Unknown` envelope around `raw`.
+    pub fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+        let type_meta = [ld(1, api_version.as_bytes()), ld(2, kind.as_bytes())].concat();
+        [b"k8s\0".to_vec(), ld(1, &type_meta), ld(2, raw)].concat()
+    }
+
+    /// A ConfigMap `namespace/name` whose `data` holds `data`'s byte pairs.
+    pub fn config_map(namespace: &str, name: &str, data: &[(&[u8], &[u8])]) -> Vec<u8> {
+        // ObjectMeta{1: name, 3: namespace}; ConfigMap{1: metadata, 2: data entries}.
+        let meta = [ld(1, name.as_bytes()), ld(3, namespace.as_bytes())].concat();
+        let mut raw = ld(1, &meta);
+        for (k, v) in data {
+            raw.extend(ld(2, &[ld(1, k), ld(2, v)].concat()));
+        }
+        envelope("v1", "ConfigMap", &raw)
+    }
+
+    /// Sends `body` (protobuf) to `path` with `method`; the server's answer
+    /// (as JSON) or its error.
+    pub async fn send(
+        client: &kube_client::Client,
+        method: http::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<String, kube_client::Error> {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(
+                http::header::CONTENT_TYPE,
+                "application/vnd.kubernetes.protobuf",
+            )
+            .header(http::header::ACCEPT, "application/json")
+            .body(body)
+            .expect("a valid request");
+        client.request_text(request).await
+    }
+}
