@@ -456,12 +456,12 @@ async fn cached_then_garbled(prefix: &str, victim: &str, format: WireFormat) -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_modified_event_relists_and_drops_the_stale_object_with_a_tombstone() {
+async fn an_undecodable_modified_event_relists_and_keeps_the_cached_version_never_a_delete() {
     undecodable_modified(WireFormat::Json).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_modified_event_in_protobuf_relists_and_drops_the_stale_object_with_a_tombstone()
+async fn an_undecodable_modified_event_in_protobuf_relists_and_keeps_the_cached_version_never_a_delete()
  {
     undecodable_modified(WireFormat::Auto).await;
 }
@@ -475,6 +475,8 @@ async fn undecodable_modified(format: WireFormat) {
         seen,
         shutdown,
     } = cached_then_garbled("garbled-mod", "m", format).await;
+    let key = format!("{ns}/m");
+    let before = cached(&informer)[&key].clone();
     // From now on m cannot be decoded; it changes on the server.
     garble(&proxy, format);
     let patch = serde_json::json!({"metadata": {"labels": {"gen": "1"}}});
@@ -482,18 +484,23 @@ async fn undecodable_modified(format: WireFormat) {
         .await
         .unwrap();
     create_pods(&api, (5..10).map(|i| format!("p{i}"))).await;
-    // The cache must not keep m's old version as if it were current: list
-    // and watch agree that m cannot be cached.
+    // m is live on the server: what cannot be decoded is never taken for
+    // deleted, the cache keeps the version it had (the relist keeps its key).
     let mut want = server_versions(&api).await.unwrap();
-    want.remove(&format!("{ns}/m"));
+    want.insert(key.clone(), before.clone());
     wait_for_view(&informer, &seen, &want).await;
-    assert_eq!(seen.tombstones(), 1, "m's delete reached the handler");
+    assert_eq!(seen.tombstones(), 0, "m was never deleted");
+    let stats = informer.reflector_stats().unwrap();
+    assert!(
+        stats.undecodable_objects.load(Ordering::SeqCst) >= 2,
+        "the event and the listed item"
+    );
     // No relist loop: later events arrive on a watch that stays open.
     let relists = lists(&informer);
     assert!(relists >= 2);
     create_pods(&api, (10..15).map(|i| format!("p{i}"))).await;
     let mut want = server_versions(&api).await.unwrap();
-    want.remove(&format!("{ns}/m"));
+    want.insert(key, before);
     wait_for_view(&informer, &seen, &want).await;
     assert_eq!(lists(&informer), relists, "no further relist");
     shutdown.cancel();
