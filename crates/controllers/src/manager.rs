@@ -159,10 +159,12 @@ impl Manager {
             }
             None => None,
         };
+        let metrics = Metrics::new();
+        metrics.add_informers(factory.stats());
         Ok(Self {
             client,
             factory,
-            metrics: Metrics::new(),
+            metrics,
             elector,
             options,
             controllers: Vec::new(),

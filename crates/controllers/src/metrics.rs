@@ -12,7 +12,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kinformer_informer::{ShardEnforcement, ShardStats};
+use kinformer_informer::{FactoryStats, ReflectorStats, ShardEnforcement, ShardStats};
 use kinformer_workqueue::{
     CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
 };
@@ -104,6 +104,50 @@ impl Collector for ShardCollector {
     }
 }
 
+/// The Reflector counters of informer factories, read at each scrape.
+#[derive(Debug, Default)]
+struct InformerCollector {
+    factories: parking_lot::Mutex<Vec<FactoryStats>>,
+}
+
+impl Collector for InformerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // prometheus-client writes label values as they are: no quotes,
+        // backslashes or line breaks in them (`configmaps in namespace web`).
+        let informers: Vec<_> = self
+            .factories
+            .lock()
+            .iter()
+            .flat_map(FactoryStats::reflectors)
+            .map(|(informer, stats)| (informer.replace(['"', '\\', '\n'], ""), stats))
+            .collect();
+        if informers.is_empty() {
+            return Ok(());
+        }
+        type Read = fn(&ReflectorStats) -> u64;
+        let counters: [(&str, &str, Read); 2] = [
+            (
+                "kinformer_informer_undecodable_objects",
+                "Objects of lists and watches that could not be decoded: left out, their cached version kept",
+                |s| s.undecodable_objects.load(Ordering::Relaxed),
+            ),
+            (
+                "kinformer_informer_transform_panics",
+                "Objects the informer's transform panicked on (each treated as undecodable)",
+                |s| s.transform_panics.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (informer, stats) in &informers {
+                let labels = [("informer", informer.as_str())];
+                ConstCounter::new(read(stats)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Which endpoints a listener serves.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Endpoints {
@@ -132,6 +176,7 @@ pub struct Metrics {
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
     shards: Arc<ShardCollector>,
+    informers: Arc<InformerCollector>,
     ready: AtomicBool,
     stopping: AtomicBool,
 }
@@ -160,6 +205,7 @@ impl Metrics {
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
             shards: Arc::default(),
+            informers: Arc::default(),
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             registry: parking_lot::Mutex::new(Registry::default()),
@@ -229,6 +275,7 @@ impl Metrics {
             m.reconcile_time.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&m.shards)));
+        registry.register_collector(Box::new(Arc::clone(&m.informers)));
         registry.register(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
@@ -257,6 +304,17 @@ impl Metrics {
             .informers
             .lock()
             .push((informer.to_owned(), stats));
+    }
+
+    /// Exports the Reflector counters of `factory`'s informers, read at
+    /// every scrape under the label `informer="{what it lists}"` (say
+    /// `configmaps in namespace web`):
+    /// `kinformer_informer_undecodable_objects_total` (objects left out
+    /// because they did not decode, their cached version kept) and
+    /// `kinformer_informer_transform_panics_total`. A Manager exports its
+    /// own factory's.
+    pub fn add_informers(&self, factory: FactoryStats) {
+        self.informers.factories.lock().push(factory);
     }
 
     /// Registers a metric of the user's own in the same registry, served on

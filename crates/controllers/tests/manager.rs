@@ -318,3 +318,40 @@ async fn a_manager_without_controllers_or_with_a_bad_election_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managers_metrics_count_the_objects_its_informers_could_not_decode() {
+    let (client, ns) = setup("undecodable").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for name in ["fine", "poison"] {
+        cms.create(&PostParams::default(), &config_map(name))
+            .await
+            .unwrap();
+    }
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
+    let manager = Manager::with_factory(factory, client, ManagerOptions::new()).unwrap();
+    let informer = manager.factory().informer::<ConfigMap>();
+    // A transform that panics treats its object as undecodable.
+    informer
+        .set_transform(|cm: ConfigMap| {
+            assert_ne!(
+                cm.metadata.name.as_deref(),
+                Some("poison"),
+                "cannot transform"
+            );
+            cm
+        })
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    manager.factory().start(&shutdown);
+    eventually("the informer synced", async || informer.has_synced()).await;
+    let scraped = manager.metrics().encode();
+    let label = format!("{{informer=\"configmaps in namespace {ns}\"}}");
+    for line in [
+        format!("kinformer_informer_undecodable_objects_total{label} 1"),
+        format!("kinformer_informer_transform_panics_total{label} 1"),
+    ] {
+        assert!(scraped.contains(&line), "{line} in {scraped}");
+    }
+    shutdown.cancel();
+}

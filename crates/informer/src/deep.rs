@@ -2,77 +2,74 @@
 //! overflowing the thread's stack.
 //!
 //! serde_json refuses documents nested deeper than 128 levels, and without
-//! that limit it recurses once per level on the thread's stack; the API
-//! server accepts JSON nested 10 000 levels deep (Go's decoder limit), so
-//! a CustomResourceDefinition whose schema nests `properties` a few hundred
-//! levels deep is valid, and client-go (whose stacks grow) reads it. Here
-//! the limit is lifted (`unbounded_depth`) and each level runs through
-//! `serde_stacker`, which moves the decode onto a new stack segment when
-//! the current one runs low. A document nested deeper than
-//! [`MAX_JSON_NESTING`], checked by one pass over its bytes before it is
-//! decoded, is refused with an error instead.
+//! that limit it recurses once per level on the thread's stack, as does
+//! serde's replay of what it buffers (`#[serde(flatten)]` in
+//! `DynamicObject` and `PartialObjectMeta`, tagged enums). The API server
+//! accepts JSON nested 10 000 levels deep (Go's decoder limit), so a custom
+//! resource or a CustomResourceDefinition nested a few thousand levels is
+//! valid, and client-go (whose stacks grow) reads it. Here one pass over
+//! the bytes measures the nesting first: a document shallower than
+//! serde_json's limit is decoded as it always was; a deeper one, up to
+//! [`MAX_JSON_NESTING`], is decoded without the limit on a stack of its
+//! own, sized for its depth (`stacker::grow`; virtual memory, of which only
+//! the pages used are touched); a deeper one still is refused.
 
 use serde::de::{self, Deserialize, Visitor};
 
-/// The deepest nesting of JSON arrays and objects decoded: twice the API
-/// server's own limit (Go's `encoding/json` stops at 10 000).
-pub const MAX_JSON_NESTING: usize = 20_000;
+/// The deepest nesting of JSON arrays and objects decoded: the API
+/// server's own limit on what it accepts (Go's `encoding/json` stops at
+/// 10 000), plus the few levels of a watch event or a list around an
+/// object, so it never sends deeper.
+pub const MAX_JSON_NESTING: usize = 10_016;
 
-/// Stack left below which a level is decoded on a new segment, and the
-/// size of that segment (see [`crate::protobuf`]'s decoder, which grows its
-/// stack the same way).
-const RED_ZONE: usize = 256 << 10;
-const STACK_SEGMENT: usize = 8 << 20;
+/// Documents nested at most this deep are decoded on the caller's stack
+/// (serde_json's own limit is 128).
+pub(crate) const SHALLOW: usize = 100;
+
+/// Stack given to each level of a deep document: measured, a debug build
+/// decoding a `DynamicObject` (serde's buffered replay of its flattened
+/// fields) needs a few KiB per level; this leaves ample room.
+const STACK_PER_LEVEL: usize = 16 << 10;
+
+/// Runs `f` on a stack of its own, deep enough for `depth` levels of JSON.
+pub(crate) fn on_stack_for<R>(depth: usize, f: impl FnOnce() -> R) -> R {
+    stacker::grow(depth * STACK_PER_LEVEL + (1 << 20), f)
+}
 
 /// Decodes `json` into `T`, at any depth up to [`MAX_JSON_NESTING`].
 pub(crate) fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, serde_json::Error> {
-    check_nesting(json)?;
-    let mut de = serde_json::Deserializer::from_slice(json);
-    de.disable_recursion_limit();
-    let value = T::deserialize(stacked(&mut de))?;
-    de.end()?;
-    Ok(value)
+    let depth = nesting(json)?;
+    if depth <= SHALLOW {
+        return serde_json::from_slice(json);
+    }
+    on_stack_for(depth, || {
+        let mut de = serde_json::Deserializer::from_slice(json);
+        de.disable_recursion_limit();
+        let value = T::deserialize(&mut de)?;
+        de.end()?;
+        Ok(value)
+    })
 }
 
-/// Hands the JSON value `json` to `visitor`, at any depth up to
-/// [`MAX_JSON_NESTING`].
-pub(crate) fn deserialize_json<'de, V: Visitor<'de>>(
+/// Hands the JSON value `json`, nested at most `depth` levels (from
+/// [`nesting`]), to `visitor`, without serde_json's depth limit: the caller
+/// must be on a stack deep enough for `depth` levels ([`on_stack_for`]).
+pub(crate) fn deserialize_json_unbounded<'de, V: Visitor<'de>>(
     json: &'de [u8],
     visitor: V,
 ) -> Result<V::Value, serde_json::Error> {
-    check_nesting(json)?;
     let mut de = serde_json::Deserializer::from_slice(json);
     de.disable_recursion_limit();
-    let value = de::Deserializer::deserialize_any(stacked(&mut de), visitor)?;
+    let value = de::Deserializer::deserialize_any(&mut de, visitor)?;
     de.end()?;
     Ok(value)
 }
 
-fn stacked<'a, 'de>(
-    de: &'a mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
-) -> serde_stacker::Deserializer<&'a mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>> {
-    let mut stacked = serde_stacker::Deserializer::new(de);
-    stacked.red_zone = RED_ZONE;
-    stacked.stack_size = STACK_SEGMENT;
-    stacked
-}
-
-/// Refuses a document nested deeper than [`MAX_JSON_NESTING`]: the
-/// decode would take that many stack frames.
-fn check_nesting(json: &[u8]) -> Result<(), serde_json::Error> {
-    match nesting_over(json, MAX_JSON_NESTING) {
-        false => Ok(()),
-        true => Err(de::Error::custom(format!(
-            "JSON nested more than {MAX_JSON_NESTING} levels deep"
-        ))),
-    }
-}
-
-/// Whether `json` opens more than `max` arrays and objects inside one
-/// another (text inside strings does not count). Ill-formed input is
-/// left for the decoder to refuse.
-pub(crate) fn nesting_over(json: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+/// How deep `json` nests arrays and objects (text inside strings does not
+/// count), refused past [`MAX_JSON_NESTING`]. Ill-formed input is left
+/// for the decoder to refuse.
+pub(crate) fn nesting(json: &[u8]) -> Result<usize, serde_json::Error> {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &b in json {
         if in_string {
             match b {
@@ -87,48 +84,64 @@ pub(crate) fn nesting_over(json: &[u8], max: usize) -> bool {
             b'"' => in_string = true,
             b'{' | b'[' => {
                 depth += 1;
-                if depth > max {
-                    return true;
+                if depth > MAX_JSON_NESTING {
+                    return Err(de::Error::custom(format!(
+                        "JSON nested more than {MAX_JSON_NESTING} levels deep"
+                    )));
                 }
+                deepest = deepest.max(depth);
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
             _ => {}
         }
     }
-    false
+    Ok(deepest)
 }
 
 #[cfg(test)]
 mod tests {
+    use kube_client::core::DynamicObject;
+
     use super::*;
 
     fn nested_arrays(depth: usize) -> String {
         format!("{}{}", "[".repeat(depth), "]".repeat(depth))
     }
 
-    #[test]
-    fn json_nested_far_deeper_than_serde_jsons_limit_decodes_on_a_small_stack() {
-        // A 256 KiB thread: without a growing stack a few hundred levels
-        // overflow it (an abort, not a panic).
-        let json = nested_arrays(MAX_JSON_NESTING);
-        let decoded = std::thread::Builder::new()
-            .stack_size(256 << 10)
-            .spawn(move || {
-                let value: serde_json::Value = from_json(json.as_bytes()).unwrap();
-                let mut depth = 0;
-                let mut v = &value;
-                while let Some(inner) = v.as_array().and_then(|a| a.first()) {
-                    depth += 1;
-                    v = inner;
-                }
-                // serde_json's Value drops recursively: on a stack of its own.
-                stacker::grow(64 << 20, move || drop(value));
-                depth
-            })
+    /// Runs `f` on a thread of 2 MiB, a tokio worker's default.
+    fn on_small_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(f)
             .unwrap()
             .join()
-            .unwrap();
-        assert_eq!(decoded, MAX_JSON_NESTING - 1);
+            .unwrap()
+    }
+
+    #[test]
+    fn a_custom_resource_nested_as_deep_as_the_server_accepts_decodes_on_a_small_thread() {
+        // serde buffers a DynamicObject's flattened fields and replays them
+        // recursively: 2 000 levels overflowed a 2 MiB thread before the
+        // stack was sized for the document.
+        let depth = MAX_JSON_NESTING - 2;
+        let spec = nested_arrays(depth - 1);
+        let json = format!(
+            r#"{{"apiVersion":"example.com/v1","kind":"Deep","metadata":{{"name":"d","namespace":"n"}},"spec":{spec}}}"#
+        );
+        let decoded = on_small_thread(move || {
+            let object: DynamicObject = from_json(json.as_bytes()).unwrap();
+            let mut depth = 0;
+            let mut v = &object.data["spec"];
+            while let Some(inner) = v.as_array().and_then(|a| a.first()) {
+                depth += 1;
+                v = inner;
+            }
+            // A Value this deep drops within 2 MiB (measured: 10 000
+            // levels in a debug build).
+            drop(object);
+            depth
+        });
+        assert_eq!(decoded, depth - 2);
     }
 
     #[test]
@@ -136,12 +149,12 @@ mod tests {
         let e = from_json::<serde_json::Value>(nested_arrays(MAX_JSON_NESTING + 1).as_bytes())
             .unwrap_err();
         assert!(e.to_string().contains("nested more than"), "{e}");
+        assert!(from_json::<serde_json::Value>(nested_arrays(MAX_JSON_NESTING).as_bytes()).is_ok());
     }
 
     #[test]
     fn brackets_inside_strings_do_not_count_as_nesting() {
         let json = format!(r#"{{"a": "{}\"[", "b": [[1]]}}"#, "[".repeat(100));
-        assert!(!nesting_over(json.as_bytes(), 3));
-        assert!(nesting_over(json.as_bytes(), 2));
+        assert_eq!(nesting(json.as_bytes()).unwrap(), 3);
     }
 }

@@ -21,8 +21,8 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiListerWatcher, HasSynced, InformerOptions, ShardScope, SharedIndexInformer, WireFormat,
-    wait_for_cache_sync,
+    ApiListerWatcher, HasSynced, InformerOptions, ReflectorStats, ShardScope, SharedIndexInformer,
+    WireFormat, wait_for_cache_sync,
 };
 
 /// Which objects an informer of the factory watches.
@@ -44,6 +44,7 @@ trait Startable: Send + Sync {
     fn start(&self, shutdown: CancellationToken);
     fn synced(&self) -> bool;
     fn describe(&self) -> String;
+    fn reflector_stats(&self) -> Option<Arc<ReflectorStats>>;
 }
 
 impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
@@ -59,6 +60,36 @@ impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
     }
     fn describe(&self) -> String {
         SharedIndexInformer::describe(self).to_owned()
+    }
+    fn reflector_stats(&self) -> Option<Arc<ReflectorStats>> {
+        SharedIndexInformer::reflector_stats(self)
+    }
+}
+
+/// The Reflector counters of a factory's informers, read when asked (a
+/// metrics collector holds one and reads it at every scrape): from
+/// [`SharedInformerFactory::stats`].
+#[derive(Clone)]
+pub struct FactoryStats(Arc<Mutex<HashMap<InformerKey, Entry>>>);
+
+impl Debug for FactoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FactoryStats").finish_non_exhaustive()
+    }
+}
+
+impl FactoryStats {
+    /// Each informer of the factory that has started, by what it lists
+    /// (`pods in all namespaces`), with its Reflector's counters; sorted.
+    pub fn reflectors(&self) -> Vec<(String, Arc<ReflectorStats>)> {
+        let mut out: Vec<_> = self
+            .0
+            .lock()
+            .values()
+            .filter_map(|e| Some((e.startable.describe(), e.startable.reflector_stats()?)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }
 
@@ -92,7 +123,7 @@ pub struct SharedInformerFactory {
     fifo: FifoKind,
     /// Per type: the `Compact<K>` its informers keep their cache with.
     compact: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
-    informers: Mutex<HashMap<InformerKey, Entry>>,
+    informers: Arc<Mutex<HashMap<InformerKey, Entry>>>,
 }
 
 impl Debug for SharedInformerFactory {
@@ -115,8 +146,15 @@ impl SharedInformerFactory {
             wire_format: WireFormat::default(),
             fifo: FifoKind::default(),
             compact: HashMap::new(),
-            informers: Mutex::new(HashMap::new()),
+            informers: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// A handle on the Reflector counters of this factory's informers, made
+    /// now or later ([`FactoryStats::reflectors`]); the Manager exports
+    /// them as metrics.
+    pub fn stats(&self) -> FactoryStats {
+        FactoryStats(Arc::clone(&self.informers))
     }
 
     /// Informers of this factory watch only `namespace` (unless a scope says otherwise).

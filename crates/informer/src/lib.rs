@@ -126,7 +126,7 @@ mod sync;
 pub use backoff::BackoffConfig;
 pub use deep::MAX_JSON_NESTING;
 pub use error::{InformerError, ListWatchError};
-pub use factory::{InformerScope, SharedInformerFactory};
+pub use factory::{FactoryStats, InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{
     InformerOptions, MIN_RESYNC_PERIOD, ResourceEventHandlerRegistration, SharedIndexInformer,

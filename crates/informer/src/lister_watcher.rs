@@ -865,7 +865,7 @@ fn event_object_key(json: &[u8]) -> Option<String> {
         #[serde(borrow)]
         object: &'a serde_json::value::RawValue,
     }
-    match crate::deep::from_json::<Event<'_>>(json) {
+    match serde_json::from_slice::<Event<'_>>(json) {
         Ok(event) => object_key(event.object.get()),
         Err(_) => None,
     }
@@ -1016,7 +1016,9 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
         #[serde(borrow, default)]
         items: Vec<&'a serde_json::value::RawValue>,
     }
-    let raw: RawList<'_> = crate::deep::from_json(json)
+    // The items are captured raw (serde_json skips a raw value without
+    // recursing), so the list's own depth never counts against an item's.
+    let raw: RawList<'_> = serde_json::from_slice(json)
         .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
     let mut items = Vec::with_capacity(raw.items.len());
     let mut skipped = Vec::new();

@@ -215,8 +215,9 @@ pub struct ReflectorStats {
     pub errors: AtomicU64,
     /// Objects the transform panicked on (each left out, as undecodable).
     pub transform_panics: AtomicU64,
-    /// Objects of lists and watches that could not be decoded (or that the
-    /// transform panicked on): each left out, its cached version kept.
+    /// Watch events, and objects of lists, that could not be decoded, and
+    /// listed objects the transform panicked on: each left out, its cached
+    /// version kept.
     pub undecodable_objects: AtomicU64,
     /// Panics of the watch error handler, caught.
     pub error_handler_panics: AtomicU64,
@@ -609,6 +610,15 @@ impl<K: Object + Clone> Reflector<K> {
                     // One undecodable object is skipped; the list goes on.
                     self.skip(&mut replace, &skipped, "the streaming list");
                 }
+                Some(Err(ListWatchError::Decode(e))) => {
+                    // A frame that does not decode at all: whose object it
+                    // held is unknown, so nothing is inferred deleted.
+                    self.skip(
+                        &mut replace,
+                        &Undecodable::new(None, e),
+                        "the streaming list",
+                    );
+                }
                 Some(Err(e)) => return Err(e),
                 Some(Ok(WatchEvent::Added(obj))) => match self.listed(obj) {
                     Ok(obj) => batch.push(obj),
@@ -861,12 +871,22 @@ impl<K: Object + Clone> Reflector<K> {
         // Taken first: the transform consumes the object.
         let key = meta_namespace_key(&obj).ok();
         let name = key.clone().unwrap_or_else(|| object_description(&obj));
-        catch_unwind(AssertUnwindSafe(|| transform(obj))).map_err(|panic| {
+        let transformed = catch_unwind(AssertUnwindSafe(|| transform(obj))).map_err(|panic| {
             ReflectorStats::bump(&self.stats.transform_panics);
             let panic = panic_message(panic.as_ref());
             error!(key = %name, panic = %panic, "the transform panicked; the object is treated as undecodable");
-            Undecodable::new(key, format!("the transform panicked: {panic}"))
-        })
+            Undecodable::new(key.clone(), format!("the transform panicked: {panic}"))
+        })?;
+        // A transform that leaves the object without a key has made it
+        // uncacheable: undecodable under the key it came with, so the
+        // cached version stays.
+        if key.is_some() && transformed.name().is_none_or(str::is_empty) {
+            return Err(Undecodable::new(
+                key,
+                "the transform left it without a name",
+            ));
+        }
+        Ok(transformed)
     }
 
     async fn watch_handler(

@@ -38,8 +38,10 @@ pub enum JsonShape {
 ///
 /// Decoding the output gives exactly what decoding the input gives, less
 /// those members (keys spelled with escapes included). Input that is not
-/// well-formed JSON, or nests deeper than serde_json accepts, is returned
-/// as it is, so that decoding it fails with serde's own error.
+/// well-formed JSON, or nests deeper than
+/// [`MAX_JSON_NESTING`](crate::MAX_JSON_NESTING), is returned as it is, so
+/// that decoding it fails with serde's own error. A document nested deeper
+/// than a thread's stack takes is stripped on a stack sized for it.
 ///
 /// ```
 /// use kinformer_informer::{JsonShape, strip_managed_fields_json};
@@ -55,14 +57,24 @@ pub fn strip_managed_fields_json(input: &[u8], shape: JsonShape) -> Cow<'_, [u8]
     if !contains(input, b"managedFields") && !contains(input, b"\\u") {
         return Cow::Borrowed(input);
     }
-    let mut stripper = Stripper {
-        input,
-        out: Vec::with_capacity(input.len()),
-        removed: false,
+    let Ok(depth) = crate::deep::nesting(input) else {
+        return Cow::Borrowed(input);
     };
-    match stripper.document(shape) {
-        Some(()) if stripper.removed => Cow::Owned(stripper.out),
-        _ => Cow::Borrowed(input),
+    let strip = || {
+        let mut stripper = Stripper {
+            input,
+            out: Vec::with_capacity(input.len()),
+            removed: false,
+        };
+        match stripper.document(shape) {
+            Some(()) if stripper.removed => Cow::Owned(stripper.out),
+            _ => Cow::Borrowed(input),
+        }
+    };
+    if depth <= crate::deep::SHALLOW {
+        strip()
+    } else {
+        crate::deep::on_stack_for(depth, strip)
     }
 }
 
@@ -70,8 +82,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// serde_json refuses a document with this many nested arrays and objects.
-const MAX_DEPTH: usize = 128;
+/// Deeper than any document handed to the stripper (checked first).
+const MAX_DEPTH: usize = crate::deep::MAX_JSON_NESTING + 1;
 
 /// What a value is to the stripper.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -153,7 +165,7 @@ impl Stripper<'_> {
                 let end = skip_value(input, v, depth + 1)?;
                 // The removed bytes must be JSON that serde accepts, or
                 // removing them would turn invalid input into valid output.
-                serde_json::from_slice::<Validated>(&input[v..end]).ok()?;
+                crate::deep::from_json::<Validated>(&input[v..end]).ok()?;
                 self.removed = true;
                 end
             } else {
@@ -463,7 +475,7 @@ mod tests {
     }
 
     #[test]
-    fn managed_fields_nested_deeper_than_serde_accepts_are_not_removed() {
+    fn managed_fields_nested_as_deep_as_the_server_sends_are_removed_beyond_that_not() {
         let deep = |n: usize| {
             format!(
                 r#"{{"metadata":{{"managedFields":{}{}}}}}"#,
@@ -471,12 +483,20 @@ mod tests {
                 "]".repeat(n)
             )
         };
-        // The document's own two levels plus n arrays; serde refuses 128.
-        let ok = deep(125);
-        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
-        same_json(&strip_str(&ok, JsonShape::Object), r#"{"metadata":{}}"#);
-        let too_deep = deep(126);
-        assert!(serde_json::from_str::<serde_json::Value>(&too_deep).is_err());
-        assert_eq!(strip_str(&too_deep, JsonShape::Object), too_deep);
+        // The document's own two levels plus n arrays, on a 2 MiB thread.
+        let limit = crate::deep::MAX_JSON_NESTING;
+        let (ok, too_deep) = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                (
+                    strip_str(&deep(limit - 2), JsonShape::Object),
+                    strip_str(&deep(limit - 1), JsonShape::Object),
+                )
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        same_json(&ok, r#"{"metadata":{}}"#);
+        assert_eq!(too_deep, deep(limit - 1));
     }
 }

@@ -1474,3 +1474,38 @@ async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
     assert!(!seen.iter().any(|s| s.starts_with("delete")), "{seen:?}");
     h.shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_transform_that_leaves_a_listed_object_without_a_name_keeps_the_cached_version() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 2),
+            page(vec![cm("a", 1), cm("b", 3)], 4),
+        ],
+        common::options(),
+    );
+    h.informer
+        .set_transform(|mut obj: ConfigMap| {
+            if obj.metadata.resource_version.as_deref() == Some("3") {
+                obj.metadata.name = None;
+            }
+            obj
+        })
+        .unwrap();
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    w.send(Err(ListWatchError::Decode("a garbled frame".into())))
+        .unwrap();
+    let w2 = h.next_watch().await;
+    w2.send(Ok(WatchEvent::Added(cm("c", 5)))).unwrap();
+    assert_eq!(
+        h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
+        ["ns/a", "ns/b", "ns/c"]
+    );
+    assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
+    let seen = log.wait_for(3).await;
+    assert!(!seen.iter().any(|s| s.starts_with("delete")), "{seen:?}");
+    h.shutdown.cancel();
+}

@@ -16,15 +16,21 @@
 //!   sequence replaced by U+FFFD, as Go's `encoding/json` writes it.
 //! - Messages nest as deep as the bytes say, on a stack that grows
 //!   ([`stacker`]) rather than the thread's: Go's stacks grow, so the server
-//!   writes and client-go reads objects far deeper than a thread's stack
-//!   holds in recursive Rust. Beyond [`MAX_NESTING`] levels, far above what
-//!   the server accepts, the object is refused (with its name, by the
-//!   caller), never an overflow.
-//! - What one object decodes into is bounded: each message, element and
-//!   string is charged its estimated size in memory as it is decoded, and
-//!   an object over [`MAX_DECODED_BYTES`] is refused. An empty repeated
+//!   writes and client-go reads objects deeper than a thread's stack holds
+//!   in recursive Rust. Beyond [`MAX_NESTING`] levels, what the server
+//!   accepts, the object is refused (with its name, by the caller), never
+//!   an overflow. Embedded JSON nested deeper than a thread's stack takes
+//!   makes the whole object decode again on a stack sized for it (see
+//!   `top_level`).
+//! - What one object decodes into is bounded: each message, string,
+//!   number and raw JSON value is charged its estimated size in memory as
+//!   it is decoded, and so are the decoder's scratch lists (a message's
+//!   fields, a map's pairs, packed numbers), before they are built; an
+//!   object over [`MAX_DECODED_BYTES`] is refused. An empty repeated
 //!   message is 2 bytes on the wire and a whole k8s-openapi struct in
-//!   memory, so without the bound one frame could ask for gigabytes.
+//!   memory, so without the bound one frame could ask for gigabytes. The
+//!   estimate is within a factor of two of k8s-openapi's sizes (tested);
+//!   a stack grown for deep nesting is not counted.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -150,12 +156,14 @@ pub(crate) fn from_message<'de, T: de::Deserialize<'de>>(
     message: u16,
     bytes: &'de [u8],
 ) -> Result<T> {
-    let _scope = Scope::enter();
-    T::deserialize(MessageDe {
-        message: message_at(message)?,
-        bytes,
-        drop_managed_fields: false,
-        type_meta: None,
+    let message = message_at(message)?;
+    top_level(|| {
+        T::deserialize(MessageDe {
+            message,
+            bytes,
+            drop_managed_fields: false,
+            type_meta: None,
+        })
     })
 }
 
@@ -174,20 +182,42 @@ pub(crate) fn from_typed_object<'de, T: de::Deserialize<'de>>(
     drop_managed_fields: bool,
     type_meta: Option<(&'static str, &'static str)>,
 ) -> Result<T> {
-    let _scope = Scope::enter();
-    T::deserialize(MessageDe {
-        message: message_at(message)?,
-        bytes,
-        drop_managed_fields,
-        type_meta,
+    let message = message_at(message)?;
+    top_level(|| {
+        T::deserialize(MessageDe {
+            message,
+            bytes,
+            drop_managed_fields,
+            type_meta,
+        })
     })
 }
 
-/// The deepest nesting of messages decoded: far above what the server
-/// accepts (Go's JSON decoder, which reads every JSON request, stops at
-/// 10 000 levels of JSON, about 5 000 levels of a schema's `properties`,
-/// each one message here).
-pub const MAX_NESTING: u32 = 20_000;
+/// One top-level decode, with fresh limits. Embedded JSON (a raw
+/// extension, `fieldsV1`, a schema's `default`) may nest deeper than its
+/// visitor can take on a thread's stack, and serde may replay it
+/// recursively later (`PartialObjectMeta` buffers its flattened fields),
+/// out of reach of [`nested`]'s growing stack: such a decode is abandoned
+/// and done again from the start on a stack deep enough for the deepest
+/// JSON the server sends.
+fn top_level<T>(decode: impl Fn() -> Result<T>) -> Result<T> {
+    let scope = Scope::enter();
+    match decode() {
+        Err(_) if DEEP_JSON.get() > 0 => {
+            drop(scope);
+            let _scope = Scope::enter();
+            DEEP_STACK.set(true);
+            crate::deep::on_stack_for(crate::deep::MAX_JSON_NESTING, decode)
+        }
+        done => done,
+    }
+}
+
+/// The deepest nesting of messages decoded: what the server accepts. Go's
+/// JSON decoder stops at 10 000 levels of JSON, which is about 5 000
+/// levels of a schema's `properties`, each one message here; a CRD nested
+/// deeper in protobuf is stored, but the server cannot read it back.
+pub const MAX_NESTING: u32 = 5_100;
 
 /// The most one object may decode into, as estimated while decoding (the
 /// in-memory size of each message, string and element): 256 MiB, over a
@@ -213,12 +243,18 @@ thread_local! {
     /// this thread decodes now (the decode is synchronous, one per thread).
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     static BUDGET: Cell<u64> = const { Cell::new(MAX_DECODED_BYTES) };
+    /// The deepest embedded JSON met that the stack could not take (0: none).
+    static DEEP_JSON: Cell<usize> = const { Cell::new(0) };
+    /// Whether this decode runs on a stack deep enough for any JSON.
+    static DEEP_STACK: Cell<bool> = const { Cell::new(false) };
 }
 
 /// One top-level decode: fresh limits, and the caller's restored after.
 struct Scope {
     depth: u32,
     budget: u64,
+    deep_json: usize,
+    deep_stack: bool,
 }
 
 impl Scope {
@@ -226,6 +262,8 @@ impl Scope {
         Self {
             depth: DEPTH.replace(0),
             budget: BUDGET.replace(MAX_DECODED_BYTES),
+            deep_json: DEEP_JSON.replace(0),
+            deep_stack: DEEP_STACK.replace(false),
         }
     }
 }
@@ -234,6 +272,8 @@ impl Drop for Scope {
     fn drop(&mut self) {
         DEPTH.set(self.depth);
         BUDGET.set(self.budget);
+        DEEP_JSON.set(self.deep_json);
+        DEEP_STACK.set(self.deep_stack);
     }
 }
 
@@ -385,6 +425,8 @@ impl<'de> MessageAccess<'de> {
     fn new(message: &'static Message, bytes: &'de [u8], skip: u32) -> Result<Self> {
         let mut entries = Vec::with_capacity(message.fields.len());
         scan(message, bytes, skip, &mut entries)?;
+        // The scratch list of fields counts against the object's budget.
+        charge((entries.len() * size_of::<(&Field, Raw<'_>)>()) as u64)?;
         // A field's occurrences must be adjacent; Go writes them so, in
         // field order, but any order is valid protobuf. A stable sort keeps
         // each field's elements in their order.
@@ -546,8 +588,10 @@ impl<'de> de::Deserializer<'de> for SeqDe<'_, 'de> {
         let mut elements = Vec::with_capacity(self.occurrences.len());
         for &(_, raw) in self.occurrences {
             match raw {
-                // Packed scalars: one occurrence holds many.
+                // Packed scalars: one occurrence holds many (at most one
+                // a byte), each a scratch element first.
                 Raw::Bytes(b) if packed => {
+                    charge((b.len() * size_of::<Raw<'_>>()) as u64)?;
                     let mut pos = 0;
                     while pos < b.len() {
                         elements.push(match self.ty {
@@ -626,6 +670,7 @@ impl<'de> de::Deserializer<'de> for MapDe<'_, 'de> {
     type Error = ProtobufError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        charge((self.entries.len() * size_of::<(Raw<'_>, Raw<'_>)>()) as u64)?;
         let mut pairs = Vec::with_capacity(self.entries.len());
         for &(_, raw) in self.entries {
             let Raw::Bytes(entry) = raw else {
@@ -846,8 +891,14 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                 }
                 // A JSON value in memory is a few times its text.
                 charge(json.len() as u64 * 4)?;
-                crate::deep::deserialize_json(json, visitor)
-                    .map_err(|e| ProtobufError(format!("embedded JSON: {e}")))
+                let embedded = |e: serde_json::Error| ProtobufError(format!("embedded JSON: {e}"));
+                let depth = crate::deep::nesting(json).map_err(embedded)?;
+                if depth > crate::deep::SHALLOW && !DEEP_STACK.get() {
+                    // See `top_level`: decoded again on a deep stack.
+                    DEEP_JSON.set(DEEP_JSON.get().max(depth));
+                    return err(format!("embedded JSON nested {depth} levels deep"));
+                }
+                crate::deep::deserialize_json_unbounded(json, visitor).map_err(embedded)
             }
         }
     }
@@ -942,6 +993,12 @@ fn time(message: &[u8], micro: bool) -> Result<String> {
             (2, Raw::Varint(v)) => nanos = i64::from(v as i32),
             _ => {}
         }
+    }
+    // Go's JSON encoding refuses a time outside years 0-9999, and
+    // k8s-openapi writes a year outside them in a form it cannot read back.
+    const YEARS_0_TO_9999: std::ops::RangeInclusive<i64> = -62_167_219_200..=253_402_300_799;
+    if !YEARS_0_TO_9999.contains(&seconds) {
+        return err(format!("time {seconds} s is outside the years 0-9999"));
     }
     let at = k8s_openapi::jiff::Timestamp::from_second(seconds)
         .or_else(|e| err(format!("time {seconds} s out of range: {e}")))?;
@@ -1156,6 +1213,24 @@ mod tests {
         msg.push(v as u8);
         assert_eq!(time(&msg, false).unwrap(), "2023-11-14T22:13:20Z");
         assert_eq!(time(&msg, true).unwrap(), "2023-11-14T22:13:20.123456Z");
+    }
+
+    #[test]
+    fn times_outside_the_years_0_to_9999_are_refused_as_gos_json_refuses_them() {
+        let at = |seconds: i64| {
+            let mut msg = vec![0x08];
+            put_varint(&mut msg, seconds as u64);
+            time(&msg, false)
+        };
+        assert_eq!(at(-62_167_219_200).unwrap(), "0000-01-01T00:00:00Z");
+        // The last second jiff holds (Go's last is a day later; between
+        // them the object is refused as out of jiff's range).
+        assert_eq!(at(253_402_207_200).unwrap(), "9999-12-30T22:00:00Z");
+        assert!(at(253_402_300_799).is_err());
+        for seconds in [-62_167_219_201, 253_402_300_800] {
+            let e = at(seconds).unwrap_err();
+            assert!(e.to_string().contains("outside the years 0-9999"), "{e}");
+        }
     }
 
     #[test]
