@@ -12,8 +12,8 @@ use serde::de::DeserializeOwned;
 
 use crate::runtime::EventFilter;
 use crate::{
-    Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, Lookup,
-    ReconcileError, Reconciler, Ring,
+    Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, LeaderElector,
+    Lookup, Metrics, ReconcileError, Reconciler, Ring,
 };
 
 type Wiring<K> = Box<dyn FnOnce(Controller<K>) -> Result<Controller<K>, ControllerError>>;
@@ -35,6 +35,9 @@ pub struct ControllerBuilder<'f, K> {
     filters: Vec<EventFilter<K>>,
     wiring: Vec<Wiring<K>>,
     ring: Option<Arc<Ring>>,
+    /// The Manager's metrics and election, when the Manager made this
+    /// builder: kept whatever [`options`](ControllerBuilder::options) says.
+    managed: Option<(Arc<Metrics>, Option<Arc<LeaderElector>>)>,
 }
 
 impl<K> Controller<K>
@@ -53,6 +56,7 @@ where
             filters: Vec::new(),
             wiring: Vec::new(),
             ring: None,
+            managed: None,
         }
     }
 }
@@ -131,10 +135,46 @@ where
             .clone()
     }
 
-    /// How the controller runs (workers, retries, leader election, metrics...).
-    pub fn options(mut self, options: ControllerOptions<K>) -> Self {
+    /// How the controller runs (workers, retries, timeouts, leader
+    /// election, metrics...). On a builder from
+    /// [`Manager::controller`](crate::Manager::controller) the Manager's
+    /// leader election and metrics stay, whatever `options` says: they
+    /// are the Manager's to set, and a controller of a Manager never runs
+    /// outside its election or unseen by its metrics.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kinformer_controllers::{Action, ControllerOptions, Manager, ManagerOptions};
+    ///
+    /// let mut manager = Manager::new(client, ManagerOptions::new())?;
+    /// let controller = manager
+    ///     .controller::<ConfigMap>("configmaps")
+    ///     .options(ControllerOptions::new().workers(4).max_retries(10))
+    ///     .reconcile(Arc::new(()), |_cm, _ctx| async { Ok(Action::Done) })?;
+    /// manager.add(controller);
+    /// # Ok(()) }
+    /// ```
+    pub fn options(mut self, mut options: ControllerOptions<K>) -> Self {
+        if let Some((metrics, elector)) = &self.managed {
+            options.metrics = Some(Arc::clone(metrics));
+            options.leader_election = elector.clone();
+        }
         self.options = options;
         self
+    }
+
+    /// Marks the builder as the Manager's: its metrics and election are
+    /// set now and kept by [`options`](Self::options).
+    pub(crate) fn managed(
+        mut self,
+        metrics: Arc<Metrics>,
+        elector: Option<Arc<LeaderElector>>,
+    ) -> Self {
+        self.managed = Some((metrics, elector));
+        let options = std::mem::take(&mut self.options);
+        self.options(options)
     }
 
     /// Finishes the controller with an async reconcile that receives the

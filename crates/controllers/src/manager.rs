@@ -76,6 +76,8 @@ impl ManagerOptions {
 trait Runnable: Send + Sync {
     fn name(&self) -> &str;
     fn uses_elector(&self, elector: &Arc<LeaderElector>) -> bool;
+    fn has_own_elector(&self) -> bool;
+    fn uses_metrics(&self, metrics: &Arc<Metrics>) -> bool;
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
@@ -92,6 +94,15 @@ impl<K: Object + Clone> Runnable for Controller<K> {
             .leader_election
             .as_ref()
             .is_some_and(|e| Arc::ptr_eq(e, elector))
+    }
+    fn has_own_elector(&self) -> bool {
+        self.options().leader_election.is_some()
+    }
+    fn uses_metrics(&self, metrics: &Arc<Metrics>) -> bool {
+        self.options()
+            .metrics
+            .as_ref()
+            .is_some_and(|m| Arc::ptr_eq(m, metrics))
     }
     fn run(
         self: Box<Self>,
@@ -210,7 +221,8 @@ impl Manager {
         K::DynamicType: Default,
         K::Scope: 'static,
     {
-        Controller::builder(name, &self.factory).options(self.controller_options())
+        Controller::builder(name, &self.factory)
+            .managed(Arc::clone(&self.metrics), self.elector.clone())
     }
 
     /// Adds a controller; built with [`controller`](Self::controller) or
@@ -221,6 +233,38 @@ impl Manager {
         self
     }
 
+    /// Refuses a controller that would run outside the Manager's election
+    /// or unseen by its metrics (made with other options than the
+    /// Manager's): the Manager's settings are not the controller's to
+    /// replace.
+    fn check_controllers(&self) -> Result<(), ControllerError> {
+        let how = "make it with Manager::controller (its options() keep the Manager's election \
+                   and metrics) or with Manager::controller_options";
+        for c in &self.controllers {
+            let name = c.name();
+            let election = match &self.elector {
+                Some(e) if !c.uses_elector(e) => {
+                    Some("does not follow the Manager's leader election")
+                }
+                None if c.has_own_elector() => Some(
+                    "has a leader election of its own, which a Manager does not run (set ManagerOptions::leader_election)",
+                ),
+                _ => None,
+            };
+            if let Some(why) = election {
+                return Err(ControllerError::InvalidOptions(format!(
+                    "controller {name:?} {why}: {how}"
+                )));
+            }
+            if !c.uses_metrics(&self.metrics) {
+                return Err(ControllerError::InvalidOptions(format!(
+                    "controller {name:?} does not report to the Manager's metrics: {how}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs every controller until `shutdown` fires or one of them fails;
     /// returns the first error. See the type's docs for the shutdown order.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
@@ -229,6 +273,7 @@ impl Manager {
                 "the Manager has no controllers to run".to_owned(),
             ));
         }
+        self.check_controllers()?;
         let serving = CancellationToken::new();
         let _stop_serving = serving.clone().drop_guard();
         self.serve(&serving).await?;

@@ -7,7 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kinformer_controllers::{
-    Action, ControllerError, LeaderElectionConfig, Lookup, Manager, ManagerOptions, PanicPolicy,
+    Action, ControllerError, ControllerOptions, LeaderElectionConfig, Lookup, Manager,
+    ManagerOptions, PanicPolicy,
 };
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::Client;
@@ -308,7 +309,14 @@ async fn a_crashing_controller_stops_the_manager_with_its_error() {
 async fn a_manager_without_controllers_or_with_a_bad_election_is_refused() {
     let (client, ns) = setup("manager-bad").await;
     let manager = Manager::new(client.clone(), ManagerOptions::new()).unwrap();
-    let err = manager.run(CancellationToken::new()).await.unwrap_err();
+    // Refused at once; before, it ran outside the election for ever.
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        manager.run(CancellationToken::new()),
+    )
+    .await
+    .expect("run refuses the controller at once")
+    .unwrap_err();
     assert!(err.to_string().contains("no controllers"), "{err}");
     let mut config = election(&ns, "x");
     config.renew_deadline = config.lease_duration;
@@ -354,4 +362,103 @@ async fn a_managers_metrics_count_the_objects_its_informers_could_not_decode() {
         assert!(scraped.contains(&line), "{line} in {scraped}");
     }
     shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_tuned_with_options_keeps_the_managers_election_and_metrics() {
+    let (client, ns) = setup("tuned").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    // Another replica holds the Lease for an hour.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let held: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "tuned"},
+        "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3600,
+                 "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &held).await.unwrap();
+    let mut election = LeaderElectionConfig::new(&ns, "tuned", "me");
+    election.retry_period = Duration::from_millis(200);
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
+    let options = ManagerOptions::new().leader_election(election);
+    let mut manager = Manager::with_factory(factory, client.clone(), options).unwrap();
+    let elector = Arc::clone(manager.elector().unwrap());
+    let reconciled: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let controller = manager
+        .controller::<ConfigMap>("tuned")
+        // Per-controller tuning: before, this replaced the Manager's
+        // election and metrics, and the controller reconciled while the
+        // other replica held the Lease.
+        .options(ControllerOptions::new().workers(4))
+        .reconcile(
+            Arc::new((Arc::clone(&reconciled), Arc::clone(&elector))),
+            |_cm, ctx| async move {
+                ctx.0.lock().push(ctx.1.is_leader());
+                Ok(Action::Done)
+            },
+        )
+        .unwrap();
+    manager.add(controller);
+    let metrics = Arc::clone(manager.metrics());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+    // The Manager has tried for the Lease and lost.
+    eventually("the election reported", async || {
+        metrics
+            .encode()
+            .contains("leader_election_master_status{name=\"tuned\"} 0")
+    })
+    .await;
+    assert!(
+        reconciled.lock().is_empty(),
+        "no reconcile while another replica leads"
+    );
+    // The other replica gives the Lease up: this one takes it and reconciles.
+    leases.delete("tuned", &Default::default()).await.unwrap();
+    eventually("a reconcile", async || !reconciled.lock().is_empty()).await;
+    assert!(
+        reconciled.lock().iter().all(|&leading| leading),
+        "{:?}",
+        reconciled.lock()
+    );
+    assert!(
+        metrics.encode().contains(
+            "controller_runtime_reconcile_total{controller=\"tuned\",result=\"success\"}"
+        ),
+        "{}",
+        metrics.encode()
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_made_without_the_managers_options_is_refused_with_why() {
+    let (client, ns) = setup("foreign").await;
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
+    let options =
+        ManagerOptions::new().leader_election(LeaderElectionConfig::new(&ns, "foreign", "me"));
+    let mut manager = Manager::with_factory(factory, client, options).unwrap();
+    let foreign =
+        kinformer_controllers::Controller::<ConfigMap>::builder("foreign", manager.factory())
+            .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
+            .unwrap();
+    manager.add(foreign);
+    // Refused at once; before, it ran outside the election for ever.
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        manager.run(CancellationToken::new()),
+    )
+    .await
+    .expect("run refuses the controller at once")
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("\"foreign\" does not follow the Manager's leader election")
+            && text.contains("Manager::controller"),
+        "{text}"
+    );
 }
