@@ -43,7 +43,7 @@ pub enum Action {
 }
 
 /// The error of a failed reconcile; the key is retried with backoff, unless
-/// it is a [`TerminalError`].
+/// it is, or its `source()` chain holds, a [`TerminalError`].
 pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A reconcile error that retrying cannot fix (an invalid spec, say): the
@@ -71,6 +71,17 @@ impl std::error::Error for TerminalError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(self.0.as_ref())
     }
+}
+
+/// Whether `error` or any error in its `source()` chain is a
+/// [`TerminalError`], as controller-runtime's `errors.Is`: one returned
+/// from inside a finalizer's closure, or wrapped by the user's own error
+/// type, is terminal too.
+pub(crate) fn is_terminal(error: &(dyn std::error::Error + 'static)) -> bool {
+    // Bounded: a source chain that loops must not hang a worker.
+    std::iter::successors(Some(error), |e| e.source())
+        .take(64)
+        .any(|e| e.is::<TerminalError>())
 }
 
 /// Brings the world in line with the cached state of one object.
@@ -1362,7 +1373,7 @@ impl Worker {
                 if let Some(m) = &self.metrics {
                     m.reconcile_error(&self.name);
                 }
-                if e.is::<TerminalError>() {
+                if is_terminal(e.as_ref()) {
                     error!(key, error = %chain(e.as_ref()), "terminal reconcile error; not retrying");
                     if let Some(m) = &self.metrics {
                         m.terminal_error(&self.name);
@@ -1498,6 +1509,18 @@ mod tests {
         slots.worked("ns/a", generation);
         let (passed, _) = slots.slot_keys(slot);
         assert_eq!(passed, ["ns/a"]);
+    }
+
+    #[test]
+    fn a_terminal_error_anywhere_in_the_source_chain_is_terminal() {
+        let bad_spec = || TerminalError(Box::new(std::io::Error::other("bad spec")));
+        let outermost: ReconcileError = Box::new(bad_spec());
+        let in_finalizer: ReconcileError =
+            Box::new(crate::finalizer::FinalizerError::<TerminalError>::Reconcile(bad_spec()));
+        let plain: ReconcileError = Box::new(Outer(std::io::Error::other("reset")));
+        assert!(is_terminal(outermost.as_ref()));
+        assert!(is_terminal(in_finalizer.as_ref()));
+        assert!(!is_terminal(plain.as_ref()));
     }
 
     #[test]
