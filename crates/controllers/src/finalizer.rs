@@ -3,8 +3,11 @@
 //! [`finalizer`] is the usual three-way step of a controller that owns
 //! something outside the object (controller-runtime's finalizer helpers,
 //! kube-runtime's `finalizer`):
-//! - the object is not being deleted and lacks the finalizer: add it and
-//!   return (the update it causes brings the object back for `Apply`);
+//! - the object is not being deleted and lacks the finalizer: add it, then
+//!   [`FinalizerEvent::Apply`] the object as written, in the same call
+//!   (the update the write causes changes no generation, so an event
+//!   filter such as [`predicate::generation_changed`](crate::predicate::generation_changed)
+//!   drops it: waiting for it would leave the object never applied);
 //! - the object is not being deleted and has it: [`FinalizerEvent::Apply`];
 //! - the object is being deleted and has it: [`FinalizerEvent::Cleanup`],
 //!   and once that succeeds, remove the finalizer so the server can delete
@@ -89,14 +92,16 @@ where
         (false, false) => {
             let mut finalizers = obj.finalizers().to_vec();
             finalizers.push(name.to_owned());
-            write(api, &object_name, obj.as_ref(), finalizers)
+            let written = write(api, &object_name, obj.as_ref(), finalizers)
                 .await
                 .map_err(|source| FinalizerError::Add {
                     finalizer: name.to_owned(),
                     object,
                     source,
                 })?;
-            Ok(Action::Done)
+            reconcile(FinalizerEvent::Apply(Arc::new(written)))
+                .await
+                .map_err(FinalizerError::Reconcile)
         }
         (false, true) => reconcile(FinalizerEvent::Apply(obj))
             .await
@@ -113,6 +118,7 @@ where
                 .collect();
             write(api, &object_name, obj.as_ref(), rest)
                 .await
+                .map(drop)
                 .map_err(|source| FinalizerError::Remove {
                     finalizer: name.to_owned(),
                     object,
@@ -129,7 +135,7 @@ async fn write<K>(
     name: &str,
     obj: &K,
     finalizers: Vec<String>,
-) -> Result<(), kube_client::Error>
+) -> Result<K, kube_client::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
@@ -142,7 +148,6 @@ where
     });
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .map(|_| ())
 }
 
 fn describe<K: Resource>(obj: &K) -> String {

@@ -1149,23 +1149,23 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
         .await
         .unwrap()
     };
-    // 1: the finalizer is added, nothing applied yet.
+    // 1: the finalizer is added, and the object as written applied.
     step(&log).await;
     let finalizers = api.get("guarded").await.unwrap().metadata.finalizers;
     assert_eq!(
         finalizers,
         Some(vec!["other.dev/keep".to_owned(), NAME.to_owned()])
     );
-    assert!(log.lock().is_empty());
+    assert_eq!(*log.lock(), ["apply"]);
     // 2: with it in place, apply.
     step(&log).await;
-    assert_eq!(*log.lock(), ["apply"]);
+    assert_eq!(*log.lock(), ["apply", "apply"]);
     // 3: deleted: the object stays (finalizers), cleanup runs, ours goes.
     api.delete("guarded", &DeleteParams::default())
         .await
         .unwrap();
     step(&log).await;
-    assert_eq!(*log.lock(), ["apply", "cleanup"]);
+    assert_eq!(*log.lock(), ["apply", "apply", "cleanup"]);
     let left = api.get("guarded").await.unwrap();
     assert!(left.metadata.deletion_timestamp.is_some());
     assert_eq!(
@@ -1174,7 +1174,7 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
     );
     // 4: still being deleted, our finalizer gone: nothing more runs.
     step(&log).await;
-    assert_eq!(log.lock().len(), 2);
+    assert_eq!(log.lock().len(), 3);
 
     // A write from a stale copy fails instead of overwriting.
     api.create(&PostParams::default(), &config_map("stale"))
@@ -1367,4 +1367,62 @@ async fn a_closure_reconciler_gets_the_cached_object_and_then_that_it_is_gone() 
     eventually("gone", async || seen.lock().contains(&gone)).await;
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_finalizer_helper_applies_even_when_an_event_filter_drops_its_own_update() {
+    use kinformer_controllers::{FinalizerEvent, Lookup, finalizer, predicate};
+    use kinformer_informer::SharedInformerFactory;
+    let (client, ns) = setup("finalizer-filter").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
+    let applied: Arc<Mutex<Vec<String>>> = Arc::default();
+    // The finalizer's write changes no generation: generation_changed
+    // drops the update it causes, which was what brought the object back
+    // for Apply.
+    let controller = Controller::<ConfigMap>::builder("guarded", &factory)
+        .with_event_filter(predicate::generation_changed)
+        .reconcile(
+            Arc::new((api.clone(), Arc::clone(&applied))),
+            |cm, ctx| async move {
+                let Lookup::Found(cm) = cm else {
+                    return Ok(Action::Done);
+                };
+                let action = finalizer(&ctx.0, "kinformer.dev/cleanup", cm, async |event| {
+                    if let FinalizerEvent::Apply(obj) = event {
+                        ctx.1
+                            .lock()
+                            .push(obj.metadata.name.clone().unwrap_or_default());
+                    }
+                    Ok::<_, std::io::Error>(Action::Done)
+                })
+                .await?;
+                Ok(action)
+            },
+        )
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    api.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    eventually("the object applied", async || {
+        applied.lock().contains(&"a".to_owned())
+    })
+    .await;
+    let written = api.get("a").await.unwrap();
+    assert_eq!(
+        written.metadata.finalizers,
+        Some(vec!["kinformer.dev/cleanup".to_owned()])
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    // Let the object go.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
 }
