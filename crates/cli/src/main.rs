@@ -183,14 +183,6 @@ fn init_logging(format: LogFormat, level: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// The namespace of the pod we run in, when in a cluster.
-fn own_namespace() -> Option<String> {
-    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        .ok()
-        .map(|ns| ns.trim().to_owned())
-        .filter(|ns| !ns.is_empty())
-}
-
 async fn client(cli: &Cli) -> Result<Client> {
     let config = match (&cli.kubeconfig, &cli.context) {
         (None, None) => Config::infer().await.map_err(|e| {
@@ -233,16 +225,6 @@ async fn client(cli: &Cli) -> Result<Client> {
     Ok(client)
 }
 
-fn identity() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{host}_{}_{:08x}", std::process::id(), fastrand::u32(..))
-}
-
 async fn run(cli: Cli) -> Result<()> {
     let client = client(&cli).await?;
     let shutdown = CancellationToken::new();
@@ -256,9 +238,12 @@ async fn run(cli: Cli) -> Result<()> {
     let lease_ns = cli
         .leader_election_namespace
         .clone()
-        .or_else(own_namespace)
+        .or_else(LeaderElectionConfig::pod_namespace)
         .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
-    let identity = cli.identity.clone().unwrap_or_else(identity);
+    let identity = cli
+        .identity
+        .clone()
+        .unwrap_or_else(LeaderElectionConfig::default_identity);
     if cli.leader_elect && cli.shard_ring.is_some() {
         bail!(
             "--leader-elect and --shard-ring exclude each other: one active replica, or all of them each on its slots"

@@ -82,6 +82,51 @@ impl LeaderElectionConfig {
         Ok(())
     }
 
+    /// An election on Lease `lease_name` with controller-runtime's defaults
+    /// for who and where: this process's [`default_identity`]
+    /// (Self::default_identity) and the namespace of the pod it runs in
+    /// ([`pod_namespace`](Self::pod_namespace)). Out of a cluster there is
+    /// no such namespace: an error says to name one with [`new`](Self::new).
+    ///
+    /// ```no_run
+    /// use kinformer_controllers::LeaderElectionConfig;
+    /// let election = LeaderElectionConfig::in_cluster("my-controller")?;
+    /// # Ok::<(), kinformer_controllers::ControllerError>(())
+    /// ```
+    pub fn in_cluster(lease_name: &str) -> Result<Self, ControllerError> {
+        let namespace = Self::pod_namespace().ok_or_else(|| {
+            ControllerError::InvalidOptions(format!(
+                "leader election on Lease {lease_name:?}: not running in a cluster ({SERVICE_ACCOUNT_NAMESPACE} \
+                 is not there), so there is no namespace of its own: name one with \
+                 LeaderElectionConfig::new"
+            ))
+        })?;
+        Ok(Self::new(&namespace, lease_name, &Self::default_identity()))
+    }
+
+    /// This process's identity in an election: its host name, `_` and a
+    /// random 128-bit suffix (controller-runtime's hostname and UUID), so
+    /// two replicas never share one, even on one host.
+    pub fn default_identity() -> String {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| "unknown-host".into());
+        format!(
+            "{host}_{:016x}{:016x}",
+            fastrand::u64(..),
+            fastrand::u64(..)
+        )
+    }
+
+    /// The namespace of the pod this process runs in, from its service
+    /// account (`None` out of a cluster).
+    pub fn pod_namespace() -> Option<String> {
+        namespace_in(SERVICE_ACCOUNT_NAMESPACE)
+    }
+
     /// An election on Lease `namespace/lease_name` for `identity`.
     pub fn new(namespace: &str, lease_name: &str, identity: &str) -> Self {
         Self {
@@ -93,6 +138,16 @@ impl LeaderElectionConfig {
             retry_period: Duration::from_secs(2),
         }
     }
+}
+
+/// Where a pod's service account says which namespace it runs in.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+fn namespace_in(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
 }
 
 /// One candidate in a leader election.
@@ -422,6 +477,38 @@ fn jittered(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_identities_are_the_host_name_and_a_suffix_never_shared() {
+        let (a, b) = (
+            LeaderElectionConfig::default_identity(),
+            LeaderElectionConfig::default_identity(),
+        );
+        assert_ne!(a, b, "two replicas on one host");
+        let (host, suffix) = a.rsplit_once('_').unwrap();
+        assert!(!host.is_empty());
+        assert_eq!(suffix.len(), 32, "{a}");
+    }
+
+    #[test]
+    fn the_pods_namespace_is_read_from_its_service_account_and_absent_out_of_a_cluster() {
+        let dir = std::env::temp_dir().join(format!("kinformer-ns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("namespace");
+        std::fs::write(&file, "web\n").unwrap();
+        assert_eq!(namespace_in(file.to_str().unwrap()).as_deref(), Some("web"));
+        assert_eq!(namespace_in(dir.join("absent").to_str().unwrap()), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+        if LeaderElectionConfig::pod_namespace().is_none() {
+            let e = LeaderElectionConfig::in_cluster("c")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("not running in a cluster") && e.contains("LeaderElectionConfig::new"),
+                "{e}"
+            );
+        }
+    }
 
     fn config(lease: u64, renew: u64, retry: u64) -> LeaderElectionConfig {
         let mut c = LeaderElectionConfig::new("ns", "lease", "me");
