@@ -1317,6 +1317,20 @@ impl Worker {
     /// was scheduled again, or `None` if the reconcile was aborted and the
     /// worker must end.
     async fn process(&self, key: &str, slot: Option<&SlotGuard>) -> Option<Settled> {
+        // Every log line of the reconcile (the user's included) names the
+        // controller, the object, whether it is a retry and which
+        // reconcile it is, as controller-runtime's and kube-runtime's do.
+        let span = info_span!(
+            "reconcile",
+            controller = %self.name,
+            object = %key,
+            retries = self.queue.num_requeues(&key.to_owned()),
+            reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+        );
+        self.process_in_span(key, slot).instrument(span).await
+    }
+
+    async fn process_in_span(&self, key: &str, slot: Option<&SlotGuard>) -> Option<Settled> {
         let started = Instant::now();
         // Inside the guard: a reconciler may panic before returning its future.
         let reconcile =
