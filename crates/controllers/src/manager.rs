@@ -13,13 +13,16 @@ use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
 use crate::{
-    Controller, ControllerBuilder, ControllerError, ControllerOptions, LeaderElectionConfig,
-    LeaderElector, Metrics,
+    Controller, ControllerBuilder, ControllerError, ControllerOptions, EventRecorder,
+    LeaderElectionConfig, LeaderElector, Metrics,
 };
+
+/// How long a stopping Manager waits for its Event recorders' last writes.
+pub const EVENT_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How a [`Manager`] runs. Defaults: no admin server, no leader election.
 ///
@@ -132,6 +135,10 @@ pub struct Manager {
     elector: Option<Arc<LeaderElector>>,
     options: ManagerOptions,
     controllers: Vec<Box<dyn Runnable>>,
+    /// Who this process is: the election's identity, or a default one.
+    identity: String,
+    /// The Event recorders handed out, flushed when the Manager stops.
+    recorders: parking_lot::Mutex<Vec<Arc<EventRecorder>>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -172,6 +179,11 @@ impl Manager {
         };
         let metrics = Metrics::new();
         metrics.add_informers(factory.stats());
+        let identity = elector
+            .as_ref()
+            .map_or_else(LeaderElectionConfig::default_identity, |e| {
+                e.identity().to_owned()
+            });
         Ok(Self {
             client,
             factory,
@@ -179,7 +191,37 @@ impl Manager {
             elector,
             options,
             controllers: Vec::new(),
+            identity,
+            recorders: parking_lot::Mutex::new(Vec::new()),
         })
+    }
+
+    /// This process's identity: the leader election's, or
+    /// [`LeaderElectionConfig::default_identity`] without one.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// An Event recorder reporting as `controller` (for example
+    /// `example.com/website`) from this process ([`identity`](Self::identity)).
+    /// The Manager owns it: what its series have not written yet is written
+    /// when the Manager stops, without the user's help.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+    /// use kinformer_controllers::{Manager, ManagerOptions};
+    /// let manager = Manager::new(client, ManagerOptions::new())?;
+    /// let events = manager.event_recorder("example.com/website");
+    /// # Ok(()) }
+    /// ```
+    pub fn event_recorder(&self, controller: &str) -> Arc<EventRecorder> {
+        let recorder = Arc::new(EventRecorder::new(
+            self.client.clone(),
+            controller,
+            &self.identity,
+        ));
+        self.recorders.lock().push(Arc::clone(&recorder));
+        recorder
     }
 
     /// The client every controller shares.
@@ -363,6 +405,7 @@ impl Manager {
         }
         informer_stop.cancel();
         informer_tasks.join(INFORMER_STOP_WAIT).await;
+        flush_events(self.recorders.into_inner()).await;
         first_error.map_or(Ok(()), Err)
     }
 
@@ -434,4 +477,19 @@ pub fn shutdown_on_signal(
         eprintln!("error: second signal received; exiting now without finishing the drain");
         std::process::exit(130);
     }))
+}
+
+/// Writes what the Event recorders' series have not written yet, for at
+/// most [`EVENT_FLUSH_WAIT`] (a stop must not hang on the server).
+async fn flush_events(recorders: Vec<Arc<EventRecorder>>) {
+    let flush = async {
+        for recorder in recorders {
+            if let Err(e) = recorder.flush().await {
+                warn!(error = %e, "writing the Events' series at shutdown failed");
+            }
+        }
+    };
+    if tokio::time::timeout(EVENT_FLUSH_WAIT, flush).await.is_err() {
+        warn!(wait = ?EVENT_FLUSH_WAIT, "writing the Events' series at shutdown took too long; gave up");
+    }
 }

@@ -462,3 +462,63 @@ async fn a_controller_made_without_the_managers_options_is_refused_with_why() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managers_event_recorder_reports_its_identity_and_is_flushed_when_it_stops() {
+    use k8s_openapi::api::events::v1::Event;
+    use kinformer_controllers::EventType;
+    use kube_client::Resource;
+    let (client, ns) = setup("recorder").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &config_map("a"))
+        .await
+        .unwrap();
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
+    let mut manager =
+        Manager::with_factory(factory, client.clone(), ManagerOptions::new()).unwrap();
+    let identity = manager.identity().to_owned();
+    let events = manager.event_recorder("kinformer.dev/test");
+    let controller = manager
+        .controller::<ConfigMap>("warn")
+        .reconcile(events, |cm, events| async move {
+            if let Lookup::Found(cm) = cm {
+                let regarding = cm.object_ref(&());
+                // The first creates the Event; the next two are only counted
+                // (the series interval is 30 s).
+                for _ in 0..3 {
+                    events
+                        .publish(
+                            &regarding,
+                            EventType::Warning,
+                            "BadSpec",
+                            "Check",
+                            "bad spec",
+                        )
+                        .await?;
+                }
+            }
+            Ok(Action::Done)
+        })
+        .unwrap();
+    manager.add(controller);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+    eventually("the Event", async || {
+        !api.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    let event = api.list(&Default::default()).await.unwrap().items.remove(0);
+    assert_eq!(event.reporting_instance.as_deref(), Some(identity.as_str()));
+    assert_eq!(
+        event.series.map(|s| s.count),
+        Some(3),
+        "written when the Manager stopped"
+    );
+}
