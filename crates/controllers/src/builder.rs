@@ -69,6 +69,20 @@ where
 {
     /// Reconcile the owner of every `C` whose controller ownerReference
     /// names a `K` (see [`Controller::owns`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use k8s_openapi::api::core::v1::Service;
+    /// // A Deployment's reconcile runs again when the Service it owns changes.
+    /// let controller = manager
+    ///     .controller::<Deployment>("web")
+    ///     .owns::<Service>()
+    ///     .reconcile(Arc::new(()), |_deployment, _ctx| async { Ok(Action::Done) })?;
+    /// # Ok(()) }
+    /// ```
     pub fn owns<C>(mut self) -> Self
     where
         C: Resource + Object + Clone + DeserializeOwned + Debug,
@@ -82,6 +96,23 @@ where
 
     /// Reconcile the keys `mapper` returns for every event of `informer`
     /// (see [`Controller::watches`]); take `informer` from the same factory.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// // Each ConfigMap's Secret of the same name is reconciled when it changes.
+    /// let configmaps = manager.factory().informer::<ConfigMap>();
+    /// let controller = manager
+    ///     .controller::<Secret>("secrets")
+    ///     .watches(configmaps, |cm: &ConfigMap| {
+    ///         let (ns, name) = (cm.metadata.namespace.clone(), cm.metadata.name.clone());
+    ///         vec![format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())]
+    ///     })
+    ///     .reconcile(Arc::new(()), |_secret, _ctx| async { Ok(Action::Done) })?;
+    /// # Ok(()) }
+    /// ```
     pub fn watches<C: Object + Clone>(
         mut self,
         informer: SharedIndexInformer<C>,
@@ -94,6 +125,20 @@ where
 
     /// Enqueue only the events of `K` that pass `filter` (see
     /// [`predicate`](crate::predicate)); several filters must all pass.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kinformer_controllers::predicate;
+    /// // Status-only updates do not reconcile.
+    /// let controller = manager
+    ///     .controller::<Deployment>("web")
+    ///     .with_event_filter(predicate::generation_changed)
+    ///     .reconcile(Arc::new(()), |_deployment, _ctx| async { Ok(Action::Done) })?;
+    /// # Ok(()) }
+    /// ```
     pub fn with_event_filter(
         mut self,
         filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static,
@@ -106,6 +151,22 @@ where
     /// its primary informer becomes the factory's informer of `K` in the
     /// ring's scope, which lists and watches only the slots this replica
     /// holds. Owned and watched kinds stay whole.
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     manager: &kinformer_controllers::Manager,
+    /// #     ring: std::sync::Arc<kinformer_controllers::Ring>,
+    /// # ) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// // This replica lists, watches and reconciles only the slots it holds.
+    /// let controller = manager
+    ///     .controller::<Pod>("pods")
+    ///     .sharded(ring)
+    ///     .reconcile(Arc::new(()), |_pod, _ctx| async { Ok(Action::Done) })?;
+    /// # Ok(()) }
+    /// ```
     pub fn sharded(mut self, ring: Arc<Ring>) -> Self {
         let dt = K::DynamicType::default();
         let cluster_scoped =
@@ -129,6 +190,20 @@ where
     /// [`sharded`](Self::sharded). Made when first asked for, so call
     /// `sharded` first: an informer asked for before it stays in the
     /// factory, unstarted.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// let mut builder = manager.controller::<ConfigMap>("configmaps");
+    /// let lister = builder.informer().lister();
+    /// let controller = builder.reconcile(Arc::new(lister), |_cm, lister| async move {
+    ///     let _settings = lister.get("default/settings");
+    ///     Ok(Action::Done)
+    /// })?;
+    /// # Ok(()) }
+    /// ```
     pub fn informer(&mut self) -> SharedIndexInformer<K> {
         self.informer
             .get_or_insert_with(|| self.factory.informer::<K>())
@@ -180,6 +255,25 @@ where
     /// Finishes the controller with an async reconcile that receives the
     /// object read from the cache at reconcile time (or [`Lookup::Gone`])
     /// and `context`, kube-runtime's `Arc<Ctx>`.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kinformer_controllers::Lookup;
+    /// let controller = manager
+    ///     .controller::<ConfigMap>("configmaps")
+    ///     .reconcile(Arc::new("context"), |cm, ctx| async move {
+    ///         match cm {
+    ///             Lookup::Found(cm) => println!("{ctx}: {:?}", cm.metadata.name),
+    ///             Lookup::Gone { key } => println!("{ctx}: {key} is gone"),
+    ///         }
+    ///         Ok(Action::Done)
+    ///     })?;
+    /// # Ok(()) }
+    /// ```
+
     pub fn reconcile<C, F, Fut>(
         self,
         context: Arc<C>,
@@ -197,6 +291,27 @@ where
     }
 
     /// Finishes the controller with a [`Reconciler`] that receives keys.
+    ///
+    /// ```no_run
+    /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
+    /// # use std::sync::Arc;
+    /// # use kinformer_controllers::Action;
+    /// use futures::future::BoxFuture;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kinformer_controllers::{ReconcileError, Reconciler};
+    /// struct Log;
+    /// impl Reconciler for Log {
+    ///     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    ///         Box::pin(async move {
+    ///             println!("{key}");
+    ///             Ok(Action::Done)
+    ///         })
+    ///     }
+    /// }
+    /// let controller = manager.controller::<ConfigMap>("configmaps").reconciler(Log)?;
+    /// # Ok(()) }
+    /// ```
+
     pub fn reconciler(
         mut self,
         reconciler: impl Reconciler,
