@@ -273,7 +273,6 @@ where
     ///     })?;
     /// # Ok(()) }
     /// ```
-
     pub fn reconcile<C, F, Fut>(
         self,
         context: Arc<C>,
@@ -311,7 +310,6 @@ where
     /// let controller = manager.controller::<ConfigMap>("configmaps").reconciler(Log)?;
     /// # Ok(()) }
     /// ```
-
     pub fn reconciler(
         mut self,
         reconciler: impl Reconciler,

@@ -83,8 +83,8 @@ impl LeaderElectionConfig {
     }
 
     /// An election on Lease `lease_name` with controller-runtime's defaults
-    /// for who and where: this process's [`default_identity`]
-    /// (Self::default_identity) and the namespace of the pod it runs in
+    /// for who and where: this process's
+    /// [`default_identity`](Self::default_identity) and the namespace of the pod it runs in
     /// ([`pod_namespace`](Self::pod_namespace)). Out of a cluster there is
     /// no such namespace: an error says to name one with [`new`](Self::new).
     ///
