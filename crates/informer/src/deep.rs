@@ -7,10 +7,10 @@
 //! `DynamicObject` and `PartialObjectMeta`, tagged enums). The API server
 //! accepts JSON nested 10 000 levels deep (Go's decoder limit), so a custom
 //! resource or a CustomResourceDefinition nested a few thousand levels is
-//! valid, and client-go (whose stacks grow) reads it. Here one pass over
-//! the bytes measures the nesting first: a document shallower than
-//! serde_json's limit is decoded as it always was; a deeper one, up to
-//! [`MAX_JSON_NESTING`], is decoded without the limit on a stack of its
+//! valid, and client-go (whose stacks grow) reads it. Here a document is
+//! decoded as serde_json decodes it; only one that meets serde_json's
+//! limit is measured (one pass over its bytes) and, up to
+//! [`MAX_JSON_NESTING`], decoded again without the limit on a stack of its
 //! own, sized for its depth (`stacker::grow`; virtual memory, of which only
 //! the pages used are touched); a deeper one still is refused.
 
@@ -36,12 +36,16 @@ pub(crate) fn on_stack_for<R>(depth: usize, f: impl FnOnce() -> R) -> R {
     stacker::grow(depth * STACK_PER_LEVEL + (1 << 20), f)
 }
 
-/// Decodes `json` into `T`, at any depth up to [`MAX_JSON_NESTING`].
+/// Decodes `json` into `T`, at any depth up to [`MAX_JSON_NESTING`]: as
+/// serde_json does, on the caller's stack, and only when that meets
+/// serde_json's depth limit, again on a stack sized for the document (so
+/// ordinary documents pay nothing for deep ones).
 pub(crate) fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, serde_json::Error> {
-    let depth = nesting(json)?;
-    if depth <= SHALLOW {
-        return serde_json::from_slice(json);
+    match serde_json::from_slice(json) {
+        Err(e) if too_deep(&e) => {}
+        decoded => return decoded,
     }
+    let depth = nesting(json)?;
     on_stack_for(depth, || {
         let mut de = serde_json::Deserializer::from_slice(json);
         de.disable_recursion_limit();
@@ -49,6 +53,11 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, 
         de.end()?;
         Ok(value)
     })
+}
+
+/// Whether serde_json refused a document for nesting deeper than its limit.
+pub(crate) fn too_deep(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("recursion limit exceeded")
 }
 
 /// Hands the JSON value `json`, nested at most `depth` levels (from

@@ -892,13 +892,23 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                 // A JSON value in memory is a few times its text.
                 charge(json.len() as u64 * 4)?;
                 let embedded = |e: serde_json::Error| ProtobufError(format!("embedded JSON: {e}"));
-                let depth = crate::deep::nesting(json).map_err(embedded)?;
-                if depth > crate::deep::SHALLOW && !DEEP_STACK.get() {
-                    // See `top_level`: decoded again on a deep stack.
-                    DEEP_JSON.set(DEEP_JSON.get().max(depth));
-                    return err(format!("embedded JSON nested {depth} levels deep"));
+                if DEEP_STACK.get() {
+                    crate::deep::nesting(json).map_err(embedded)?;
+                    return crate::deep::deserialize_json_unbounded(json, visitor)
+                        .map_err(embedded);
                 }
-                crate::deep::deserialize_json_unbounded(json, visitor).map_err(embedded)
+                // As serde_json decodes it, on this stack; past its depth
+                // limit, the whole object again on a deep stack (`top_level`).
+                let mut de = serde_json::Deserializer::from_slice(json);
+                match de::Deserializer::deserialize_any(&mut de, visitor)
+                    .and_then(|v| de.end().map(|()| v))
+                {
+                    Err(e) if crate::deep::too_deep(&e) => {
+                        DEEP_JSON.set(crate::deep::MAX_JSON_NESTING);
+                        err("embedded JSON nested deeper than serde_json's limit")
+                    }
+                    decoded => decoded.map_err(embedded),
+                }
             }
         }
     }
@@ -1133,6 +1143,33 @@ mod tests {
             depth
         });
         assert_eq!(depth, 5_000);
+    }
+
+    #[test]
+    fn embedded_json_nested_as_deep_as_the_server_sends_decodes_on_a_small_stack() {
+        // A schema's `default` (field 8, raw JSON) nested 10 000 levels: past
+        // serde_json's limit, so the object is decoded again on a deep stack.
+        let depth = crate::deep::MAX_JSON_NESTING - 16;
+        let json = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let bytes = [ld(5, b"array"), ld(8, &ld(1, json.as_bytes()))].concat();
+        let message = message_named(SCHEMA).unwrap();
+        let nested = on_stack(2 << 20, move || {
+            let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
+            let mut depth = 0;
+            let mut v = &schema.default.as_ref().unwrap().0;
+            while let Some(inner) = v.as_array().and_then(|a| a.first()) {
+                depth += 1;
+                v = inner;
+            }
+            // A Value this deep drops within 2 MiB (measured).
+            drop(schema);
+            depth
+        });
+        assert_eq!(nested, depth);
+        // Shallow embedded JSON is read as it always was.
+        let bytes = [ld(5, b"array"), ld(8, &ld(1, b"[[1]]"))].concat();
+        let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
+        assert_eq!(schema.default.unwrap().0, serde_json::json!([[1]]));
     }
 
     #[test]
