@@ -13,6 +13,37 @@
 //!   and once that succeeds, remove the finalizer so the server can delete
 //!   the object; an object being deleted without it is left alone.
 //!
+//! The closure returns the same [`ReconcileError`] as a reconcile, so `?`
+//! works on any error in it without annotations, and a [`TerminalError`]
+//! returned from it stays terminal (the controller finds it through
+//! [`FinalizerError::Reconcile`]'s `source()`):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kinformer_controllers::{Action, FinalizerEvent, ReconcileError, TerminalError, finalizer};
+//! use kube_client::{Api, api::DeleteParams};
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, api: Api<ConfigMap>) -> Result<Action, ReconcileError> {
+//!     let action = finalizer(&api, "example.com/cleanup", cm, async |event| match event {
+//!         FinalizerEvent::Apply(cm) => {
+//!             let Some(raw) = cm.data.as_ref().and_then(|d| d.get("settings")) else {
+//!                 return Err(TerminalError::boxed("no settings")); // not retried
+//!             };
+//!             let _settings: serde_json::Value = serde_json::from_str(raw)?; // a serde_json::Error
+//!             Ok(Action::Done)
+//!         }
+//!         FinalizerEvent::Cleanup(cm) => {
+//!             api.delete(&format!("{}-copy", cm.metadata.name.as_deref().unwrap_or_default()),
+//!                 &DeleteParams::default()).await?; // a kube_client::Error
+//!             Ok(Action::Done)
+//!         }
+//!     })
+//!     .await?;
+//!     Ok(action)
+//! }
+//! ```
+//!
 //! Writes are merge patches of `metadata.finalizers` carrying the object's
 //! `resourceVersion`, so a write based on a stale copy fails with 409 Conflict
 //! (and is retried by the workqueue) instead of dropping another
@@ -27,7 +58,9 @@ use kube_client::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::Action;
+use crate::{Action, ReconcileError};
+#[cfg(doc)]
+use crate::TerminalError;
 
 /// What the reconcile inside [`finalizer`] is asked to do.
 #[derive(Debug)]
@@ -40,10 +73,12 @@ pub enum FinalizerEvent<K> {
 
 /// [`finalizer`] failed.
 #[derive(Debug, Error)]
-pub enum FinalizerError<E: std::error::Error + 'static> {
-    /// The reconcile returned an error (for `Apply` or `Cleanup`).
+#[non_exhaustive]
+pub enum FinalizerError {
+    /// The reconcile returned an error (for `Apply` or `Cleanup`); it is
+    /// this error's `source()`, so a [`TerminalError`] in it stays terminal.
     #[error("reconcile failed: {0}")]
-    Reconcile(#[source] E),
+    Reconcile(#[source] ReconcileError),
     /// Adding the finalizer failed.
     #[error("cannot add finalizer {finalizer:?} to {object}: {source}")]
     Add {
@@ -72,17 +107,16 @@ pub enum FinalizerError<E: std::error::Error + 'static> {
 /// Runs `reconcile` under the finalizer `name` (for example
 /// `example.com/cleanup`) for `obj`, written through `api`; see the module
 /// docs for what happens when.
-pub async fn finalizer<K, E, F, Fut>(
+pub async fn finalizer<K, F, Fut>(
     api: &Api<K>,
     name: &str,
     obj: Arc<K>,
     reconcile: F,
-) -> Result<Action, FinalizerError<E>>
+) -> Result<Action, FinalizerError>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
-    E: std::error::Error + 'static,
     F: FnOnce(FinalizerEvent<K>) -> Fut,
-    Fut: Future<Output = Result<Action, E>>,
+    Fut: Future<Output = Result<Action, ReconcileError>>,
 {
     let object = describe(obj.as_ref());
     let object_name = obj.meta().name.clone().ok_or(FinalizerError::Unnamed)?;

@@ -1144,7 +1144,7 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
                 FinalizerEvent::Apply(_) => "apply".into(),
                 FinalizerEvent::Cleanup(_) => "cleanup".into(),
             });
-            Ok::<_, std::io::Error>(Action::Done)
+            Ok(Action::Done)
         })
         .await
         .unwrap()
@@ -1183,7 +1183,7 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
     let stale = api.get("stale").await.unwrap();
     bump(&api, "stale", 1).await;
     let err = finalizer(&api, NAME, Arc::new(stale), async |_| {
-        Ok::<_, std::io::Error>(Action::Done)
+        Ok(Action::Done)
     })
     .await
     .expect_err("a stale copy conflicts");
@@ -1394,7 +1394,7 @@ async fn the_finalizer_helper_applies_even_when_an_event_filter_drops_its_own_up
                             .lock()
                             .push(obj.metadata.name.clone().unwrap_or_default());
                     }
-                    Ok::<_, std::io::Error>(Action::Done)
+                    Ok(Action::Done)
                 })
                 .await?;
                 Ok(action)

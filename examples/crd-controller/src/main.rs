@@ -89,7 +89,7 @@ async fn reconcile(
         FinalizerEvent::Cleanup(g) => {
             match configmaps.delete(&cm_name, &DeleteParams::default()).await {
                 Err(kube_client::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
                 Ok(_) => {}
             }
             println!("cleaned up {ns}/{}", g.name_any());
