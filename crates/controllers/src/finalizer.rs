@@ -58,9 +58,9 @@ use kube_client::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::{Action, ReconcileError};
 #[cfg(doc)]
 use crate::TerminalError;
+use crate::{Action, ReconcileError};
 
 /// What the reconcile inside [`finalizer`] is asked to do.
 #[derive(Debug)]

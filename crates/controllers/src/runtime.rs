@@ -1529,8 +1529,9 @@ mod tests {
     fn a_terminal_error_anywhere_in_the_source_chain_is_terminal() {
         let bad_spec = || TerminalError(Box::new(std::io::Error::other("bad spec")));
         let outermost: ReconcileError = Box::new(bad_spec());
-        let in_finalizer: ReconcileError =
-            Box::new(crate::finalizer::FinalizerError::Reconcile(Box::new(bad_spec())));
+        let in_finalizer: ReconcileError = Box::new(crate::finalizer::FinalizerError::Reconcile(
+            Box::new(bad_spec()),
+        ));
         let plain: ReconcileError = Box::new(Outer(std::io::Error::other("reset")));
         assert!(is_terminal(outermost.as_ref()));
         assert!(is_terminal(in_finalizer.as_ref()));

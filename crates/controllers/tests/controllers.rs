@@ -1182,11 +1182,9 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
         .unwrap();
     let stale = api.get("stale").await.unwrap();
     bump(&api, "stale", 1).await;
-    let err = finalizer(&api, NAME, Arc::new(stale), async |_| {
-        Ok(Action::Done)
-    })
-    .await
-    .expect_err("a stale copy conflicts");
+    let err = finalizer(&api, NAME, Arc::new(stale), async |_| Ok(Action::Done))
+        .await
+        .expect_err("a stale copy conflicts");
     assert!(
         err.to_string().contains("cannot add finalizer") && err.to_string().contains("409"),
         "{err}"

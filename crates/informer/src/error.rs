@@ -1,7 +1,74 @@
 //! Errors of the informer layer.
 
+use std::fmt;
+use std::sync::Arc;
+
 use kube_client::core::response::StatusCause;
 use thiserror::Error;
+
+/// What a [`ListWatchError`] was doing when it failed, with the error it
+/// ran into as its `source()` when there is one (a `kube_client::Error`, an
+/// HTTP or decoding error), shared so that the error stays `Clone`.
+#[derive(Debug, Clone)]
+pub struct Detail {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Detail {
+    /// `context` failed because of `source`; it reads "`context`: `source`".
+    pub fn caused(
+        context: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: format!("{context}: {source}"),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// `source` itself, in its own words.
+    pub fn of(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            message: source.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The message, which ends with the source's when there is one.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Detail {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for Detail {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Detail {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
 
 /// A list or watch call failed. The variants are what the Reflector needs to
 /// decide between re-watching, relisting and backing off.
@@ -29,10 +96,10 @@ pub enum ListWatchError {
     },
     /// The server could not be reached (connection refused, reset, timed out).
     #[error("cannot reach the API server: {0}")]
-    Connect(String),
+    Connect(#[source] Detail),
     /// A response or event could not be decoded.
     #[error("cannot decode the server's response: {0}")]
-    Decode(String),
+    Decode(#[source] Detail),
     /// One object of a watch (or a streaming list) could not be decoded;
     /// its key, when readable, lets the Reflector keep what is cached.
     #[error("cannot decode an object: {0}")]
@@ -159,11 +226,11 @@ impl From<kube_client::Error> for ListWatchError {
             // kube-client reads a line it cannot decode as an event as a
             // Status, which then has no code: it is a decoding failure.
             E::Api(status) if status.code == 0 => {
-                Self::Decode(format!("undecodable watch event ({})", status.message))
+                Self::Decode(format!("undecodable watch event ({})", status.message).into())
             }
             E::Api(status) => Self::from_status(&status),
-            E::SerdeError(e) => Self::Decode(e.to_string()),
-            other => Self::Connect(other.to_string()),
+            E::SerdeError(e) => Self::Decode(Detail::of(e)),
+            other => Self::Connect(Detail::of(other)),
         }
     }
 }
@@ -212,6 +279,27 @@ pub enum InformerError {
 mod tests {
     use super::*;
     use kube_client::core::Status;
+
+    #[test]
+    fn a_client_error_stays_in_the_source_chain() {
+        use std::error::Error as _;
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = ListWatchError::from(kube_client::Error::ReadEvents(reset));
+        assert!(e.is_retryable_in_place(), "{e:?}");
+        let mut chain =
+            std::iter::successors(Some(&e as &dyn std::error::Error), |e| (*e).source());
+        let io = chain
+            .find_map(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is a source");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        // Said once in the message, and the error is still Clone.
+        assert_eq!(e.clone().to_string().matches("reset by peer").count(), 1);
+
+        let bad = serde_json::from_str::<u8>("x").unwrap_err();
+        let e = ListWatchError::from(kube_client::Error::SerdeError(bad));
+        let source = e.source().and_then(|d| d.source()).expect("a source");
+        assert!(source.is::<serde_json::Error>(), "{source:?}");
+    }
 
     fn status(json: serde_json::Value) -> ListWatchError {
         ListWatchError::from_status(&serde_json::from_value::<Status>(json).unwrap())
@@ -307,6 +395,6 @@ mod tests {
         let e = status(serde_json::json!({"code": 503, "reason": "ServiceUnavailable"}));
         assert!(!e.is_retryable_in_place());
         assert!(ListWatchError::TooManyRequests(String::new()).is_retryable_in_place());
-        assert!(ListWatchError::Connect(String::new()).is_retryable_in_place());
+        assert!(ListWatchError::Connect(String::new().into()).is_retryable_in_place());
     }
 }

@@ -125,7 +125,7 @@ mod sync;
 
 pub use backoff::BackoffConfig;
 pub use deep::MAX_JSON_NESTING;
-pub use error::{InformerError, ListWatchError};
+pub use error::{Detail, InformerError, ListWatchError};
 pub use factory::{FactoryStats, InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{

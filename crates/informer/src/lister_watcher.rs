@@ -26,7 +26,9 @@ use serde::de::DeserializeOwned;
 
 use crate::protobuf::envelope::MEDIA_TYPE;
 use crate::protobuf::schema::Kind as ProtoKind;
-use crate::{JsonShape, ListWatchError, ShardSelector, ShardStats, strip_managed_fields_json};
+use crate::{
+    Detail, JsonShape, ListWatchError, ShardSelector, ShardStats, strip_managed_fields_json,
+};
 
 /// One list call: a page of at most `limit` items (no limit when `None`),
 /// continuing from `continue_token`, as of `resource_version`.
@@ -591,7 +593,7 @@ where
     ) -> Result<http::Response<kube_client::client::Body>, ListWatchError> {
         let (mut parts, body) = request.into_parts();
         let accept = http::HeaderValue::from_str(accept)
-            .map_err(|e| ListWatchError::Connect(format!("building the request: {e}")))?;
+            .map_err(|e| ListWatchError::Connect(Detail::caused("building the request", e)))?;
         parts.headers.insert(http::header::ACCEPT, accept);
         let request = http::Request::from_parts(parts, kube_client::client::Body::from(body));
         let response = self
@@ -637,7 +639,7 @@ where
             return self.decode_json_list(&body);
         }
         let list = crate::protobuf::envelope::list::<K>(&body, kind, self.drop_managed_fields)
-            .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
+            .map_err(|e| ListWatchError::Decode(Detail::caused("the list", e)))?;
         let mut page = ListPage {
             items: Vec::with_capacity(list.items.len()),
             resource_version: list.resource_version.unwrap_or_default(),
@@ -691,9 +693,10 @@ where
                 }
                 let len = u32::from_be_bytes(len) as usize;
                 if len > MAX_FRAME {
-                    let e = ListWatchError::Decode(format!(
-                        "a watch frame of {len} bytes, over the {MAX_FRAME} byte limit"
-                    ));
+                    let e = ListWatchError::Decode(
+                        format!("a watch frame of {len} bytes, over the {MAX_FRAME} byte limit")
+                            .into(),
+                    );
                     return Some((Err(e), (body, frame)));
                 }
                 frame.resize(len, 0);
@@ -798,7 +801,7 @@ where
         }
         request
             .body(Vec::new())
-            .map_err(|e| ListWatchError::Connect(format!("building the watch request: {e}")))
+            .map_err(|e| ListWatchError::Connect(Detail::caused("building the watch request", e)))
     }
 }
 
@@ -893,13 +896,13 @@ async fn collect(
         .collect()
         .await
         .map(|b| b.to_bytes())
-        .map_err(|e| ListWatchError::Connect(format!("reading the response: {e}")))
+        .map_err(|e| ListWatchError::Connect(Detail::caused("reading the response", e)))
 }
 
 /// `None` for the end of a watch the server or the network ended
 /// (resumable); the error otherwise.
 fn resumable_or(e: std::io::Error) -> Option<ListWatchError> {
-    (!is_resumable_end(&e)).then(|| ListWatchError::Connect(e.to_string()))
+    (!is_resumable_end(&e)).then(|| ListWatchError::Connect(Detail::of(e)))
 }
 
 /// One protobuf watch frame as an event of `K`, or the Status error the
@@ -910,7 +913,7 @@ fn decode_protobuf_event<K: Resource + DeserializeOwned>(
     drop_managed_fields: bool,
 ) -> Result<WatchEvent<K>, ListWatchError> {
     use crate::protobuf::envelope;
-    let decode = |e: crate::protobuf::decode::ProtobufError| ListWatchError::Decode(e.to_string());
+    let decode = |e: crate::protobuf::decode::ProtobufError| ListWatchError::Decode(Detail::of(e));
     let event = envelope::event(frame).map_err(decode)?;
     let object = |event: &envelope::Event<'_>| {
         envelope::object::<K>(&event.object, kind, drop_managed_fields).map_err(|e| {
@@ -940,9 +943,9 @@ fn decode_protobuf_event<K: Resource + DeserializeOwned>(
             return Err(ListWatchError::from_status(&status));
         }
         other => {
-            return Err(ListWatchError::Decode(format!(
-                "a watch event of unknown type {other:?}"
-            )));
+            return Err(ListWatchError::Decode(
+                format!("a watch event of unknown type {other:?}").into(),
+            ));
         }
     })
 }
@@ -970,7 +973,7 @@ fn json_events<K: DeserializeOwned + Send + 'static>(
                     // A watch the server or the network ended: resumable.
                     Err(e) if is_resumable_end(&e) => return None,
                     Err(e) => {
-                        return Some((Err(ListWatchError::Connect(e.to_string())), (body, line)));
+                        return Some((Err(ListWatchError::Connect(Detail::of(e))), (body, line)));
                     }
                 }
                 let json = line.trim_ascii();
@@ -1019,7 +1022,7 @@ fn decode_list<K: DeserializeOwned>(json: &[u8]) -> Result<ListPage<K>, ListWatc
     // The items are captured raw (serde_json skips a raw value without
     // recursing), so the list's own depth never counts against an item's.
     let raw: RawList<'_> = serde_json::from_slice(json)
-        .map_err(|e| ListWatchError::Decode(format!("the list: {e}")))?;
+        .map_err(|e| ListWatchError::Decode(Detail::caused("the list", e)))?;
     let mut items = Vec::with_capacity(raw.items.len());
     let mut skipped = Vec::new();
     for item in raw.items {
@@ -1100,8 +1103,9 @@ where
             } else {
                 request.list(&lp)
             };
-            let mut req = req
-                .map_err(|e| ListWatchError::Connect(format!("building the list request: {e}")))?;
+            let mut req = req.map_err(|e| {
+                ListWatchError::Connect(Detail::caused("building the list request", e))
+            })?;
             let shard = self.shard.as_ref().map(|s| s.for_list(continuing));
             if let Some(shard) = &shard {
                 // kube's ListParams has no shardSelector: appended to its query.
@@ -1115,7 +1119,7 @@ where
                     .finish();
                 let uri = format!("{}{sep}{param}", req.uri());
                 *req.uri_mut() = uri.parse().map_err(|e| {
-                    ListWatchError::Connect(format!("building the list request: {e}"))
+                    ListWatchError::Connect(Detail::caused("building the list request", e))
                 })?;
             }
             let page = if let Some(kind) = self.protobuf() {

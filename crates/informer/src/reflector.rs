@@ -93,7 +93,7 @@ use crate::lister_watcher::{
     ListPage, ListRequest, ListerWatcher, Undecodable, WatchRequest, WatchStream,
 };
 use crate::panics::{AbortOnDrop, panic_message};
-use crate::{ListWatchError, Transform, WatchErrorHandler};
+use crate::{Detail, ListWatchError, Transform, WatchErrorHandler};
 
 /// The page size used when the Reflector pages a list, as client-go's pager.
 pub const DEFAULT_PAGE_SIZE: u32 = 500;
@@ -486,9 +486,10 @@ impl<K: Object + Clone> Reflector<K> {
                         "watch closed by the server"
                     );
                     if events == 0 && lasted < Duration::from_secs(1) {
-                        return Err(ListWatchError::Connect(format!(
-                            "very short watch: closed after {lasted:?} with no event"
-                        )));
+                        return Err(ListWatchError::Connect(
+                            format!("very short watch: closed after {lasted:?} with no event")
+                                .into(),
+                        ));
                     }
                 }
                 WatchEnd::Idle => {
@@ -537,7 +538,7 @@ impl<K: Object + Clone> Reflector<K> {
             opened = tokio::time::timeout(self.options.idle_timeout, self.lw.watch(request)) => {
                 opened.unwrap_or_else(|_| Err(ListWatchError::Connect(format!(
                     "the watch did not open within {:?}", self.options.idle_timeout
-                ))))
+                ).into())))
             }
         };
         let stream = match opened {
@@ -579,10 +580,13 @@ impl<K: Object + Clone> Reflector<K> {
         ReflectorStats::bump(&self.stats.watches);
         let deadline = Instant::now() + self.options.watch_list_timeout;
         let timed_out = || {
-            ListWatchError::Connect(format!(
-                "no {INITIAL_EVENTS_END} bookmark within {:?}",
-                self.options.watch_list_timeout
-            ))
+            ListWatchError::Connect(
+                format!(
+                    "no {INITIAL_EVENTS_END} bookmark within {:?}",
+                    self.options.watch_list_timeout
+                )
+                .into(),
+            )
         };
         let mut stream = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -761,10 +765,13 @@ impl<K: Object + Clone> Reflector<K> {
             let page = tokio::time::timeout(self.options.list_timeout, self.lw.list(request))
                 .await
                 .unwrap_or_else(|_| {
-                    Err(ListWatchError::Connect(format!(
-                        "a list page did not arrive within {:?}",
-                        self.options.list_timeout
-                    )))
+                    Err(ListWatchError::Connect(
+                        format!(
+                            "a list page did not arrive within {:?}",
+                            self.options.list_timeout
+                        )
+                        .into(),
+                    ))
                 });
             match page {
                 Ok(page) => {
@@ -844,9 +851,12 @@ impl<K: Object + Clone> Reflector<K> {
             Some(key) => replace.keep(key),
             None => replace.keep_all(),
         }
-        self.report(&ListWatchError::Decode(format!(
-            "left one object of {list} out, keeping what is cached under its key: {skipped}"
-        )));
+        self.report(&ListWatchError::Decode(
+            format!(
+                "left one object of {list} out, keeping what is cached under its key: {skipped}"
+            )
+            .into(),
+        ));
     }
 
     /// Hands `batch` (emptied) to the replace in progress; an object
@@ -856,8 +866,9 @@ impl<K: Object + Clone> Reflector<K> {
             return;
         }
         for e in replace.push_all(std::mem::take(batch)) {
-            self.report(&ListWatchError::Decode(format!(
-                "left a listed object out: {e}"
+            self.report(&ListWatchError::Decode(Detail::caused(
+                "left a listed object out",
+                e,
             )));
         }
     }
@@ -917,8 +928,9 @@ impl<K: Object + Clone> Reflector<K> {
                     if matches!(e, ListWatchError::Undecodable(_)) {
                         ReflectorStats::bump(&self.stats.undecodable_objects);
                     }
-                    return WatchEnd::Failed(ListWatchError::Decode(format!(
-                        "undecodable watch event: {e}"
+                    return WatchEnd::Failed(ListWatchError::Decode(Detail::caused(
+                        "undecodable watch event",
+                        e,
                     )));
                 }
                 Ok(Some(Err(e))) => return WatchEnd::Failed(e),
@@ -956,8 +968,9 @@ impl<K: Object + Clone> Reflector<K> {
             events += 1;
             ReflectorStats::bump(&self.stats.events);
             if let Err(e) = result {
-                self.report(&ListWatchError::Decode(format!(
-                    "skipped a watch event: {e}"
+                self.report(&ListWatchError::Decode(Detail::caused(
+                    "skipped a watch event",
+                    e,
                 )));
             }
             if let Some(rv) = rv {

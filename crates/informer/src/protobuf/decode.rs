@@ -44,27 +44,62 @@ use super::schema::{Field, INLINE, Message, OMITEMPTY, OMITZERO, POINTER, REPEAT
 
 /// Protobuf bytes that do not decode into the object they should be, or a
 /// type whose protobuf kinformer does not know.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProtobufError(pub(crate) String);
+///
+/// Its `source()` is the `serde_json::Error` when JSON embedded in the
+/// protobuf (a custom resource's schema, a `RawExtension`) did not decode.
+#[derive(Debug, Clone)]
+pub struct ProtobufError {
+    message: String,
+    json: Option<std::sync::Arc<serde_json::Error>>,
+}
 
-impl fmt::Display for ProtobufError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl ProtobufError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            json: None,
+        }
+    }
+
+    /// The message alone, without the type.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
-impl std::error::Error for ProtobufError {}
+/// Two errors are equal when they say the same.
+impl PartialEq for ProtobufError {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for ProtobufError {}
+
+impl fmt::Display for ProtobufError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ProtobufError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.json
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl de::Error for ProtobufError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        Self(msg.to_string())
+        Self::new(msg.to_string())
     }
 }
 
 type Result<T, E = ProtobufError> = std::result::Result<T, E>;
 
 fn err<T>(what: impl fmt::Display) -> Result<T> {
-    Err(ProtobufError(what.to_string()))
+    Err(ProtobufError::new(what.to_string()))
 }
 
 /// One field occurrence as found in the bytes.
@@ -891,7 +926,10 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                 }
                 // A JSON value in memory is a few times its text.
                 charge(json.len() as u64 * 4)?;
-                let embedded = |e: serde_json::Error| ProtobufError(format!("embedded JSON: {e}"));
+                let embedded = |e: serde_json::Error| ProtobufError {
+                    message: format!("embedded JSON: {e}"),
+                    json: Some(std::sync::Arc::new(e)),
+                };
                 if DEEP_STACK.get() {
                     crate::deep::nesting(json).map_err(embedded)?;
                     return crate::deep::deserialize_json_unbounded(json, visitor)
@@ -1170,6 +1208,17 @@ mod tests {
         let bytes = [ld(5, b"array"), ld(8, &ld(1, b"[[1]]"))].concat();
         let schema: JSONSchemaProps = from_message(message, &bytes).unwrap();
         assert_eq!(schema.default.unwrap().0, serde_json::json!([[1]]));
+    }
+
+    #[test]
+    fn embedded_json_that_does_not_decode_is_the_errors_source() {
+        use std::error::Error as _;
+        let bytes = [ld(5, b"array"), ld(8, &ld(1, b"[1,"))].concat();
+        let message = message_named(SCHEMA).unwrap();
+        let e = from_message::<JSONSchemaProps>(message, &bytes).unwrap_err();
+        assert!(e.message().contains("embedded JSON"), "{e}");
+        let source = e.source().expect("the JSON error is the source");
+        assert!(source.is::<serde_json::Error>(), "{source:?}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 type Result<T> = std::result::Result<T, ProtobufError>;
 
 fn err<T>(what: impl std::fmt::Display) -> Result<T> {
-    Err(ProtobufError(what.to_string()))
+    Err(ProtobufError::new(what.to_string()))
 }
 
 /// `runtime.Unknown`: an encoded object and what it is.
@@ -325,9 +325,14 @@ mod tests {
 
     #[test]
     fn a_body_without_the_magic_or_with_an_encoding_is_refused() {
-        assert!(unknown(b"{}").unwrap_err().0.contains("no k8s\\0 prefix"));
+        assert!(
+            unknown(b"{}")
+                .unwrap_err()
+                .message()
+                .contains("no k8s\\0 prefix")
+        );
         // Unknown{3: "gzip"}
         let body = [b'k', b'8', b's', 0, 0x1a, 4, b'g', b'z', b'i', b'p'];
-        assert!(unknown(&body).unwrap_err().0.contains("gzip"));
+        assert!(unknown(&body).unwrap_err().message().contains("gzip"));
     }
 }

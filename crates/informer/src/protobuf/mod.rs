@@ -45,7 +45,7 @@ fn known<K: Resource + 'static>(
     dyntype: &K::DynamicType,
 ) -> Result<&'static schema::Kind, ProtobufError> {
     if is_dynamic_object::<K>() {
-        return Err(ProtobufError(format!(
+        return Err(ProtobufError::new(format!(
             "DynamicObject ({} {}) is decoded from JSON only: decode protobuf into the \
              k8s-openapi type of the kind",
             K::api_version(dyntype),
@@ -53,7 +53,7 @@ fn known<K: Resource + 'static>(
         )));
     }
     kind_of::<K>(dyntype).ok_or_else(|| {
-        ProtobufError(format!(
+        ProtobufError::new(format!(
             "{} {} is not a built-in kind kinformer knows the protobuf of (custom \
              resources travel as JSON)",
             K::api_version(dyntype),
@@ -103,7 +103,7 @@ pub fn decode_list<K: Resource + DeserializeOwned + 'static>(
         items: list
             .items
             .into_iter()
-            .map(|item| item.map_err(|e| ProtobufError(e.reason)))
+            .map(|item| item.map_err(|e| ProtobufError::new(e.reason)))
             .collect(),
     })
 }
