@@ -57,10 +57,8 @@ pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let mut env = TestEnv::start().await?;
     let ns = env.create_namespace("soak").await?;
     let proxy = Proxy::start(env.api_port()).await?;
-    let options = ReflectorOptions {
-        idle_timeout: Duration::from_secs(10),
-        ..ReflectorOptions::default()
-    };
+    let mut options = ReflectorOptions::default();
+    options.idle_timeout = Duration::from_secs(10);
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port())?, &ns),
         InformerOptions::new().reflector(options),

@@ -271,10 +271,8 @@ async fn run(cli: Cli) -> Result<()> {
     );
     let ring = match &cli.shard_ring {
         Some(ring) => {
-            let config = RingConfig {
-                slots: cli.shard_slots,
-                ..RingConfig::new(&lease_ns, ring, &identity)
-            };
+            let mut config = RingConfig::new(&lease_ns, ring, &identity);
+            config.slots = cli.shard_slots;
             let ring = Ring::new(client.clone(), config)?;
             ring.register_metrics(manager.metrics());
             info!(ring = %ring.config().ring, slots = cli.shard_slots, identity = %identity, "sharded");

@@ -25,6 +25,7 @@ type Wiring<K> = Box<dyn FnOnce(Controller<K>) -> Result<Controller<K>, Controll
 /// Every informer comes from the factory, so a Manager's controllers share
 /// one watch per kind, and every one of them has synced before any worker
 /// starts.
+#[must_use = "a builder does nothing until `reconcile` builds its controller"]
 pub struct ControllerBuilder<'f, K> {
     name: String,
     factory: &'f SharedInformerFactory,
@@ -171,15 +172,10 @@ where
         let dt = K::DynamicType::default();
         let cluster_scoped =
             std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
-        let scope = InformerScope {
-            namespace: self
-                .factory
-                .namespace_of()
-                .filter(|_| !cluster_scoped)
-                .map(str::to_owned),
-            shard: Some(ring.scope()),
-            ..InformerScope::default()
-        };
+        let mut scope = InformerScope::all().shard(ring.scope());
+        if let Some(ns) = self.factory.namespace_of().filter(|_| !cluster_scoped) {
+            scope = scope.namespace(ns);
+        }
         self.informer = Some(self.factory.informer_with(&dt, scope));
         self.ring = Some(ring);
         self

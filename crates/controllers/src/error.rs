@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// A controller stopped with an error.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ControllerError {
     /// The informer refused the controller's event handler.
     #[error("cannot register with the informer: {0}")]

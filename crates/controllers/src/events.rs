@@ -234,6 +234,7 @@ impl EventRecorder {
 
     /// How often a repeating event's series is written (30 s by default);
     /// also the unit of the back-off after failed writes (module docs).
+    #[must_use]
     pub fn series_interval(mut self, interval: Duration) -> Self {
         self.series_interval = interval;
         self

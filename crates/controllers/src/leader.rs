@@ -29,6 +29,7 @@ use crate::ControllerError;
 /// Timing and identity of a leader election. Defaults are client-go's:
 /// 15 s lease, 10 s renew deadline, 2 s retry period.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LeaderElectionConfig {
     /// Namespace of the Lease.
     pub namespace: String,

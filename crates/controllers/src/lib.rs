@@ -62,6 +62,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod builder;
 mod error;

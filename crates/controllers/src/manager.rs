@@ -29,6 +29,7 @@ pub const EVENT_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs
 /// kubebuilder's scaffold serves metrics on `:8080` and probes on `:8081`;
 /// [`ManagerOptions::kubebuilder`] sets those addresses.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ManagerOptions {
     /// Where `/metrics` is served (`None`: nowhere).
     pub metrics_bind_address: Option<SocketAddr>,
@@ -57,18 +58,21 @@ impl ManagerOptions {
     }
 
     /// Serve `/metrics` on `addr`.
+    #[must_use]
     pub fn metrics_bind_address(mut self, addr: SocketAddr) -> Self {
         self.metrics_bind_address = Some(addr);
         self
     }
 
     /// Serve the probes on `addr`.
+    #[must_use]
     pub fn health_probe_bind_address(mut self, addr: SocketAddr) -> Self {
         self.health_probe_bind_address = Some(addr);
         self
     }
 
     /// Reconcile only while leading this election.
+    #[must_use]
     pub fn leader_election(mut self, config: LeaderElectionConfig) -> Self {
         self.leader_election = Some(config);
         self

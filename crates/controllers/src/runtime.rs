@@ -194,6 +194,7 @@ pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>
 /// - **A Crash panic or a failed informer**: no drain; no key is handed out
 ///   and in-flight reconciles are aborted at once, as in a crashed process.
 /// - Either way `/healthz` and `/readyz` answer 503 from the start of the stop.
+#[non_exhaustive]
 pub struct ControllerOptions<K> {
     /// Concurrent reconciles (distinct keys).
     pub workers: usize,
@@ -242,43 +243,51 @@ impl<K> ControllerOptions<K> {
         Self::default()
     }
     /// Concurrent reconciles; 0 is refused by [`Controller::new`].
+    #[must_use]
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
         self
     }
     /// Retries before a key is dropped.
+    #[must_use]
     pub fn max_retries(mut self, n: u32) -> Self {
         self.max_retries = n;
         self
     }
     /// Retry a failing key for ever, with backoff (controller-runtime's
     /// default; the seeds drop a key after 5).
+    #[must_use]
     pub fn retry_forever(mut self) -> Self {
         self.max_retries = u32::MAX;
         self
     }
     /// What a panic in reconcile does.
+    #[must_use]
     pub fn panic_policy(mut self, p: PanicPolicy) -> Self {
         self.panic_policy = p;
         self
     }
     /// How long shutdown works queued and in-flight keys.
+    #[must_use]
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
         self
     }
     /// How long in-flight reconciles may go on after the lease is lost.
+    #[must_use]
     pub fn lost_leadership_grace(mut self, d: Duration) -> Self {
         self.lost_leadership_grace = d;
         self
     }
     /// Drop a reconcile that runs longer than `d`, counting it as an error
     /// (retried with backoff like any other).
+    #[must_use]
     pub fn reconcile_timeout(mut self, d: Duration) -> Self {
         self.reconcile_timeout = Some(d);
         self
     }
     /// Reconcile only while leading this election.
+    #[must_use]
     pub fn leader_election(mut self, elector: Arc<LeaderElector>) -> Self {
         self.leader_election = Some(elector);
         self
@@ -300,16 +309,19 @@ impl<K> ControllerOptions<K> {
     /// takes. Secondary informers (`owns`, `watches`) stay whole: a key they
     /// enqueue is reconciled by the replica whose cache holds its object.
     /// Not together with leader election.
+    #[must_use]
     pub fn ring(mut self, ring: Arc<Ring>) -> Self {
         self.ring = Some(ring);
         self
     }
     /// Report metrics to `metrics`.
+    #[must_use]
     pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
     /// Enqueue only the events for which `filter` is true.
+    #[must_use]
     pub fn event_filter(
         mut self,
         filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static,
@@ -322,6 +334,7 @@ impl<K> ControllerOptions<K> {
 /// A named controller over one informer: see the module docs.
 ///
 /// Must be created inside a Tokio runtime (its workqueue runs a timer task).
+#[must_use = "a controller does nothing until it is added to a Manager or run"]
 pub struct Controller<K> {
     name: String,
     informer: SharedIndexInformer<K>,

@@ -35,6 +35,7 @@ use crate::{ControllerError, LeaderElectionConfig, LeaderElector, Metrics, RingM
 /// election timings (15 s lease, 10 s renew deadline, 2 s retry period) for
 /// the slot Leases and the member Leases alike.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RingConfig {
     /// Namespace of the ring's Leases.
     pub namespace: String,

@@ -138,13 +138,11 @@ fn start_replica(env: &'static TestEnv, ns: &str, id: &str, log: Arc<Mutex<Vec<W
         .enable_all()
         .build()
         .unwrap();
-    let config = RingConfig {
-        slots: SLOTS,
-        lease_duration: Duration::from_secs(3),
-        renew_deadline: Duration::from_secs(2),
-        retry_period: Duration::from_millis(500),
-        ..RingConfig::new(ns, "work", id)
-    };
+    let mut config = RingConfig::new(ns, "work", id);
+    config.slots = SLOTS;
+    config.lease_duration = Duration::from_secs(3);
+    config.renew_deadline = Duration::from_secs(2);
+    config.retry_period = Duration::from_millis(500);
     // The client is made inside the replica's runtime: its tasks die with it.
     let ring = {
         let _inside = runtime.enter();
@@ -267,13 +265,11 @@ async fn a_slot_whose_lease_was_lost_is_not_taken_again_until_the_work_of_that_t
 
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("lost").await.unwrap();
-    let config = RingConfig {
-        slots: 1,
-        lease_duration: Duration::from_secs(3),
-        renew_deadline: Duration::from_secs(2),
-        retry_period: RETRY,
-        ..RingConfig::new(&ns, "lost", "a")
-    };
+    let mut config = RingConfig::new(&ns, "lost", "a");
+    config.slots = 1;
+    config.lease_duration = Duration::from_secs(3);
+    config.renew_deadline = Duration::from_secs(2);
+    config.retry_period = RETRY;
     let ring = Ring::new(env.client().unwrap(), config).unwrap();
     let metrics = kinformer_controllers::Metrics::new();
     ring.register_metrics(&metrics);

@@ -122,13 +122,11 @@ impl Replica {
             .unwrap();
         let _inside = runtime.enter();
         let client = env.client().unwrap();
-        let config = RingConfig {
-            slots: SLOTS,
-            lease_duration: LEASE,
-            renew_deadline: Duration::from_secs(2),
-            retry_period: Duration::from_millis(500),
-            ..RingConfig::new(ns, "sharded", id)
-        };
+        let mut config = RingConfig::new(ns, "sharded", id);
+        config.slots = SLOTS;
+        config.lease_duration = LEASE;
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
         let ring = Ring::new(client.clone(), config).unwrap();
         let metrics = Metrics::new();
         ring.register_metrics(&metrics);
@@ -805,13 +803,11 @@ async fn a_controller_built_sharded_from_a_factory_caches_only_its_slots() {
     let mut replicas = Vec::new();
     for id in ["a", "b"] {
         let client = env.client().unwrap();
-        let config = RingConfig {
-            slots: SLOTS,
-            lease_duration: LEASE,
-            renew_deadline: Duration::from_secs(2),
-            retry_period: Duration::from_millis(500),
-            ..RingConfig::new(&ns, "built", id)
-        };
+        let mut config = RingConfig::new(&ns, "built", id);
+        config.slots = SLOTS;
+        config.lease_duration = LEASE;
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
         let ring = Ring::new(client.clone(), config).unwrap();
         let factory = SharedInformerFactory::new(client).namespace(&ns);
         let mut builder =

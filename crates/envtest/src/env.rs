@@ -20,6 +20,7 @@ use crate::{Binaries, EnvtestError, etcd};
 /// How a [`TestEnv`] is started. Defaults: build the binaries if missing,
 /// 90 s to become ready, no extra kube-apiserver flags.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TestEnvOptions {
     build_if_missing: bool,
     ready_timeout: Duration,
@@ -45,12 +46,14 @@ impl TestEnvOptions {
     }
 
     /// Fails with [`EnvtestError::NotBuilt`] instead of building missing binaries.
+    #[must_use]
     pub fn no_build(mut self) -> Self {
         self.build_if_missing = false;
         self
     }
 
     /// How long etcd and then kube-apiserver may take to become ready.
+    #[must_use]
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
         self
@@ -59,11 +62,13 @@ impl TestEnvOptions {
     /// Serves every list and watch from etcd (`--watch-cache=false`), so an
     /// etcd compaction turns old resource versions and continue tokens into
     /// 410 Gone at once, as a server whose watch cache has moved on would.
+    #[must_use]
     pub fn without_watch_cache(self) -> Self {
         self.apiserver_arg("--watch-cache=false")
     }
 
     /// An extra kube-apiserver flag (`--name=value`); later flags win.
+    #[must_use]
     pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
         self.apiserver_args.push(arg.into());
         self
@@ -73,6 +78,7 @@ impl TestEnvOptions {
     /// way go into one `--feature-gates` flag, before the flags of
     /// [`apiserver_arg`](Self::apiserver_arg) (so a `--feature-gates` given
     /// there replaces them).
+    #[must_use]
     pub fn feature_gate(mut self, gate: impl Into<String>, enabled: bool) -> Self {
         self.feature_gates.push((gate.into(), enabled));
         self
@@ -81,6 +87,7 @@ impl TestEnvOptions {
     /// Server-side sharded list and watch (`ShardedListAndWatch`, KEP-5866,
     /// alpha and off by default in v1.37): `shardSelector` is applied and
     /// echoed in `ListMeta.shardInfo`.
+    #[must_use]
     pub fn sharded_list_and_watch(self) -> Self {
         self.feature_gate("ShardedListAndWatch", true)
     }

@@ -6,6 +6,7 @@ use thiserror::Error;
 
 /// Building or running the test control plane failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum EnvtestError {
     /// The Go toolchain is not installed or not on `PATH`.
     #[error(

@@ -26,6 +26,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod answering_proxy;
 mod binaries;

@@ -24,6 +24,7 @@ type Hasher = foldhash::fast::RandomState;
 
 /// How a [`DeltaFifo`] is built. Defaults: keys by
 /// [`meta_namespace_key`], no known objects, `Replaced` deltas on replace.
+#[non_exhaustive]
 pub struct DeltaFifoOptions<K> {
     key_func: KeyFunc<K>,
     known_objects: Option<Arc<dyn KnownObjects<K>>>,
@@ -49,6 +50,7 @@ impl<K: Object> DeltaFifoOptions<K> {
 
 impl<K> DeltaFifoOptions<K> {
     /// Keys objects with `key_func` instead of `namespace/name`.
+    #[must_use]
     pub fn key_func(mut self, key_func: KeyFunc<K>) -> Self {
         self.key_func = key_func;
         self
@@ -57,6 +59,7 @@ impl<K> DeltaFifoOptions<K> {
     /// The store the popped deltas are applied to (normally the informer's
     /// Indexer). `replace` detects deletions against its keys and `resync`
     /// replays its objects; without it only the queue's own keys are known.
+    #[must_use]
     pub fn known_objects(mut self, known: Arc<dyn KnownObjects<K>>) -> Self {
         self.known_objects = Some(known);
         self
@@ -64,6 +67,7 @@ impl<K> DeltaFifoOptions<K> {
 
     /// The legacy mode: `replace` records `Sync` instead of `Replaced` deltas
     /// (client-go's default before `EmitDeltaTypeReplaced`).
+    #[must_use]
     pub fn legacy_sync_on_replace(mut self) -> Self {
         self.emit_delta_type_replaced = false;
         self

@@ -5,6 +5,7 @@ use thiserror::Error;
 
 /// A DeltaFifo operation was refused; the queue is left unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum FifoError {
     /// An object's key could not be computed; the error names the object.
     #[error("cannot queue object: {0}")]
@@ -26,6 +27,7 @@ pub struct Requeue<E>(pub E);
 
 /// Why `pop` returned without a result.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum PopError<E> {
     /// The queue was closed and holds nothing more.
     #[error("DeltaFifo is closed")]

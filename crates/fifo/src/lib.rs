@@ -57,6 +57,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod delta;
 mod delta_fifo;

@@ -24,6 +24,7 @@ type Hasher = foldhash::fast::RandomState;
 
 /// How a [`RealFifo`] is built. Defaults: keys by [`meta_namespace_key`], no
 /// known objects.
+#[non_exhaustive]
 pub struct RealFifoOptions<K> {
     key_func: KeyFunc<K>,
     known_objects: Option<Arc<dyn KnownObjects<K>>>,
@@ -47,6 +48,7 @@ impl<K: Object> RealFifoOptions<K> {
 
 impl<K> RealFifoOptions<K> {
     /// Keys objects with `key_func`.
+    #[must_use]
     pub fn key_func(mut self, key_func: KeyFunc<K>) -> Self {
         self.key_func = key_func;
         self
@@ -54,6 +56,7 @@ impl<K> RealFifoOptions<K> {
 
     /// What the consumer holds: `replace` finds deletions among these keys,
     /// and `resync` replays them.
+    #[must_use]
     pub fn known_objects(mut self, known: Arc<dyn KnownObjects<K>>) -> Self {
         self.known_objects = Some(known);
         self

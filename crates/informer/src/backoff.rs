@@ -8,6 +8,7 @@ use tokio::time::Instant;
 /// Backoff settings. Defaults: 800 ms doubling to 30 s, full jitter (up to
 /// +100%), reset after 2 minutes without a backoff.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct BackoffConfig {
     /// First delay.
     pub initial: Duration,

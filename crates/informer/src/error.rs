@@ -73,6 +73,7 @@ impl From<&str> for Detail {
 /// A list or watch call failed. The variants are what the Reflector needs to
 /// decide between re-watching, relisting and backing off.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum ListWatchError {
     /// 410 Gone: the resource version (or continue token) is too old.
     #[error("410 Gone: {0}")]
@@ -238,6 +239,7 @@ impl From<kube_client::Error> for ListWatchError {
 /// Using an informer failed, or a running informer could no longer keep
 /// its cache in step with the server.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum InformerError {
     /// The informer was already started, so this can no longer be changed.
     #[error("{0} must be set before the informer starts")]

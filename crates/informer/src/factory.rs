@@ -27,6 +27,7 @@ use crate::{
 
 /// Which objects an informer of the factory watches.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct InformerScope {
     /// One namespace, or all when `None`.
     pub namespace: Option<String>,
@@ -38,6 +39,41 @@ pub struct InformerScope {
     /// [`ApiListerWatcher::shard_scope`]); scopes are told apart by
     /// identity, not by their shard.
     pub shard: Option<ShardScope>,
+}
+
+impl InformerScope {
+    /// Every object of the kind, in every namespace.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only the objects of namespace `namespace`.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Only the objects that match the label selector `selector`.
+    #[must_use]
+    pub fn labels(mut self, selector: impl Into<String>) -> Self {
+        self.label_selector = Some(selector.into());
+        self
+    }
+
+    /// Only the objects that match the field selector `selector`.
+    #[must_use]
+    pub fn fields(mut self, selector: impl Into<String>) -> Self {
+        self.field_selector = Some(selector.into());
+        self
+    }
+
+    /// Only the objects in `shard`'s current shard.
+    #[must_use]
+    pub fn shard(mut self, shard: ShardScope) -> Self {
+        self.shard = Some(shard);
+        self
+    }
 }
 
 trait Startable: Send + Sync {
@@ -158,18 +194,21 @@ impl SharedInformerFactory {
     }
 
     /// Informers of this factory watch only `namespace` (unless a scope says otherwise).
+    #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.default_namespace = Some(namespace.into());
         self
     }
 
     /// Default resync period of the informers' handlers.
+    #[must_use]
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
         self
     }
 
     /// The queue of this factory's informers ([`InformerOptions::fifo`]).
+    #[must_use]
     pub fn fifo(mut self, kind: FifoKind) -> Self {
         self.fifo = kind;
         self
@@ -177,6 +216,7 @@ impl SharedInformerFactory {
 
     /// Informers of this factory drop `metadata.managedFields` before decoding
     /// (see [`ApiListerWatcher::drop_managed_fields`]).
+    #[must_use]
     pub fn drop_managed_fields(mut self) -> Self {
         self.drop_managed_fields = true;
         self
@@ -196,12 +236,14 @@ impl SharedInformerFactory {
     /// let pods = factory.informer::<Pod>();
     /// # }
     /// ```
+    #[must_use]
     pub fn compact<K: 'static>(mut self, compact: Compact<K>) -> Self {
         self.compact.insert(TypeId::of::<K>(), Box::new(compact));
         self
     }
 
     /// How the factory's informers receive objects (see [`WireFormat`]).
+    #[must_use]
     pub fn wire_format(mut self, format: WireFormat) -> Self {
         self.wire_format = format;
         self

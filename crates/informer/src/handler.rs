@@ -81,18 +81,21 @@ impl<K> ResourceEventHandlerFuncs<K> {
     }
 
     /// Called on add.
+    #[must_use]
     pub fn on_add(mut self, f: impl Fn(&Arc<K>, bool) + Send + Sync + 'static) -> Self {
         self.add = Some(Box::new(f));
         self
     }
 
     /// Called on update.
+    #[must_use]
     pub fn on_update(mut self, f: impl Fn(&Arc<K>, &Arc<K>) + Send + Sync + 'static) -> Self {
         self.update = Some(Box::new(f));
         self
     }
 
     /// Called on delete.
+    #[must_use]
     pub fn on_delete(mut self, f: impl Fn(&ObjectOrTombstone<K>) + Send + Sync + 'static) -> Self {
         self.delete = Some(Box::new(f));
         self
@@ -101,6 +104,7 @@ impl<K> ResourceEventHandlerFuncs<K> {
     /// How long to wait after a panic of one of the closures before the
     /// next notification ([`ResourceEventHandler::panic_pause`]); 1 s
     /// unless set, zero for none.
+    #[must_use]
     pub fn panic_pause(mut self, pause: Duration) -> Self {
         self.panic_pause = pause;
         self

@@ -113,6 +113,7 @@ impl ResourceEventHandlerRegistration {
 }
 
 /// How a [`SharedIndexInformer`] is built.
+#[non_exhaustive]
 pub struct InformerOptions<K> {
     /// Indexes of the cache.
     pub indexers: Indexers<K>,
@@ -158,24 +159,28 @@ impl<K> InformerOptions<K> {
     }
 
     /// Indexes of the cache.
+    #[must_use]
     pub fn indexers(mut self, indexers: Indexers<K>) -> Self {
         self.indexers = indexers;
         self
     }
 
     /// Resync period of handlers added without one.
+    #[must_use]
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
         self
     }
 
     /// How the Reflector lists and watches.
+    #[must_use]
     pub fn reflector(mut self, options: ReflectorOptions) -> Self {
         self.reflector = options;
         self
     }
 
     /// The queue between the Reflector and the cache.
+    #[must_use]
     pub fn fifo(mut self, kind: FifoKind) -> Self {
         self.fifo = kind;
         self
@@ -189,6 +194,7 @@ impl<K> InformerOptions<K> {
     ///
     /// let options = InformerOptions::<Pod>::new().compact(Compact::json().decoded_cache(500));
     /// ```
+    #[must_use]
     pub fn compact(mut self, compact: Compact<K>) -> Self {
         self.compact = Some(compact);
         self

@@ -105,6 +105,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod backoff;
 pub mod consistency;

@@ -430,6 +430,7 @@ where
     /// and the streaming list send it as `shardSelector`, and objects
     /// outside it are dropped here too, for a server that ignores it
     /// ([`shard_stats`](Self::shard_stats) says which).
+    #[must_use]
     pub fn shard(self, selector: ShardSelector) -> Self {
         self.shard_scope(ShardScope::new(selector))
     }
@@ -438,6 +439,7 @@ where
     /// starts: as [`shard`](Self::shard), and when the scope changes the
     /// watch ends with [`ListWatchError::Rescoped`] so that the Reflector
     /// lists the new shard at once.
+    #[must_use]
     pub fn shard_scope(mut self, scope: ShardScope) -> Self {
         self.shard = Some(Sharding::new(scope, Arc::default()));
         self
@@ -549,6 +551,7 @@ where
     }
 
     /// How objects travel from the server ([`WireFormat::Auto`] by default).
+    #[must_use]
     pub fn wire_format(mut self, format: WireFormat) -> Self {
         self.wire_format = format;
         self
@@ -712,12 +715,14 @@ where
     }
 
     /// Only objects whose labels match `selector` (`app=web,tier!=db`).
+    #[must_use]
     pub fn labels(mut self, selector: &str) -> Self {
         self.label_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
         self
     }
 
     /// Only objects whose fields match `selector` (`status.phase=Running`).
+    #[must_use]
     pub fn fields(mut self, selector: &str) -> Self {
         self.field_selector = Some(selector.to_owned()).filter(|s| !s.is_empty());
         self
@@ -727,6 +732,7 @@ where
     /// ([`strip_managed_fields_json`](crate::strip_managed_fields_json)): the
     /// same result as the [`strip_managed_fields`](crate::strip_managed_fields)
     /// transform, without paying to decode what is thrown away.
+    #[must_use]
     pub fn drop_managed_fields(mut self) -> Self {
         self.drop_managed_fields = true;
         self

@@ -153,6 +153,7 @@ impl InternalErrorRetry {
 
 /// How a Reflector lists and watches. See the field docs for the defaults.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReflectorOptions {
     /// Page size of lists. `None` (the default) does what client-go does:
     /// pages of 500, except for a list at a specific resource version, which
@@ -202,6 +203,7 @@ impl Default for ReflectorOptions {
 
 /// Counters of what a Reflector did, for tests and metrics.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct ReflectorStats {
     /// List calls (pages count one each).
     pub list_calls: AtomicU64,
@@ -313,12 +315,14 @@ impl<K: Object + Clone> Reflector<K> {
     }
 
     /// Applies `transform` to every object before it enters the queue.
+    #[must_use]
     pub fn with_transform(mut self, transform: Option<Transform<K>>) -> Self {
         self.transform = transform;
         self
     }
 
     /// Called with every list and watch error (the default logs it).
+    #[must_use]
     pub fn with_error_handler(mut self, handler: WatchErrorHandler) -> Self {
         self.error_handler = handler;
         self

@@ -260,6 +260,7 @@ pub fn shard_hash(value: &str) -> u64 {
 
 /// A shard selector that cannot be built or parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum ShardSelectorError {
     /// A range is empty, reversed or past 2^64.
     #[error("hash range {start:#x}..{end:#x} is not start < end <= 2^64")]
@@ -308,6 +309,7 @@ pub enum ShardEnforcement {
 /// How sharding has gone for one lister-watcher; shared with whoever asked
 /// for it ([`ApiListerWatcher::shard_stats`](crate::ApiListerWatcher::shard_stats)).
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct ShardStats {
     enforcement: AtomicU8,
     filtered: AtomicU64,

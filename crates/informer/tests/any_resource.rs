@@ -325,10 +325,8 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
     );
     // Plain lists, so that each retry is one request (a streaming list
     // falls back to a list at once, which would make two).
-    let reflector = ReflectorOptions {
-        use_watch_list: false,
-        ..ReflectorOptions::default()
-    };
+    let mut reflector = ReflectorOptions::default();
+    reflector.use_watch_list = false;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
         common::options().reflector(reflector),

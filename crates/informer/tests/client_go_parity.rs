@@ -113,10 +113,8 @@ fn harness(lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>) -> Harness {
         script: Arc::clone(&script),
         watches: tx,
     };
-    let reflector = ReflectorOptions {
-        use_watch_list: false,
-        ..ReflectorOptions::default()
-    };
+    let mut reflector = ReflectorOptions::default();
+    reflector.use_watch_list = false;
     Harness {
         informer: SharedIndexInformer::new(fake, common::options().reflector(reflector)),
         script,

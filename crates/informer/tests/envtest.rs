@@ -191,11 +191,9 @@ async fn an_initial_list_of_2500_pods_is_paged_by_100() {
     let client = env.client().unwrap();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     create_pods(&api, (0..2500).map(|i| format!("p{i:04}"))).await;
-    let reflector = ReflectorOptions {
-        page_size: Some(100),
-        use_watch_list: false,
-        ..ReflectorOptions::default()
-    };
+    let mut reflector = ReflectorOptions::default();
+    reflector.page_size = Some(100);
+    reflector.use_watch_list = false;
     let (informer, seen, shutdown) = start(client, &ns, reflector);
     wait_synced(&informer).await;
     let stats = informer.reflector_stats().unwrap();

@@ -160,10 +160,8 @@ struct Harness {
 }
 
 fn fast_reflector() -> ReflectorOptions {
-    let mut o = ReflectorOptions {
-        use_watch_list: false,
-        ..ReflectorOptions::default()
-    };
+    let mut o = ReflectorOptions::default();
+    o.use_watch_list = false;
     o.backoff.initial = Duration::from_millis(10);
     o.backoff.max = Duration::from_millis(50);
     o
@@ -528,10 +526,8 @@ async fn a_5xx_opening_the_watch_relists() {
 
 #[tokio::test]
 async fn within_the_retry_window_an_internal_error_in_the_watch_stream_reopens_the_watch() {
-    let reflector = ReflectorOptions {
-        max_internal_error_retry_duration: Duration::from_secs(3600),
-        ..fast_reflector()
-    };
+    let mut reflector = fast_reflector();
+    reflector.max_internal_error_retry_duration = Duration::from_secs(3600);
     let mut h = harness_with(
         vec![page(vec![cm("a", 1)], 1)],
         common::options(),
@@ -620,10 +616,8 @@ async fn a_minimum_watch_timeout_below_5_minutes_is_ignored() {
         (Duration::from_secs(1), 300..=600),
         (Duration::from_secs(1200), 1200..=2400),
     ] {
-        let reflector = ReflectorOptions {
-            min_watch_timeout: min,
-            ..fast_reflector()
-        };
+        let mut reflector = fast_reflector();
+        reflector.min_watch_timeout = min;
         let mut h = harness_with(
             vec![page(vec![cm("a", 1)], 1)],
             common::options(),
@@ -995,10 +989,8 @@ fn end_bookmark(rv: u64) -> WatchEvent<ConfigMap> {
 
 #[tokio::test]
 async fn a_streaming_list_syncs_at_its_end_bookmark_and_the_watch_goes_on() {
-    let streaming = ReflectorOptions {
-        use_watch_list: true,
-        ..fast_reflector()
-    };
+    let mut streaming = fast_reflector();
+    streaming.use_watch_list = true;
     let mut h = harness_with(vec![], common::options(), streaming);
     h.script.lock().watch_list = true;
     let log = Log::default();
@@ -1254,10 +1246,8 @@ async fn wait_for_rv(informer: &SharedIndexInformer<ConfigMap>, key: &str, rv: &
 
 #[tokio::test]
 async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_only_at_its_end() {
-    let streaming = ReflectorOptions {
-        use_watch_list: true,
-        ..fast_reflector()
-    };
+    let mut streaming = fast_reflector();
+    streaming.use_watch_list = true;
     let mut h = harness_with(vec![], common::options(), streaming);
     h.script.lock().watch_list = true;
     let log = Log::default();
@@ -1435,9 +1425,10 @@ async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
     let mut h = harness_with(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
         common::options(),
-        ReflectorOptions {
-            use_watch_list: true,
-            ..fast_reflector()
+        {
+            let mut o = fast_reflector();
+            o.use_watch_list = true;
+            o
         },
     );
     h.script.lock().watch_list = true;

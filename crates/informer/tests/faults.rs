@@ -24,10 +24,8 @@ use common::{
 };
 
 fn fast(idle: Duration) -> ReflectorOptions {
-    let mut o = ReflectorOptions {
-        idle_timeout: idle,
-        ..ReflectorOptions::default()
-    };
+    let mut o = ReflectorOptions::default();
+    o.idle_timeout = idle;
     o.backoff.initial = Duration::from_millis(100);
     o.backoff.max = Duration::from_secs(1);
     o
@@ -165,11 +163,9 @@ async fn a_continue_token_expired_mid_list_falls_back_to_a_full_list() {
         api: api.clone(),
         done: AtomicBool::new(false),
     };
-    let options = ReflectorOptions {
-        page_size: Some(50),
-        use_watch_list: false,
-        ..fast(Duration::from_secs(30))
-    };
+    let mut options = fast(Duration::from_secs(30));
+    options.page_size = Some(50);
+    options.use_watch_list = false;
     let informer = SharedIndexInformer::new(lw, common::options().reflector(options));
     let (seen, shutdown) = run(&informer);
     wait_synced(&informer).await;
@@ -249,10 +245,8 @@ async fn a_watch_answered_with_500_relists_once_the_server_answers_again() {
     let api: Api<Pod> = Api::namespaced(env.client().unwrap(), &ns);
     create_pods(&api, (0..10).map(|i| format!("p{i}"))).await;
     let proxy = AnsweringProxy::start(env).await.unwrap();
-    let options = ReflectorOptions {
-        use_watch_list: false,
-        ..fast(Duration::from_secs(30))
-    };
+    let mut options = fast(Duration::from_secs(30));
+    options.use_watch_list = false;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns),
         common::options().reflector(options),
@@ -405,9 +399,10 @@ async fn undecodable_added(format: WireFormat) {
     let listing = SharedIndexInformer::new(
         ApiListerWatcher::<Pod>::namespaced(env.client_via(proxy.port()).unwrap(), &ns)
             .wire_format(format),
-        common::options().reflector(ReflectorOptions {
-            use_watch_list: false,
-            ..fast(Duration::from_secs(30))
+        common::options().reflector({
+            let mut o = fast(Duration::from_secs(30));
+            o.use_watch_list = false;
+            o
         }),
     );
     let (listed_seen, shutdown) = run(&listing);

@@ -182,10 +182,8 @@ fn start_informer(
 ) -> (SharedIndexInformer<ConfigMap>, Arc<ShardStats>) {
     let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, ns).shard(shard);
     let stats = lw.shard_stats().unwrap();
-    let reflector = ReflectorOptions {
-        use_watch_list: watch_list,
-        ..ReflectorOptions::default()
-    };
+    let mut reflector = ReflectorOptions::default();
+    reflector.use_watch_list = watch_list;
     let informer = SharedIndexInformer::new(lw, common::options().reflector(reflector));
     (informer, stats)
 }
@@ -354,10 +352,8 @@ async fn a_rescoped_informer_follows_its_shard(watch_list: bool) {
     let scope = ShardScope::new(quarters[0].clone());
     let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, &ns).shard_scope(scope.clone());
     let stats = lw.shard_stats().unwrap();
-    let reflector = ReflectorOptions {
-        use_watch_list: watch_list,
-        ..ReflectorOptions::default()
-    };
+    let mut reflector = ReflectorOptions::default();
+    reflector.use_watch_list = watch_list;
     let informer = SharedIndexInformer::new(lw, common::options().reflector(reflector));
     let deleted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let d = Arc::clone(&deleted);

@@ -213,6 +213,7 @@ impl<K> Compact<K> {
 
     /// Keeps up to `capacity` decoded objects, the most recently written or
     /// read; 0 (the default) keeps none.
+    #[must_use]
     pub fn decoded_cache(mut self, capacity: usize) -> Self {
         self.decoded_capacity = capacity;
         self
@@ -223,6 +224,7 @@ impl<K> Compact<K> {
     /// (on Linux with glibc; `true` by default). A list is decoded whole
     /// before it is encoded into the cache; glibc keeps most of that freed
     /// peak, several times the compact cache itself, unless asked.
+    #[must_use]
     pub fn release_after_list(mut self, release: bool) -> Self {
         self.release_after_list = release;
         self
@@ -236,6 +238,7 @@ impl<K> Compact<K> {
 
 /// What a compact store holds and how its reads went.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompactStats {
     /// Objects held encoded.
     pub encoded_objects: usize,

@@ -7,6 +7,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A key could not be computed from an object, or a key string is malformed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The object has no `metadata.name` (or an empty one), so it has no key.
     #[error("object {object} has no metadata.name, so it has no key")]
@@ -51,6 +52,7 @@ pub struct IndexFuncPanic(pub String);
 /// [`Indexer`](crate::Indexer) failed. Every variant but
 /// [`Unindexed`](Self::Unindexed) leaves the store unchanged.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The object's key could not be computed.
     #[error(transparent)]

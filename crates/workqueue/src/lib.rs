@@ -42,6 +42,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod delaying;
 mod metrics;

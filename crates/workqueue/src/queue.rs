@@ -37,6 +37,7 @@ impl<T: Clone + Eq + Hash + Send + Sync + 'static> QueueItem for T {}
 
 /// How a queue is built: a name (for metrics) and an optional metrics provider.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct QueueConfig {
     name: String,
     metrics_provider: Option<Arc<dyn MetricsProvider>>,
@@ -58,6 +59,7 @@ impl QueueConfig {
     }
 
     /// The queue's name, the `name` label of its metrics.
+    #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
@@ -65,6 +67,7 @@ impl QueueConfig {
 
     /// Reports the queue's metrics to `provider`. Unfinished-work gauges are
     /// refreshed every 500 ms by a task on the current Tokio runtime.
+    #[must_use]
     pub fn metrics_provider(mut self, provider: Arc<dyn MetricsProvider>) -> Self {
         self.metrics_provider = Some(provider);
         self

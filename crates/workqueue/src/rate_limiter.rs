@@ -53,6 +53,7 @@ impl<T, R: RateLimiter<T> + ?Sized> RateLimiter<T> for Box<R> {
 
 /// A rate limiter was configured with values it cannot work with.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum RateLimiterError {
     /// The token bucket's rate must be a positive, finite number of events per second.
     #[error("token bucket rate must be positive and finite, got {0} qps")]
