@@ -80,6 +80,14 @@ pub mod service_strategy;
 mod slots;
 mod status;
 
+/// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
+/// so that a controller needs no dependency of its own to make a
+/// [`Client`](kube::Client) or an [`Api`](kube::Api): its paths are those of
+/// the `kube` crate (`kube::Client`, `kube::api::PatchParams`,
+/// `kube::ResourceExt`). To derive `CustomResource`, depend on `kube` itself
+/// with its `derive` feature, of the same version; its client is this one.
+pub use kinformer_informer::kube;
+
 pub use builder::ControllerBuilder;
 pub use error::ControllerError;
 pub use events::{EventRecorder, EventType};

@@ -124,6 +124,14 @@ mod shard;
 mod strip;
 mod sync;
 
+/// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
+/// so that a program needs no dependency of its own to make a
+/// [`Client`](kube::Client) or an [`Api`](kube::Api): its paths are those of
+/// the `kube` crate (`kube::Client`, `kube::api::PatchParams`,
+/// `kube::ResourceExt`). To derive `CustomResource`, depend on `kube` itself
+/// with its `derive` feature, of the same version; its client is this one.
+pub use kube_client as kube;
+
 pub use backoff::BackoffConfig;
 pub use deep::MAX_JSON_NESTING;
 pub use error::{Detail, InformerError, ListWatchError};

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
+use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError};
 use kinformer_informer::Lister;
-use kube_client::api::{Api, Patch, PatchParams};
-use kube_client::{Client, ResourceExt};
 
 /// `namespace/name` of each ConfigMap the Deployment's pods use.
 fn configmaps(d: &Deployment) -> Vec<String> {

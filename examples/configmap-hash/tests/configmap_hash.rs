@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kinformer_controllers::kube::api::{Api, Patch, PatchParams, PostParams};
 use kinformer_envtest::TestEnv;
-use kube_client::api::{Api, Patch, PatchParams, PostParams};
 
 fn deployment(name: &str, configmap: &str) -> Deployment {
     serde_json::from_value(serde_json::json!({

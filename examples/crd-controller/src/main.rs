@@ -19,9 +19,9 @@ use kinformer_controllers::{
     Action, FinalizerEvent, Lookup, Manager, ManagerOptions, ReconcileError, apply_status,
     finalizer,
 };
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
 use kube::{CustomResource, CustomResourceExt};
-use kube_client::api::{Api, DeleteParams, Patch, PatchParams};
-use kube_client::{Client, Resource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -88,7 +88,7 @@ async fn reconcile(
         }
         FinalizerEvent::Cleanup(g) => {
             match configmaps.delete(&cm_name, &DeleteParams::default()).await {
-                Err(kube_client::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(e.into()),
                 Ok(_) => {}
             }

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_controllers::kube::core::{Expression, Selector};
+use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_informer::{
     CancellationToken, Lister, ResourceEventHandlerFuncs, SharedInformerFactory,
 };
-use kube_client::core::{Expression, Selector};
-use kube_client::{Client, ResourceExt};
 
 fn key(cm: &ConfigMap) -> String {
     format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any())

@@ -4,8 +4,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_controllers::kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kinformer_envtest::TestEnv;
-use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_controllers::{Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions};
 use kinformer_informer::SharedInformerFactory;
-use kube_client::{Client, ResourceExt};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_controllers::kube::api::{Api, PostParams};
 use kinformer_envtest::TestEnv;
-use kube_client::api::{Api, PostParams};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
