@@ -74,6 +74,7 @@ mod membership;
 mod metrics;
 pub mod pod_stdout;
 pub mod predicate;
+mod reason;
 pub mod ring;
 mod runtime;
 pub mod service_strategy;

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::reason::{self, Reason, Reasons};
 use crate::ring::slot_of_uid;
 use crate::{ControllerError, LeaderElector, Metrics, Ring, SlotGuard};
 
@@ -347,6 +348,8 @@ pub struct Controller<K> {
     fatal: Arc<Mutex<Option<ControllerError>>>,
     /// The slot of each primary key, when sharded.
     key_slots: Option<Arc<KeySlots>>,
+    /// Why each queued key is queued.
+    reasons: Arc<Reasons>,
 }
 
 /// The slot of each primary key of a sharded controller, from the primary
@@ -505,6 +508,8 @@ impl<K: Object + Clone> Controller<K> {
             config = config.metrics_provider(m.workqueue_provider());
         }
         let queue = RateLimitingQueue::with_config(default_controller_rate_limiter(), config);
+        let reasons = Arc::new(Reasons::default());
+        let (ra, ru, rd) = (reasons.clone(), reasons.clone(), reasons.clone());
         let filter = options.event_filter.clone();
         let pass = move |e: Event<'_, K>| filter.as_ref().is_none_or(|f| f(e));
         let (qa, qu, qd) = (queue.clone(), queue.clone(), queue.clone());
@@ -519,7 +524,7 @@ impl<K: Object + Clone> Controller<K> {
                     s.record(key, obj.as_ref(), pass);
                 }
                 if pass {
-                    enqueue(&qa, key);
+                    enqueue(&qa, &ra, key, Reason::Added);
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
@@ -529,7 +534,14 @@ impl<K: Object + Clone> Controller<K> {
                     s.record(key, new.as_ref(), pass);
                 }
                 if pass {
-                    enqueue(&qu, key);
+                    let resync = old.resource_version().is_some()
+                        && old.resource_version() == new.resource_version();
+                    let reason = if resync {
+                        Reason::Resynced
+                    } else {
+                        Reason::Updated
+                    };
+                    enqueue(&qu, &ru, key, reason);
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
@@ -544,7 +556,7 @@ impl<K: Object + Clone> Controller<K> {
                     }
                 }
                 if pass {
-                    enqueue(&qd, key);
+                    enqueue(&qd, &rd, key, Reason::Deleted);
                 }
             });
         informer.add_event_handler(handler)?;
@@ -557,6 +569,7 @@ impl<K: Object + Clone> Controller<K> {
             options,
             fatal: Arc::new(Mutex::new(None)),
             key_slots,
+            reasons,
         })
     }
 
@@ -582,22 +595,48 @@ impl<K: Object + Clone> Controller<K> {
     /// owners found through a secondary index. The informer is started if
     /// nobody did, and synced before any worker starts.
     pub fn watches<C: Object + Clone>(
-        mut self,
+        self,
         informer: SharedIndexInformer<C>,
         mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
     ) -> Result<Self, ControllerError> {
+        self.watches_kind(informer, mapper, reason::type_name::<C>())
+    }
+
+    /// [`watches`](Self::watches), naming `C` `kind` in the reasons of the
+    /// keys it queues.
+    fn watches_kind<C: Object + Clone>(
+        mut self,
+        informer: SharedIndexInformer<C>,
+        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+        kind: Arc<str>,
+    ) -> Result<Self, ControllerError> {
         let mapper = Arc::new(mapper);
         let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
-        let (qa, qu, qd) = (self.queue.clone(), self.queue.clone(), self.queue.clone());
+        let queue_for = |queue: RateLimitingQueue<String>, reasons: Arc<Reasons>| {
+            let kind = Arc::clone(&kind);
+            move |related: &C, keys: Vec<String>| {
+                for key in keys {
+                    reasons.now(&key, || Reason::Related {
+                        kind: Arc::clone(&kind),
+                        key: meta_namespace_key(related).unwrap_or_default(),
+                    });
+                    queue.add(key);
+                }
+            }
+        };
+        let qa = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
+        let qu = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
+        let qd = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
         let handler = ResourceEventHandlerFuncs::new()
-            .on_add(move |obj: &Arc<C>, _| ma(obj).into_iter().for_each(|k| qa.add(k)))
+            .on_add(move |obj: &Arc<C>, _| qa(obj, ma(obj)))
             .on_update(move |old: &Arc<C>, new: &Arc<C>| {
                 let mut keys = mu(old);
                 keys.extend(mu(new));
-                keys.into_iter().for_each(|k| qu.add(k));
+                qu(new, keys);
             })
             .on_delete(move |obj: &ObjectOrTombstone<C>| {
-                md(obj.object()).into_iter().for_each(|k| qd.add(k))
+                let obj = obj.object();
+                qd(obj, md(obj));
             });
         informer.add_event_handler(handler)?;
         self.dependencies.push(Box::new(informer));
@@ -622,25 +661,30 @@ impl<K: Object + Clone> Controller<K> {
         let group = K::group(&dt).into_owned();
         let cluster_scoped =
             std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
-        self.watches(informer, move |child: &C| {
-            let namespace = child
-                .meta()
-                .namespace
-                .as_deref()
-                .filter(|_| !cluster_scoped);
-            child
-                .meta()
-                .owner_references
-                .iter()
-                .flatten()
-                .filter(|r| r.controller == Some(true) && r.kind == kind)
-                .filter(|r| r.api_version.rsplit_once('/').map_or("", |(g, _)| g) == group)
-                .map(|r| match namespace {
-                    Some(ns) => format!("{ns}/{}", r.name),
-                    None => r.name.clone(),
-                })
-                .collect()
-        })
+        let child_kind = reason::type_name::<C>();
+        self.watches_kind(
+            informer,
+            move |child: &C| {
+                let namespace = child
+                    .meta()
+                    .namespace
+                    .as_deref()
+                    .filter(|_| !cluster_scoped);
+                child
+                    .meta()
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .filter(|r| r.controller == Some(true) && r.kind == kind)
+                    .filter(|r| r.api_version.rsplit_once('/').map_or("", |(g, _)| g) == group)
+                    .map(|r| match namespace {
+                        Some(ns) => format!("{ns}/{}", r.name),
+                        None => r.name.clone(),
+                    })
+                    .collect()
+            },
+            child_kind,
+        )
     }
 
     /// The workqueue (for inspection and tests).
@@ -792,6 +836,7 @@ impl<K: Object + Clone> Controller<K> {
             halt: halt.clone(),
             abort: abort.clone(),
             elector: self.options.leader_election.clone(),
+            reasons: Arc::clone(&self.reasons),
             sharding: self.options.ring.clone().zip(self.key_slots.clone()).map(
                 |(ring, key_slots)| Sharding {
                     held: ring.subscribe(),
@@ -816,6 +861,7 @@ impl<K: Object + Clone> Controller<K> {
                 move || informer.queued(),
                 wanted_on_taking(&self.informer, self.options.event_filter.clone()),
                 self.queue.clone(),
+                Arc::clone(&self.reasons),
             )))
         });
         let mut workers: JoinSet<()> = JoinSet::new();
@@ -1033,6 +1079,7 @@ async fn prime(
     queued: impl Fn() -> usize,
     wanted: impl Fn(&str) -> bool,
     queue: RateLimitingQueue<String>,
+    reasons: Arc<Reasons>,
 ) {
     let mut held = ring.subscribe();
     let scope = ring.scope();
@@ -1075,6 +1122,7 @@ async fn prime(
             key_slots.mark_queued(&keys);
             info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
             for key in keys {
+                reasons.now(&key, || Reason::SlotTaken);
                 queue.add(key);
             }
         }
@@ -1165,9 +1213,17 @@ async fn join_all(workers: &mut JoinSet<()>) {
     while workers.join_next().await.is_some() {}
 }
 
-fn enqueue(queue: &RateLimitingQueue<String>, key: Result<String, kinformer_store::KeyError>) {
+fn enqueue(
+    queue: &RateLimitingQueue<String>,
+    reasons: &Reasons,
+    key: Result<String, kinformer_store::KeyError>,
+    reason: Reason,
+) {
     match key {
-        Ok(key) => queue.add(key),
+        Ok(key) => {
+            reasons.now(&key, || reason);
+            queue.add(key);
+        }
         Err(e) => warn!(error = %e, "ignoring an object without a key"),
     }
 }
@@ -1189,6 +1245,7 @@ struct Worker {
     abort: CancellationToken,
     elector: Option<Arc<LeaderElector>>,
     sharding: Option<Sharding>,
+    reasons: Arc<Reasons>,
 }
 
 /// Whether a reconcile left its key unscheduled (`Yes`), scheduled it
@@ -1293,6 +1350,7 @@ impl Worker {
                         // its own cache, or, for a slot not yet ready here,
                         // this replica once it is.
                         self.queue.forget(&key);
+                        self.reasons.forget(&key);
                         self.queue.done(&key);
                         if let Entry::NotHeld(Some(generation)) = other {
                             sharding.forget(&key, generation);
@@ -1337,6 +1395,7 @@ impl Worker {
             "reconcile",
             controller = %self.name,
             object = %key,
+            reason = %self.reasons.take(key),
             retries = self.queue.num_requeues(&key.to_owned()),
             reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
         );
@@ -1392,6 +1451,7 @@ impl Worker {
             Ok(Ok(Action::RequeueAfter(after))) => {
                 self.record(key, "requeue_after", seconds);
                 self.queue.forget(&key_owned);
+                self.reasons.scheduled(&key_owned, Reason::Requeued);
                 self.queue.add_after(key_owned, after);
                 Settled::No
             }
@@ -1443,6 +1503,7 @@ impl Worker {
         let retries = self.queue.num_requeues(&key);
         if retries < self.max_retries {
             warn!(key = %key, retries, error = %error, "reconcile failed; retrying with backoff");
+            self.reasons.scheduled(&key, Reason::Retry);
             self.queue.add_rate_limited(key);
             Settled::No
         } else {
