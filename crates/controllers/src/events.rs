@@ -7,9 +7,14 @@
 //! reason, action and note) become an `EventSeries` on that Event, whose
 //! `count` and `lastObservedTime` are written at most once per
 //! `series_interval` (30 s by default, client-go's heartbeat). Occurrences
-//! in between are only counted, and [`EventRecorder::flush`] writes what is
-//! still unwritten (call it on shutdown). An Event older than
-//! `series_window` (6 min, client-go's) starts afresh.
+//! in between are only counted, and written when the interval ends: an
+//! occurrence that finds its series not due sets a timer for when it is,
+//! so a Warning repeated a few times and then no more shows its count on
+//! the object within one interval, not only when the process stops (client-go
+//! writes such counts every 30 minutes). [`EventRecorder::flush`] writes
+//! what is still unwritten at once (a [`Manager`](crate::Manager) calls it
+//! on shutdown). An Event older than `series_window` (6 min, client-go's)
+//! starts afresh.
 //!
 //! # Writes per series are bounded whatever the server answers
 //!
@@ -46,6 +51,7 @@
 //! [`EventRecorder::writes`] counts every request sent, refused or not.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -111,6 +117,9 @@ struct Series {
     failures: u32,
     /// The earliest time of the next write from `publish`.
     next_write: Instant,
+    /// A timer will write the occurrences counted since the last write
+    /// once `next_write` comes.
+    timer: bool,
 }
 
 impl Series {
@@ -161,10 +170,16 @@ enum Outcome {
 
 /// Publishes Events for one controller instance; see the module docs.
 pub struct EventRecorder {
+    /// Shared with the timers of series waiting for their interval.
+    inner: Arc<Recorder>,
+}
+
+struct Recorder {
     client: Client,
     reporting_controller: String,
     reporting_instance: String,
-    series_interval: Duration,
+    /// In nanoseconds (settable through a shared recorder).
+    series_interval: std::sync::atomic::AtomicU64,
     series_window: Duration,
     series: Mutex<HashMap<EventKey, Series>>,
     writes: std::sync::atomic::AtomicU64,
@@ -177,8 +192,8 @@ pub struct EventRecorder {
 impl std::fmt::Debug for EventRecorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventRecorder")
-            .field("reporting_controller", &self.reporting_controller)
-            .field("reporting_instance", &self.reporting_instance)
+            .field("reporting_controller", &self.inner.reporting_controller)
+            .field("reporting_instance", &self.inner.reporting_instance)
             .finish_non_exhaustive()
     }
 }
@@ -188,7 +203,7 @@ impl std::fmt::Debug for EventRecorder {
 /// a shutdown), so that the series is not left claimed for ever. A dropped
 /// write counts as failed: whether it reached the server is unknown.
 struct InFlight<'a> {
-    recorder: &'a EventRecorder,
+    recorder: &'a Arc<Recorder>,
     key: &'a EventKey,
     name: &'a str,
     count: i32,
@@ -221,38 +236,67 @@ impl EventRecorder {
     /// from `instance` (e.g. the pod name).
     pub fn new(client: Client, controller: &str, instance: &str) -> Self {
         Self {
-            client,
-            reporting_controller: controller.to_owned(),
-            reporting_instance: instance.to_owned(),
-            series_interval: Duration::from_secs(30),
-            series_window: Duration::from_secs(6 * 60),
-            series: Mutex::new(HashMap::new()),
-            writes: std::sync::atomic::AtomicU64::new(0),
-            settled: watch::Sender::new(0),
+            inner: Arc::new(Recorder {
+                client,
+                reporting_controller: controller.to_owned(),
+                reporting_instance: instance.to_owned(),
+                series_interval: std::sync::atomic::AtomicU64::new(30_000_000_000),
+                series_window: Duration::from_secs(6 * 60),
+                series: Mutex::new(HashMap::new()),
+                writes: std::sync::atomic::AtomicU64::new(0),
+                settled: watch::Sender::new(0),
+            }),
         }
     }
 
     /// How often a repeating event's series is written (30 s by default);
     /// also the unit of the back-off after failed writes (module docs).
     #[must_use]
-    pub fn series_interval(mut self, interval: Duration) -> Self {
-        self.series_interval = interval;
+    pub fn series_interval(self, interval: Duration) -> Self {
+        let nanos = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        self.inner
+            .series_interval
+            .store(nanos, std::sync::atomic::Ordering::Relaxed);
         self
     }
 
     /// Requests sent to the server so far (creates and series updates),
     /// whether they succeeded or not.
     pub fn writes(&self) -> u64 {
-        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records one occurrence of an event about `regarding`, which must name
     /// the object's namespace (for namespaced objects) and name.
     ///
     /// Returns the error of the write this occurrence made, if it made one
-    /// and it failed; an occurrence that is only counted returns `Ok`.
+    /// and it failed; an occurrence that is only counted returns `Ok` (its
+    /// count is written when its series' interval ends).
     pub async fn publish(
         &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) -> Result<(), kube_client::Error> {
+        self.inner
+            .publish(regarding, type_, reason, action, note)
+            .await
+    }
+
+    /// Writes every series with occurrences the server does not know of yet,
+    /// at most once each, due or not; waits for a write in flight to end
+    /// first (then writes only if that one left something unwritten). Goes
+    /// on past a failed write and returns the first error.
+    pub async fn flush(&self) -> Result<(), kube_client::Error> {
+        self.inner.flush().await
+    }
+}
+
+impl Recorder {
+    async fn publish(
+        self: &Arc<Self>,
         regarding: &ObjectReference,
         type_: EventType,
         reason: &str,
@@ -282,7 +326,12 @@ impl EventRecorder {
             match series.get_mut(&key) {
                 Some(s) => {
                     s.count = s.count.saturating_add(1);
-                    if s.in_flight || now < s.next_write {
+                    if s.in_flight {
+                        // Its end sets the timer if this goes unwritten.
+                        return Ok(());
+                    }
+                    if now < s.next_write {
+                        self.set_timer(&key, s);
                         return Ok(());
                     }
                     s.claim()
@@ -300,6 +349,7 @@ impl EventRecorder {
                         in_flight: false,
                         failures: 0,
                         next_write: now,
+                        timer: false,
                     };
                     let claim = s.claim();
                     series.insert(key.clone(), s);
@@ -310,11 +360,7 @@ impl EventRecorder {
         self.write(&key, claim).await
     }
 
-    /// Writes every series with occurrences the server does not know of yet,
-    /// at most once each, due or not; waits for a write in flight to end
-    /// first (then writes only if that one left something unwritten). Goes
-    /// on past a failed write and returns the first error.
-    pub async fn flush(&self) -> Result<(), kube_client::Error> {
+    async fn flush(self: &Arc<Self>) -> Result<(), kube_client::Error> {
         let pending: Vec<EventKey> = self
             .series
             .lock()
@@ -385,8 +431,55 @@ impl EventRecorder {
         }
     }
 
+    /// Unless one is set already, sets a timer that writes `s`'s unwritten
+    /// occurrences when its next write is due (outside a Tokio runtime,
+    /// they wait for the next occurrence or `flush`).
+    fn set_timer(self: &Arc<Self>, key: &EventKey, s: &mut Series) {
+        if s.timer || s.count <= s.written {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        s.timer = true;
+        let (recorder, key, due) = (Arc::clone(self), key.clone(), s.next_write);
+        runtime.spawn(async move { recorder.on_timer(key, due).await });
+    }
+
+    /// A series' timer: writes what is unwritten once due, unless a write
+    /// is in flight (its end sets the timer again if needed).
+    async fn on_timer(self: Arc<Self>, key: EventKey, mut due: Instant) {
+        loop {
+            tokio::time::sleep_until(due).await;
+            let claim = {
+                let mut series = self.series.lock();
+                let Some(s) = series.get_mut(&key) else {
+                    return;
+                };
+                if s.in_flight || s.count <= s.written {
+                    s.timer = false;
+                    return;
+                }
+                if Instant::now() < s.next_write {
+                    // A failed write pushed it back.
+                    due = s.next_write;
+                    continue;
+                }
+                s.timer = false;
+                s.claim()
+            };
+            // A failure is logged by `write`; the next write is the retry.
+            let _ = self.write(&key, claim).await;
+            return;
+        }
+    }
+
     /// Sends one claimed write and settles the series with its outcome.
-    async fn write(&self, key: &EventKey, claim: Claim) -> Result<(), kube_client::Error> {
+    async fn write(
+        self: &Arc<Self>,
+        key: &EventKey,
+        claim: Claim,
+    ) -> Result<(), kube_client::Error> {
         let mut flight = InFlight {
             recorder: self,
             key,
@@ -465,7 +558,13 @@ impl EventRecorder {
     /// Ends the write in flight for the series `key` named `name` (not a
     /// later series of the same key) and schedules its next write; returns
     /// how long until then.
-    fn settle(&self, key: &EventKey, name: &str, count: i32, outcome: Outcome) -> Duration {
+    fn settle(
+        self: &Arc<Self>,
+        key: &EventKey,
+        name: &str,
+        count: i32,
+        outcome: Outcome,
+    ) -> Duration {
         let delay = {
             let mut series = self.series.lock();
             match series.get_mut(key) {
@@ -488,8 +587,14 @@ impl EventRecorder {
                             s.failures = s.failures.saturating_add(1);
                         }
                     }
-                    let delay = delay_after(self.series_interval, s.failures);
+                    let interval = Duration::from_nanos(
+                        self.series_interval
+                            .load(std::sync::atomic::Ordering::Relaxed),
+                    );
+                    let delay = delay_after(interval, s.failures);
                     s.next_write = Instant::now() + delay;
+                    // Occurrences counted while it was in flight.
+                    self.set_timer(key, s);
                     delay
                 }
                 _ => Duration::ZERO,

@@ -364,3 +364,27 @@ async fn a_deleted_event_is_created_again_by_the_next_due_series_write() {
     assert_eq!(later.len(), 1, "{later:#?}");
     assert_eq!(later[0].series.as_ref().map(|s| s.count), Some(7));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_warning_shows_its_count_within_the_interval_without_a_flush() {
+    let (client, ns) = setup("events-timer").await;
+    let target = regarding(&client, &ns, "repeated").await;
+    let interval = Duration::from_secs(1);
+    let recorder = EventRecorder::new(client.clone(), "kinformer.dev/test", "test-0")
+        .series_interval(interval);
+    // The create, then two occurrences only counted, and no more.
+    for _ in 0..3 {
+        publish(&recorder, &target).await.unwrap();
+    }
+    assert_eq!(recorder.writes(), 1, "not due: only counted");
+    // No flush: the series' timer writes the count once the interval ends.
+    eventually("the count on the server", async || {
+        let events = events(&client, &ns).await;
+        events.len() == 1 && events[0].series.as_ref().map(|s| s.count) == Some(3)
+    })
+    .await;
+    assert_eq!(recorder.writes(), 2, "one update for both occurrences");
+    // Nothing more to write: a flush sends nothing.
+    recorder.flush().await.unwrap();
+    assert_eq!(recorder.writes(), 2);
+}
