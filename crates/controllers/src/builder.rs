@@ -10,7 +10,7 @@ use kube_client::Resource;
 use kube_client::core::ClusterResourceScope;
 use serde::de::DeserializeOwned;
 
-use crate::runtime::EventFilter;
+use crate::options::EventFilter;
 use crate::{
     Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, LeaderElector,
     Lookup, Metrics, ReconcileError, Reconciler, Ring,

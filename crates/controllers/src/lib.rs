@@ -68,18 +68,22 @@ mod builder;
 mod error;
 mod events;
 mod finalizer;
+mod key_slots;
 mod leader;
 mod manager;
 mod membership;
 mod metrics;
+mod options;
 pub mod pod_stdout;
 pub mod predicate;
 mod reason;
+mod reconcile;
 pub mod ring;
 mod runtime;
 pub mod service_strategy;
 mod slots;
 mod status;
+mod worker;
 
 /// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
 /// so that a controller needs no dependency of its own to make a
@@ -97,9 +101,8 @@ pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{Manager, ManagerOptions, shutdown_on_signal};
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, Metrics};
-pub use runtime::{
-    Action, Controller, ControllerOptions, Event, FnReconciler, Lookup, PanicPolicy,
-    ReconcileError, Reconciler, TerminalError,
-};
+pub use options::{ControllerOptions, Event, PanicPolicy};
+pub use reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError};
+pub use runtime::Controller;
 pub use slots::{Ring, RingConfig, SlotGuard};
 pub use status::apply_status;

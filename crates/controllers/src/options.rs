@@ -1,0 +1,203 @@
+//! How a [`Controller`](crate::Controller) runs: [`ControllerOptions`],
+//! [`PanicPolicy`], and the [`Event`]s its filters see.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kinformer_store::ObjectOrTombstone;
+
+use crate::{LeaderElector, Metrics, Ring};
+
+/// What to do when a reconcile panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PanicPolicy {
+    /// Log it with the key, count it, and retry the key with backoff
+    /// (controller-runtime's `RecoverPanic`, the default).
+    #[default]
+    Recover,
+    /// Stop the controller: `run` returns [`ControllerError::ReconcilePanicked`],
+    /// for those who prefer crash-and-restart.
+    Crash,
+}
+
+/// An informer event, for [`ControllerOptions::event_filter`].
+pub enum Event<'a, K> {
+    /// An object appeared.
+    Add(&'a K),
+    /// An object changed (or was resynced, with the same resource version).
+    Update {
+        /// Before.
+        old: &'a K,
+        /// After.
+        new: &'a K,
+    },
+    /// An object was deleted.
+    Delete(&'a ObjectOrTombstone<K>),
+}
+
+impl<K> Clone for Event<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Event<'_, K> {}
+
+pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
+
+/// How a [`Controller`] runs. Defaults: 2 workers, 5 retries, recover from
+/// panics, 30 s to drain on shutdown, 1 s of grace after a lost lease, no
+/// reconcile timeout, no leader election, no metrics.
+///
+/// How it stops:
+/// - **Shutdown** (the token passed to [`Controller::run`]): queued and
+///   in-flight keys are worked for up to `drain_timeout`; reconciles still
+///   running then are aborted (their futures dropped). With leader election
+///   the lease is renewed throughout the drain and released only after every
+///   worker has ended, so a standby cannot start while this replica still
+///   works; a reconcile that does not end even when aborted (it blocks its
+///   thread) keeps the lease from being released: it expires instead.
+/// - **Lost leadership**: no key is handed out from that instant; in-flight
+///   reconciles get `lost_leadership_grace`, but never beyond
+///   [`LeaderElector::lease_valid_until`] (the earliest a standby can lead),
+///   and are then aborted; `run` returns [`ControllerError::LostLeadership`].
+///   The same applies if the lease is lost during a drain.
+/// - **A Crash panic or a failed informer**: no drain; no key is handed out
+///   and in-flight reconciles are aborted at once, as in a crashed process.
+/// - Either way `/healthz` and `/readyz` answer 503 from the start of the stop.
+#[non_exhaustive]
+pub struct ControllerOptions<K> {
+    /// Concurrent reconciles (distinct keys).
+    pub workers: usize,
+    /// Retries of a failing key before it is dropped.
+    pub max_retries: u32,
+    /// What a panic in reconcile does.
+    pub panic_policy: PanicPolicy,
+    /// How long shutdown works queued and in-flight keys.
+    pub drain_timeout: Duration,
+    /// How long in-flight reconciles may go on after the lease is lost
+    /// (bounded by the lease's validity).
+    pub lost_leadership_grace: Duration,
+    /// A reconcile running longer is dropped and counts as an error.
+    pub reconcile_timeout: Option<Duration>,
+    /// Only the leader of this election reconciles.
+    pub leader_election: Option<Arc<LeaderElector>>,
+    /// Sharded: this replica reconciles a key only while it holds the
+    /// key's slot of this ring (see [`ControllerOptions::ring`]).
+    pub ring: Option<Arc<Ring>>,
+    /// Where metrics go.
+    pub metrics: Option<Arc<Metrics>>,
+    /// Which events enqueue their key (all by default).
+    pub event_filter: Option<EventFilter<K>>,
+}
+
+impl<K> Default for ControllerOptions<K> {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            max_retries: 5,
+            panic_policy: PanicPolicy::Recover,
+            drain_timeout: Duration::from_secs(30),
+            lost_leadership_grace: Duration::from_secs(1),
+            reconcile_timeout: None,
+            leader_election: None,
+            ring: None,
+            metrics: None,
+            event_filter: None,
+        }
+    }
+}
+
+impl<K> ControllerOptions<K> {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Concurrent reconciles; 0 is refused by [`Controller::new`].
+    #[must_use]
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+    /// Retries before a key is dropped.
+    #[must_use]
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.max_retries = n;
+        self
+    }
+    /// Retry a failing key for ever, with backoff (controller-runtime's
+    /// default; the seeds drop a key after 5).
+    #[must_use]
+    pub fn retry_forever(mut self) -> Self {
+        self.max_retries = u32::MAX;
+        self
+    }
+    /// What a panic in reconcile does.
+    #[must_use]
+    pub fn panic_policy(mut self, p: PanicPolicy) -> Self {
+        self.panic_policy = p;
+        self
+    }
+    /// How long shutdown works queued and in-flight keys.
+    #[must_use]
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+    /// How long in-flight reconciles may go on after the lease is lost.
+    #[must_use]
+    pub fn lost_leadership_grace(mut self, d: Duration) -> Self {
+        self.lost_leadership_grace = d;
+        self
+    }
+    /// Drop a reconcile that runs longer than `d`, counting it as an error
+    /// (retried with backoff like any other).
+    #[must_use]
+    pub fn reconcile_timeout(mut self, d: Duration) -> Self {
+        self.reconcile_timeout = Some(d);
+        self
+    }
+    /// Reconcile only while leading this election.
+    #[must_use]
+    pub fn leader_election(mut self, elector: Arc<LeaderElector>) -> Self {
+        self.leader_election = Some(elector);
+        self
+    }
+    /// Shard the controller over `ring`'s replicas: each reconciles a key
+    /// only while it holds the slot of the key's object (by the hash of its
+    /// uid), entering the slot for the whole reconcile
+    /// ([`Ring::enter`]), so that a slot is handed over only once its
+    /// reconciles have ended. A key of a slot not held here is dropped: its
+    /// holder reconciles it. A reconcile whose slot Lease is lost is
+    /// aborted before another replica can take the slot. The controller runs
+    /// the ring ([`Ring::run`]) from its start until its workers have
+    /// ended, then hands every slot over.
+    ///
+    /// Give the primary informer's lister-watcher [`Ring::scope`]
+    /// ([`ApiListerWatcher::shard_scope`](kinformer_informer::ApiListerWatcher::shard_scope))
+    /// so that the replica caches and watches only its slots' objects, and
+    /// relists as slots come and go, which enqueues every key of a slot it
+    /// takes. Secondary informers (`owns`, `watches`) stay whole: a key they
+    /// enqueue is reconciled by the replica whose cache holds its object.
+    /// Not together with leader election.
+    #[must_use]
+    pub fn ring(mut self, ring: Arc<Ring>) -> Self {
+        self.ring = Some(ring);
+        self
+    }
+    /// Report metrics to `metrics`.
+    #[must_use]
+    pub fn metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+    /// Enqueue only the events for which `filter` is true.
+    #[must_use]
+    pub fn event_filter(
+        mut self,
+        filter: impl Fn(Event<'_, K>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.event_filter = Some(Arc::new(filter));
+        self
+    }
+}

@@ -1,0 +1,171 @@
+//! What a reconcile returns: [`Action`], [`ReconcileError`] and
+//! [`TerminalError`]; the [`Reconciler`] trait and [`Lookup`], the object a
+//! closure reconciler receives.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kinformer_store::{CacheReader, Object};
+
+/// What a reconcile asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Done until the next event for this key.
+    Done,
+    /// Reconcile this key again after the duration (its failures are forgotten).
+    RequeueAfter(Duration),
+}
+
+/// The error of a failed reconcile; the key is retried with backoff, unless
+/// it is, or its `source()` chain holds, a [`TerminalError`].
+pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A reconcile error that retrying cannot fix (an invalid spec, say): the
+/// key is not retried until its next event, and the error is counted in
+/// `controller_runtime_terminal_reconcile_errors_total`, as
+/// controller-runtime's `reconcile.TerminalError`. Its `source()` is the
+/// error it wraps.
+#[derive(Debug)]
+pub struct TerminalError(pub ReconcileError);
+
+impl TerminalError {
+    /// Marks `error` terminal, as a [`ReconcileError`].
+    pub fn boxed(error: impl Into<ReconcileError>) -> ReconcileError {
+        Box::new(Self(error.into()))
+    }
+}
+
+impl std::fmt::Display for TerminalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "terminal: {}", self.0)
+    }
+}
+
+impl std::error::Error for TerminalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
+}
+
+/// Whether `error` or any error in its `source()` chain is a
+/// [`TerminalError`], as controller-runtime's `errors.Is`: one returned
+/// from inside a finalizer's closure, or wrapped by the user's own error
+/// type, is terminal too.
+pub(crate) fn is_terminal(error: &(dyn std::error::Error + 'static)) -> bool {
+    // Bounded: a source chain that loops must not hang a worker.
+    std::iter::successors(Some(error), |e| e.source())
+        .take(64)
+        .any(|e| e.is::<TerminalError>())
+}
+
+/// Brings the world in line with the cached state of one object.
+///
+/// `reconcile` receives a key (`namespace/name`) and must read the object
+/// from a Lister, not from the event: it is level-based, so it must do the
+/// right thing whatever happened before, including nothing.
+pub trait Reconciler: Send + Sync + 'static {
+    /// Reconciles the object under `key`.
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>>;
+}
+
+impl<R: Reconciler + ?Sized> Reconciler for Arc<R> {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        (**self).reconcile(key)
+    }
+}
+
+/// What a reconcile finds in the cache for its key.
+#[derive(Debug)]
+pub enum Lookup<K> {
+    /// The object as cached now.
+    Found(Arc<K>),
+    /// No such object any more: it was deleted (run cleanup here).
+    Gone {
+        /// Its `namespace/name` key.
+        key: String,
+    },
+}
+
+/// A [`Reconciler`] from an async closure that receives the object read
+/// from the cache at reconcile time (or that it is gone); see
+/// [`Controller::from_fn`].
+pub struct FnReconciler<K, F> {
+    pub(crate) cache: CacheReader<K>,
+    pub(crate) f: F,
+}
+
+impl<K, F, Fut> Reconciler for FnReconciler<K, F>
+where
+    K: Object,
+    F: Fn(Lookup<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let lookup = match self.cache.get_by_key(key) {
+            Some(obj) => Lookup::Found(obj),
+            None => Lookup::Gone {
+                key: key.to_owned(),
+            },
+        };
+        Box::pin((self.f)(lookup))
+    }
+}
+
+/// `error` and its `source()`s, outermost first: `a: b: c`.
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        // Many errors repeat their source in their own message.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("writing the Service")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_terminal_error_anywhere_in_the_source_chain_is_terminal() {
+        let bad_spec = || TerminalError(Box::new(std::io::Error::other("bad spec")));
+        let outermost: ReconcileError = Box::new(bad_spec());
+        let in_finalizer: ReconcileError = Box::new(crate::finalizer::FinalizerError::Reconcile(
+            Box::new(bad_spec()),
+        ));
+        let plain: ReconcileError = Box::new(Outer(std::io::Error::other("reset")));
+        assert!(is_terminal(outermost.as_ref()));
+        assert!(is_terminal(in_finalizer.as_ref()));
+        assert!(!is_terminal(plain.as_ref()));
+    }
+
+    #[test]
+    fn a_logged_error_names_its_whole_source_chain() {
+        let inner = std::io::Error::other("connection reset");
+        let terminal = TerminalError::boxed(Outer(inner));
+        // TerminalError's message already holds Outer's: said once.
+        assert_eq!(
+            chain(terminal.as_ref()),
+            "terminal: writing the Service: connection reset"
+        );
+    }
+}
