@@ -1,6 +1,8 @@
 //! How a [`Controller`](crate::Controller) runs: [`ControllerOptions`],
 //! [`PanicPolicy`], and the [`Event`]s its filters see.
 
+#[cfg(doc)]
+use crate::{Controller, ControllerError};
 use std::sync::Arc;
 use std::time::Duration;
 

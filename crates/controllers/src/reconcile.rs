@@ -2,6 +2,8 @@
 //! [`TerminalError`]; the [`Reconciler`] trait and [`Lookup`], the object a
 //! closure reconciler receives.
 
+#[cfg(doc)]
+use crate::{Controller, ControllerError};
 use std::sync::Arc;
 use std::time::Duration;
 
