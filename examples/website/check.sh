@@ -132,7 +132,8 @@ until_ok 60 bash -c "kubectl -n $ns get events --field-selector type=Warning,inv
 ok "$(kubectl -n "$ns" get events --field-selector type=Warning,involvedObject.name=broken -o jsonpath='{.items[0].reason}')"
 
 step "metrics served"
-curl -fsS "http://127.0.0.1:$metrics_port/metrics" | grep -qi reconcile || fail "/metrics without reconcile metrics"
+metrics="$(curl -fsS "http://127.0.0.1:$metrics_port/metrics")" || fail "/metrics did not answer"
+grep -qi reconcile <<<"$metrics" || fail "/metrics without reconcile metrics"
 ok
 
 step "a deleted Website is cleaned up and goes"

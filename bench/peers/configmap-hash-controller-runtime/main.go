@@ -100,32 +100,28 @@ func (r *Reconciler) deploymentsUsing(ctx context.Context, cm client.Object) []c
 	return requests
 }
 
+var setupLog = ctrl.Log.WithName("setup")
+
+// must exits if err is not nil, saying what failed.
+func must(err error, what string) {
+	if err != nil {
+		setupLog.Error(err, what)
+		os.Exit(1)
+	}
+}
+
 func main() {
 	ctrl.SetLogger(zap.New())
-	setupLog := ctrl.Log.WithName("setup")
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{})
-	if err != nil {
-		setupLog.Error(err, "unable to create the manager")
-		os.Exit(1)
-	}
+	must(err, "unable to create the manager")
 	ctx := ctrl.SetupSignalHandler()
-	err = mgr.GetFieldIndexer().IndexField(ctx, &appsv1.Deployment{}, configMapIndex,
-		func(o client.Object) []string { return configMaps(o.(*appsv1.Deployment)) })
-	if err != nil {
-		setupLog.Error(err, "unable to index Deployments")
-		os.Exit(1)
-	}
+	must(mgr.GetFieldIndexer().IndexField(ctx, &appsv1.Deployment{}, configMapIndex,
+		func(o client.Object) []string { return configMaps(o.(*appsv1.Deployment)) }),
+		"unable to index Deployments")
 	r := &Reconciler{Client: mgr.GetClient()}
-	err = ctrl.NewControllerManagedBy(mgr).
+	must(ctrl.NewControllerManagedBy(mgr).
 		For(&appsv1.Deployment{}).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsUsing)).
-		Complete(r)
-	if err != nil {
-		setupLog.Error(err, "unable to create the controller")
-		os.Exit(1)
-	}
-	if err := mgr.Start(ctx); err != nil {
-		setupLog.Error(err, "manager stopped")
-		os.Exit(1)
-	}
+		Complete(r), "unable to create the controller")
+	must(mgr.Start(ctx), "manager stopped")
 }

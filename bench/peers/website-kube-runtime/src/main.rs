@@ -1,0 +1,225 @@
+//! website with kube-runtime: the controller of examples/website written for
+//! kube-rs, for the comparison in docs/controllers.md. Leader election comes
+//! from kube-lease-manager (kube has none of its own), metrics from
+//! prometheus-client as in kube-rs's controller-rs, and the HTTP server is
+//! axum, as in kube-rs's version-rs. examples/website/check.sh checks it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::{Router, extract::State, http::StatusCode, http::header::CONTENT_TYPE, routing::get};
+use futures::StreamExt;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{self, Event as Finalizer, finalizer};
+use kube::{Client, CustomResource, Resource, ResourceExt};
+use kube_lease_manager::LeaseManagerBuilder;
+use prometheus_client::{encoding::text::encode, metrics::counter::Counter, registry::Registry};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// A web site: an image served by `replicas` Pods for `host`.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "example.kinformer.dev",
+    version = "v1",
+    kind = "Website",
+    namespaced,
+    status = "WebsiteStatus"
+)]
+pub struct WebsiteSpec {
+    pub image: String,
+    pub replicas: i32,
+    pub host: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebsiteStatus {
+    pub ready_replicas: i32,
+}
+
+const MANAGER: &str = "website-controller";
+
+struct Context {
+    client: Client,
+    recorder: Recorder,
+    reconciles: Counter,
+}
+
+type Error = finalizer::Error<kube::Error>;
+
+async fn reconcile(website: Arc<Website>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.reconciles.inc();
+    let api = Api::namespaced(ctx.client.clone(), &website.namespace().unwrap_or_default());
+    let cleanup = "example.kinformer.dev/cleanup";
+    let result = finalizer(&api, cleanup, website.clone(), |event| async {
+        match event {
+            Finalizer::Apply(website) => apply(&website, &ctx.client).await,
+            Finalizer::Cleanup(website) => {
+                tracing::info!(
+                    "cleanup of {}: its Deployment and Service go with it",
+                    website.name_any()
+                );
+                Ok(Action::await_change())
+            }
+        }
+    })
+    .await;
+    if let Err(e) = &result {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "ReconcileFailed".into(),
+            note: Some(e.to_string()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let _ = ctx.recorder.publish(&event, &website.object_ref(&())).await;
+    }
+    result
+}
+
+async fn apply(website: &Website, client: &Client) -> Result<Action, kube::Error> {
+    let (name, ns) = (website.name_any(), website.namespace().unwrap_or_default());
+    let owner = [website.controller_owner_ref(&())];
+    let labels = json!({ "app": name });
+    let params = PatchParams::apply(MANAGER).force();
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": name, "ownerReferences": owner },
+        "spec": {
+            "replicas": website.spec.replicas,
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": { "containers": [{
+                    "name": "web",
+                    "image": website.spec.image,
+                    "ports": [{ "containerPort": 80 }],
+                    "env": [{ "name": "WEBSITE_HOST", "value": website.spec.host }],
+                }] },
+            },
+        },
+    });
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .patch(&name, &params, &Patch::Apply(deployment))
+        .await?;
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": name, "ownerReferences": owner },
+        "spec": { "selector": labels, "ports": [{ "port": 80 }] },
+    });
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .patch(&name, &params, &Patch::Apply(service))
+        .await?;
+    let ready_replicas = deployment
+        .status
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let status = json!({
+        "apiVersion": "example.kinformer.dev/v1", "kind": "Website",
+        "status": WebsiteStatus { ready_replicas },
+    });
+    Api::<Website>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &params, &Patch::Apply(status))
+        .await?;
+    Ok(Action::await_change())
+}
+
+fn error_policy(_: Arc<Website>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!("reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt::init();
+    let env = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
+    let client = Client::try_default().await?;
+
+    let mut registry = Registry::default();
+    let reconciles = Counter::default();
+    registry.register(
+        "website_reconciles",
+        "Website reconciles",
+        reconciles.clone(),
+    );
+    let metrics = Router::new()
+        .route(
+            "/metrics",
+            get(|State(registry): State<Arc<Registry>>| async move {
+                let mut body = String::new();
+                encode(&mut body, &registry).unwrap();
+                let openmetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+                ([(CONTENT_TYPE, openmetrics)], body)
+            }),
+        )
+        .with_state(Arc::new(registry));
+    let ready = Arc::new(AtomicBool::new(false));
+    let probes = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(ready): State<Arc<AtomicBool>>| async move {
+                match ready.load(Ordering::Relaxed) {
+                    true => StatusCode::OK,
+                    false => StatusCode::SERVICE_UNAVAILABLE,
+                }
+            }),
+        )
+        .with_state(ready.clone());
+    for (addr, router) in [
+        (env("METRICS_ADDR")?, metrics),
+        (env("PROBE_ADDR")?, probes),
+    ] {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tokio::spawn(axum::serve(listener, router).into_future());
+    }
+
+    // Only the holder of the Lease reconciles; a SIGTERM while waiting for it
+    // is a clean exit too.
+    let (mut leader, lease) = LeaseManagerBuilder::new(client.clone(), MANAGER)
+        .with_namespace(env("LEASE_NAMESPACE")?)
+        .build()
+        .await?
+        .watch()
+        .await;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    tokio::select! {
+        elected = leader.wait_for(|&leading| leading) => { elected?; }
+        _ = sigterm.recv() => return Ok(()),
+    }
+    tracing::info!("leading on Lease {MANAGER}");
+    // Ready from here: waiting for the Website cache through
+    // `Controller::store().wait_until_ready()` could stall the controller,
+    // which waits on that store too, and only one waiter is woken
+    // (kube-runtime 5.0.0).
+    ready.store(true, Ordering::Relaxed);
+    let mut lost = leader.clone();
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), MANAGER.into()),
+        reconciles,
+    });
+    Controller::new(Api::<Website>::all(client.clone()), Default::default())
+        .owns(Api::<Deployment>::all(client.clone()), Default::default())
+        .owns(Api::<Service>::all(client), Default::default())
+        .shutdown_on_signal()
+        .graceful_shutdown_on(async move {
+            let _ = lost.wait_for(|&leading| !leading).await;
+        })
+        .run(reconcile, error_policy, context)
+        .for_each(|_| std::future::ready(()))
+        .await;
+    let still_leading = *leader.borrow();
+    drop(leader); // releases the Lease
+    lease.await??;
+    anyhow::ensure!(still_leading, "lost the Lease {MANAGER}");
+    Ok(())
+}
