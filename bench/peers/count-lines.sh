@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Lines of code of the three configmap-hash controllers compared in
-# docs/controllers.md: kinformer's example and its kube-runtime and
-# controller-runtime peers. A line counts when, after the formatter (rustfmt,
+# Lines of code of the controllers compared in docs/controllers.md
+# (configmap-hash and website): kinformer's examples and their kube-runtime
+# and controller-runtime peers. Every file written by hand counts; code
+# controller-gen generates (zz_generated.deepcopy.go, applyconfiguration/)
+# does not. A line counts when, after the formatter (rustfmt,
 # gofmt), it is neither blank nor only a comment (`//`, `//!`, `///`); a
 # line with code and a trailing comment counts. `imports` are the `use`
 # declarations (Rust) or the import block (Go), shown apart because Go's
@@ -11,7 +13,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
-count() { # count LABEL FILE
+count() { # count LABEL FILE...
     awk -v label="$1" -v file="${2#"$root"/}" '
         { line = $0; sub(/^[ \t]+/, "", line); sub(/[ \t]+$/, "", line) }
         line == "" || line ~ /^\/\// { next }
@@ -23,10 +25,15 @@ count() { # count LABEL FILE
         line ~ /^import \(/ { imports++; in_import = 1; next }
         line ~ /^import / { imports++; next }
         END { printf "%-20s %5d %8d %14d  %s\n", label, code, imports, code - imports, file }
-    ' "$2"
+    ' "${@:2}"
 }
 
 printf "%-20s %5s %8s %14s  %s\n" "controller" "lines" "imports" "without them" "file"
 count kinformer "$root/examples/configmap-hash/src/main.rs"
 count kube-runtime "$root/bench/peers/configmap-hash-kube-runtime/src/main.rs"
 count controller-runtime "$root/bench/peers/configmap-hash-controller-runtime/main.go"
+count kinformer "$root/examples/website/src/main.rs"
+count kube-runtime "$root/bench/peers/website-kube-runtime/src/main.rs"
+count controller-runtime "$root/bench/peers/website-controller-runtime/main.go" \
+    "$root/bench/peers/website-controller-runtime/api/v1/groupversion_info.go" \
+    "$root/bench/peers/website-controller-runtime/api/v1/website_types.go"
