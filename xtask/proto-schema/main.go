@@ -1,6 +1,6 @@
 // Command proto-schema writes the protobuf schema table that kinformer's
-// protobuf decoder uses (crates/informer/src/protobuf/generated.rs, in the
-// types of crates/informer/src/protobuf/schema.rs).
+// protobuf decoder uses (crates/protobuf/src/generated.rs, in the
+// types of crates/protobuf/src/schema.rs).
 //
 // It walks, by reflection, every type registered in client-go's scheme, in
 // apiextensions-apiserver's v1 and v1beta1 schemes and a few meta/v1 types,

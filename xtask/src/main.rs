@@ -58,7 +58,7 @@ enum Task {
         #[arg(long)]
         sharding: bool,
     },
-    /// Regenerates crates/informer/src/protobuf/generated.rs from the Go types (xtask/proto-schema).
+    /// Regenerates crates/protobuf/src/generated.rs from the Go types (xtask/proto-schema).
     ProtoSchema,
 }
 
@@ -143,7 +143,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// table by reflection over the pinned k8s.io Go types, then rustfmt on it.
 fn proto_schema() -> Result<ExitCode> {
     let root = workspace_root();
-    let out = root.join("crates/informer/src/protobuf/generated.rs");
+    let out = root.join("crates/protobuf/src/generated.rs");
     let status = Command::new("go")
         .current_dir(root.join("xtask/proto-schema"))
         .env("GOFLAGS", "-buildvcs=false")

@@ -236,6 +236,21 @@ impl From<kube_client::Error> for ListWatchError {
     }
 }
 
+impl From<kinformer_protobuf::Error> for ListWatchError {
+    fn from(e: kinformer_protobuf::Error) -> Self {
+        use kinformer_protobuf::Error as E;
+        match e {
+            E::Kube(kube_client::Error::Api(status)) => Self::from_status(&status),
+            E::Kube(e) => e.into(),
+            E::Decode(e) => Self::Decode(Detail::of(e)),
+            E::Undecodable(u) => Self::Undecodable(u),
+            E::Read(e) => Self::Connect(Detail::of(e)),
+            // A variant added later: kept whole, as its source.
+            e => Self::Connect(Detail::of(e)),
+        }
+    }
+}
+
 /// Using an informer failed, or a running informer could no longer keep
 /// its cache in step with the server.
 #[derive(Debug, Clone, Error)]

@@ -21,17 +21,19 @@
 //!   ([`ShardSelector`], kube-apiserver's sharded list and watch), filtering
 //!   on the client where the server does not.
 //!
-//! On the wire, built-in kinds travel as Kubernetes protobuf
-//! ([`WireFormat::Auto`], the default; what client-go's typed clients ask
-//! for), decoded straight into the same k8s-openapi types a JSON decode
-//! gives: one serde `Deserializer` walks the protobuf bytes with a schema
-//! generated from the Go types of the pinned k8s.io modules (`cargo xtask
-//! proto-schema`), which knows what the `.proto` files do not: which zero
-//! values JSON leaves out (`omitempty` on a non-pointer field), which fields
-//! it inlines, how `Time`, `MicroTime`, `IntOrString`, `Quantity`, raw
-//! extensions and the apiextensions unions read. Custom resources,
-//! `DynamicObject` and metadata-only informers use JSON, as does any answer
-//! the server sends in JSON. [`WireFormat::Json`] forces JSON.
+//! On the wire, built-in kinds and metadata-only informers travel as
+//! Kubernetes protobuf ([`WireFormat::Auto`], the default; what
+//! client-go's typed and metadata clients ask for), decoded straight into
+//! the same k8s-openapi types a JSON decode gives by the
+//! `kinformer-protobuf` crate ([`protobuf`]): one serde `Deserializer`
+//! walks the protobuf bytes with a schema generated from the Go types of
+//! the pinned k8s.io modules (`cargo xtask proto-schema`), which knows what
+//! the `.proto` files do not: which zero values JSON leaves out
+//! (`omitempty` on a non-pointer field), which fields it inlines, how
+//! `Time`, `MicroTime`, `IntOrString`, `Quantity`, raw extensions and the
+//! apiextensions unions read. Custom resources and `DynamicObject` use
+//! JSON, as does any answer the server sends in JSON.
+//! [`WireFormat::Json`] forces JSON.
 //!
 //! ```no_run
 //! # async fn demo(client: kube_client::Client) {
@@ -109,7 +111,6 @@
 
 mod backoff;
 pub mod consistency;
-mod deep;
 mod error;
 mod factory;
 mod handler;
@@ -118,12 +119,14 @@ mod lister;
 mod lister_watcher;
 mod panics;
 mod processor;
-pub mod protobuf;
 mod reflector;
 mod shard;
 mod strip;
 mod sync;
 
+/// Kubernetes protobuf: the `kinformer-protobuf` crate, which informers use
+/// for the built-in kinds ([`WireFormat::Auto`]).
+pub use kinformer_protobuf as protobuf;
 /// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
 /// so that a program needs no dependency of its own to make a
 /// [`Client`](kube::Client) or an [`Api`](kube::Api): its paths are those of
@@ -133,7 +136,6 @@ mod sync;
 pub use kube_client as kube;
 
 pub use backoff::BackoffConfig;
-pub use deep::MAX_JSON_NESTING;
 pub use error::{Detail, InformerError, ListWatchError};
 pub use factory::{FactoryStats, InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
@@ -142,6 +144,7 @@ pub use informer::{
     Transform, WatchErrorHandler, strip_managed_fields,
 };
 pub use kinformer_fifo::FifoKind;
+pub use kinformer_protobuf::deep::MAX_JSON_NESTING;
 pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{

@@ -57,7 +57,7 @@ pub fn strip_managed_fields_json(input: &[u8], shape: JsonShape) -> Cow<'_, [u8]
     if !contains(input, b"managedFields") && !contains(input, b"\\u") {
         return Cow::Borrowed(input);
     }
-    let Ok(depth) = crate::deep::nesting(input) else {
+    let Ok(depth) = kinformer_protobuf::deep::nesting(input) else {
         return Cow::Borrowed(input);
     };
     let strip = || {
@@ -71,10 +71,10 @@ pub fn strip_managed_fields_json(input: &[u8], shape: JsonShape) -> Cow<'_, [u8]
             _ => Cow::Borrowed(input),
         }
     };
-    if depth <= crate::deep::SHALLOW {
+    if depth <= kinformer_protobuf::deep::SHALLOW {
         strip()
     } else {
-        crate::deep::on_stack_for(depth, strip)
+        kinformer_protobuf::deep::on_stack_for(depth, strip)
     }
 }
 
@@ -83,7 +83,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Deeper than any document handed to the stripper (checked first).
-const MAX_DEPTH: usize = crate::deep::MAX_JSON_NESTING + 1;
+const MAX_DEPTH: usize = kinformer_protobuf::deep::MAX_JSON_NESTING + 1;
 
 /// What a value is to the stripper.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,7 @@ impl Stripper<'_> {
                 let end = skip_value(input, v, depth + 1)?;
                 // The removed bytes must be JSON that serde accepts, or
                 // removing them would turn invalid input into valid output.
-                crate::deep::from_json::<Validated>(&input[v..end]).ok()?;
+                kinformer_protobuf::deep::from_json::<Validated>(&input[v..end]).ok()?;
                 self.removed = true;
                 end
             } else {
@@ -484,7 +484,7 @@ mod tests {
             )
         };
         // The document's own two levels plus n arrays, on a 2 MiB thread.
-        let limit = crate::deep::MAX_JSON_NESTING;
+        let limit = kinformer_protobuf::deep::MAX_JSON_NESTING;
         let (ok, too_deep) = std::thread::Builder::new()
             .stack_size(2 << 20)
             .spawn(move || {

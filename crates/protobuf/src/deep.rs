@@ -24,7 +24,7 @@ pub const MAX_JSON_NESTING: usize = 10_016;
 
 /// Documents nested at most this deep are decoded on the caller's stack
 /// (serde_json's own limit is 128).
-pub(crate) const SHALLOW: usize = 100;
+pub const SHALLOW: usize = 100;
 
 /// Stack given to each level of a deep document: measured, a debug build
 /// decoding a `DynamicObject` (serde's buffered replay of its flattened
@@ -32,7 +32,7 @@ pub(crate) const SHALLOW: usize = 100;
 const STACK_PER_LEVEL: usize = 16 << 10;
 
 /// Runs `f` on a stack of its own, deep enough for `depth` levels of JSON.
-pub(crate) fn on_stack_for<R>(depth: usize, f: impl FnOnce() -> R) -> R {
+pub fn on_stack_for<R>(depth: usize, f: impl FnOnce() -> R) -> R {
     stacker::grow(depth * STACK_PER_LEVEL + (1 << 20), f)
 }
 
@@ -40,7 +40,7 @@ pub(crate) fn on_stack_for<R>(depth: usize, f: impl FnOnce() -> R) -> R {
 /// serde_json does, on the caller's stack, and only when that meets
 /// serde_json's depth limit, again on a stack sized for the document (so
 /// ordinary documents pay nothing for deep ones).
-pub(crate) fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, serde_json::Error> {
+pub fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, serde_json::Error> {
     match serde_json::from_slice(json) {
         Err(e) if too_deep(&e) => {}
         decoded => return decoded,
@@ -56,7 +56,7 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(json: &'de [u8]) -> Result<T, 
 }
 
 /// Whether serde_json refused a document for nesting deeper than its limit.
-pub(crate) fn too_deep(e: &serde_json::Error) -> bool {
+pub fn too_deep(e: &serde_json::Error) -> bool {
     e.to_string().starts_with("recursion limit exceeded")
 }
 
@@ -77,7 +77,7 @@ pub(crate) fn deserialize_json_unbounded<'de, V: Visitor<'de>>(
 /// How deep `json` nests arrays and objects (text inside strings does not
 /// count), refused past [`MAX_JSON_NESTING`]. Ill-formed input is left
 /// for the decoder to refuse.
-pub(crate) fn nesting(json: &[u8]) -> Result<usize, serde_json::Error> {
+pub fn nesting(json: &[u8]) -> Result<usize, serde_json::Error> {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &b in json {
         if in_string {

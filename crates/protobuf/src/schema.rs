@@ -73,15 +73,28 @@ pub(crate) enum Ty {
     RawJson,
 }
 
-/// A built-in kind: its `apiVersion` and `kind`, its message and its list's.
+/// A built-in kind whose protobuf the schema knows ([`kind_of`](crate::kind_of)
+/// finds it): its `apiVersion` and `kind`, its message and its list's.
 #[derive(Debug)]
-pub(crate) struct Kind {
+pub struct Kind {
     /// `v1`, `apps/v1`.
-    pub api_version: &'static str,
+    pub(crate) api_version: &'static str,
     /// `Pod`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// Index into `MESSAGES`.
-    pub message: u16,
+    pub(crate) message: u16,
     /// Index into `MESSAGES` of `<Kind>List`.
-    pub list: u16,
+    pub(crate) list: u16,
+}
+
+impl Kind {
+    /// Its `apiVersion`: `v1`, `apps/v1`.
+    pub fn api_version(&self) -> &'static str {
+        self.api_version
+    }
+
+    /// Its `kind`: `Pod`.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
 }

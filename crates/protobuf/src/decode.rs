@@ -963,9 +963,26 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
         visitor.visit_newtype_struct(self)
     }
 
+    /// A string read as an enum's unit variant, as serde_json reads one
+    /// (kube's `Status.status` is the enum `StatusSummary`).
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value> {
+        match self.ty {
+            Ty::String => {
+                let text = go_lossy_utf8(self.bytes()?).into_owned();
+                visitor.visit_enum(IntoDeserializer::<ProtobufError>::into_deserializer(text))
+            }
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
-        bytes byte_buf unit unit_struct seq tuple tuple_struct map struct enum
+        bytes byte_buf unit unit_struct seq tuple tuple_struct map struct
         identifier ignored_any
     }
 }

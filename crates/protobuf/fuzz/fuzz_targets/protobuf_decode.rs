@@ -2,14 +2,14 @@
 //! and CustomResourceDefinitionList, with or without managedFields: the
 //! decoder returns `Ok` or an error that says why, and never panics,
 //! overflows its stack or aborts. The longer-running companion of
-//! `crates/informer/tests/protobuf_mutations.rs`; seed it with the fixtures
-//! of `crates/informer/tests/fixtures/` (see docs/reliability.md, Fuzzing).
+//! `crates/protobuf/tests/mutations.rs`; seed it with the fixtures
+//! of `crates/protobuf/tests/fixtures/` (see docs/reliability.md, Fuzzing).
 
 #![no_main]
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kinformer_informer::protobuf::{ProtobufError, ProtobufList, decode, decode_list};
+use kinformer_protobuf::{ProtobufError, ProtobufList, decode, decode_list};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {
@@ -23,7 +23,7 @@ fuzz_target!(|body: &[u8]| {
 });
 
 /// An error says why.
-fn check(result: Result<(), ProtobufError>) {
+fn check<E: std::fmt::Display>(result: Result<(), E>) {
     if let Err(e) = result {
         assert!(!e.to_string().is_empty(), "an error without a message");
     }

@@ -1,8 +1,43 @@
-//! Kubernetes protobuf (`application/vnd.kubernetes.protobuf`) decoded into
-//! the k8s-openapi types, for the built-in kinds.
+//! Kubernetes protobuf (`application/vnd.kubernetes.protobuf`) for
+//! kube-client users: get, list and watch the built-in kinds in protobuf,
+//! decoded straight into the k8s-openapi types they already use.
 //!
-//! Informers use it on their own ([`WireFormat::Auto`](crate::WireFormat));
-//! [`decode()`] and [`decode_list()`] decode bodies a caller fetched itself.
+//! ```no_run
+//! # async fn demo(client: kube_client::Client) -> Result<(), kinformer_protobuf::Error> {
+//! use futures::TryStreamExt;
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kinformer_protobuf::ProtobufApi;
+//! use kube_client::api::{ListParams, WatchParams};
+//!
+//! let pods = ProtobufApi::<Pod>::namespaced(client, "web")?.drop_managed_fields(true);
+//! let list = pods.list(&ListParams::default()).await?;
+//! let version = list.metadata.resource_version.clone().unwrap_or_default();
+//! let mut events = pods.watch(&WatchParams::default(), &version).await?;
+//! while let Some(event) = events.try_next().await? {
+//!     println!("{event:?}");
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The API server encodes and a client decodes protobuf several times
+//! faster than JSON, and its bodies are smaller; client-go's typed clients
+//! ask for it by default, kube-client has no support for it. Here:
+//! - [`ProtobufApi`] gets, lists and watches one built-in kind (or its
+//!   metadata only, `PartialObjectMeta<K>`), answering with kube-client's
+//!   own types (`ObjectList`, `WatchEvent`), its errors
+//!   (`kube_client::Error::Api` with the server's `Status`) and its request
+//!   parameters.
+//! - [`decode`], [`decode_list`], [`decode_event`] and [`events`] decode
+//!   bodies a caller fetched itself; [`send`] and [`accept`] fetch them.
+//!   kinformer's informers are built on these.
+//! - [`deep`] decodes JSON as deep as the API server accepts without
+//!   overflowing a stack; the decoder uses it for JSON embedded in
+//!   protobuf (a CustomResourceDefinition's schema, a `RawExtension`).
+//!
+//! Custom resources have no protobuf (the server sends them as JSON), and
+//! `DynamicObject` is decoded from JSON only: [`kind_of`] says which kinds
+//! have it.
 //!
 //! Written by hand rather than generated with prost: k8s-openapi's types
 //! are what users hold, and a second family of generated types would need
@@ -10,24 +45,39 @@
 //! `Deserializer` (`decode.rs`) walks the protobuf bytes with a schema
 //! (`generated.rs`, written by `cargo xtask proto-schema` from the Go types
 //! of the pinned k8s.io modules) and feeds k8s-openapi's own `Deserialize`
-//! impls the map its JSON would be.
+//! impls the map its JSON would be. Whatever bytes arrive, it answers with
+//! a value or an error: no panic, stack overflow or unbounded allocation
+//! (see `decode.rs` for the bounds, and the mutation tests and fuzz target).
 
-pub(crate) mod decode;
-pub(crate) mod envelope;
+#![warn(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
+
+mod api;
+mod decode;
+pub mod deep;
+mod envelope;
+mod error;
 #[allow(clippy::all)]
-pub(crate) mod generated;
-pub(crate) mod schema;
+mod generated;
+mod schema;
+mod transport;
+mod watch;
 
 use kube_client::Resource;
 use serde::de::DeserializeOwned;
 
+pub use api::ProtobufApi;
 pub use decode::{MAX_DECODED_BYTES, MAX_NESTING, ProtobufError};
+pub use envelope::MEDIA_TYPE;
+pub use error::{Error, Undecodable};
+pub use schema::Kind;
+pub use transport::{Call, accept, body_bytes, decode_status, is_protobuf, send};
+pub use watch::{MAX_FRAME, body_reader, decode_event, events, is_resumable_end};
 
-/// The built-in kind `K` is, if it is one whose protobuf the schema knows:
-/// `None` for custom resources and `DynamicObject`.
-pub(crate) fn kind_of<K: Resource + 'static>(
-    dyntype: &K::DynamicType,
-) -> Option<&'static schema::Kind> {
+/// The built-in kind `K` is, if its protobuf is known: `None` for custom
+/// resources and `DynamicObject`. `PartialObjectMeta<K>` is the
+/// metadata-only kind (`PartialObjectMetadata`), for any `K`.
+pub fn kind_of<K: Resource + 'static>(dyntype: &K::DynamicType) -> Option<&'static Kind> {
     if K::metadata_api() {
         return envelope::metadata_kind();
     }
@@ -41,9 +91,10 @@ fn is_dynamic_object<K: 'static>() -> bool {
     std::any::TypeId::of::<K>() == std::any::TypeId::of::<kube_client::core::DynamicObject>()
 }
 
-fn known<K: Resource + 'static>(
+/// [`kind_of`], or an error that says why `K` has no protobuf.
+pub(crate) fn known<K: Resource + 'static>(
     dyntype: &K::DynamicType,
-) -> Result<&'static schema::Kind, ProtobufError> {
+) -> Result<&'static Kind, ProtobufError> {
     if is_dynamic_object::<K>() {
         return Err(ProtobufError::new(format!(
             "DynamicObject ({} {}) is decoded from JSON only: decode protobuf into the \
@@ -54,7 +105,7 @@ fn known<K: Resource + 'static>(
     }
     kind_of::<K>(dyntype).ok_or_else(|| {
         ProtobufError::new(format!(
-            "{} {} is not a built-in kind kinformer knows the protobuf of (custom \
+            "{} {} is not a built-in kind whose protobuf is known (custom \
              resources travel as JSON)",
             K::api_version(dyntype),
             K::kind(dyntype)
@@ -75,16 +126,21 @@ pub fn decode<K: Resource + DeserializeOwned + 'static>(
     envelope::object(&envelope::unknown(body)?, kind, drop_managed_fields)
 }
 
-/// A `<Kind>List` decoded from protobuf: its items, each decoded alone.
+/// A `<Kind>List` decoded from protobuf: its metadata, and its items, each
+/// decoded alone.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct ProtobufList<K> {
     /// `metadata.resourceVersion`: where a watch of the list starts.
     pub resource_version: Option<String>,
     /// `metadata.continue`: the token of the next page, if any.
     pub continue_token: Option<String>,
-    /// The items in order; one that does not decode is its error (naming
-    /// the item), and the others are kept.
-    pub items: Vec<Result<K, ProtobufError>>,
+    /// `metadata.shardInfo.selector`: the shard selector the server
+    /// applied, if any.
+    pub shard_selector: Option<String>,
+    /// The items in order; one that does not decode is its name and why,
+    /// and the others are kept.
+    pub items: Vec<Result<K, Undecodable>>,
 }
 
 /// Decodes a `<Kind>List` protobuf body, with `metadata.managedFields` left
@@ -95,17 +151,16 @@ pub fn decode_list<K: Resource + DeserializeOwned + 'static>(
     dyntype: &K::DynamicType,
     drop_managed_fields: bool,
 ) -> Result<ProtobufList<K>, ProtobufError> {
-    let kind = known::<K>(dyntype)?;
-    let list = envelope::list::<K>(body, kind, drop_managed_fields)?;
-    Ok(ProtobufList {
-        resource_version: list.resource_version,
-        continue_token: list.continue_token,
-        items: list
-            .items
-            .into_iter()
-            .map(|item| item.map_err(|e| ProtobufError::new(e.reason)))
-            .collect(),
-    })
+    decode_list_of(body, known::<K>(dyntype)?, drop_managed_fields)
+}
+
+/// [`decode_list`] with the kind found already ([`kind_of`]).
+pub fn decode_list_of<K: DeserializeOwned>(
+    body: &[u8],
+    kind: &Kind,
+    drop_managed_fields: bool,
+) -> Result<ProtobufList<K>, ProtobufError> {
+    envelope::list::<K>(body, kind, drop_managed_fields)
 }
 
 #[cfg(test)]

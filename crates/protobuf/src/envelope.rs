@@ -11,8 +11,8 @@ use super::schema::{Kind, Ty};
 /// What every protobuf body and watch frame starts with.
 pub(crate) const MAGIC: &[u8; 4] = b"k8s\0";
 
-/// The media type of protobuf bodies.
-pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+/// The media type of Kubernetes protobuf bodies.
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
 type Result<T> = std::result::Result<T, ProtobufError>;
 
@@ -125,16 +125,6 @@ fn type_meta(expected: &Kind) -> Option<(&'static str, &'static str)> {
     (expected.kind == "PartialObjectMetadata").then_some((expected.api_version, expected.kind))
 }
 
-/// A list: its metadata and its items, each decoded alone (an item that
-/// does not decode is its name and why, the others are kept).
-pub(crate) struct List<K> {
-    pub resource_version: Option<String>,
-    pub continue_token: Option<String>,
-    /// `shardInfo.selector`: the shard selector the server applied.
-    pub shard_selector: Option<String>,
-    pub items: Vec<std::result::Result<K, crate::Undecodable>>,
-}
-
 /// `namespace/name` (or `name`) from an object's bytes, for errors and to
 /// keep what is cached under it: its `metadata` is field 1 in every kind,
 /// name 1 and namespace 3 in it; text as the decoder reads it.
@@ -163,7 +153,7 @@ pub(crate) fn list<K: DeserializeOwned>(
     body: &[u8],
     expected: &Kind,
     drop_managed_fields: bool,
-) -> Result<List<K>> {
+) -> Result<crate::ProtobufList<K>> {
     let envelope = unknown(body)?;
     let list_name = format!("{}List", expected.kind);
     if (envelope.api_version, envelope.kind) != (expected.api_version, list_name.as_str()) {
@@ -184,7 +174,7 @@ pub(crate) fn list<K: DeserializeOwned>(
             || err(format!("{list_name} has no items in the schema")),
             Ok,
         )?;
-    let mut out = List {
+    let mut out = crate::ProtobufList {
         resource_version: None,
         continue_token: None,
         shard_selector: None,
