@@ -1,4 +1,535 @@
+//! The Reflector's transitions, one step at a time, under paused time
+//! against a scripted lister-watcher; the real-server suites (envtest.rs,
+//! faults.rs) cover the same behaviour across the wire.
+
+use std::collections::VecDeque;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_fifo::DeltaFifo;
+use kube_client::core::WatchEvent;
+use parking_lot::Mutex;
+
+use super::list::INITIAL_EVENTS_END;
 use super::*;
+use crate::lister_watcher::{ListPage, ListRequest, WatchRequest};
+use crate::{Detail, Undecodable};
+
+fn cm(name: &str, rv: u64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            resource_version: Some(rv.to_string()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+fn page(rv: u64, items: Vec<ConfigMap>) -> ListPage<ConfigMap> {
+    ListPage {
+        items,
+        resource_version: rv.to_string(),
+        continue_token: None,
+        skipped: Vec::new(),
+        shard_selector: None,
+    }
+}
+
+fn bookmark(rv: u64, initial_events_end: bool) -> WatchEvent<ConfigMap> {
+    let annotations = if initial_events_end {
+        format!(r#","annotations":{{"{INITIAL_EVENTS_END}":"true"}}"#)
+    } else {
+        String::new()
+    };
+    let json = format!(
+        r#"{{"type":"BOOKMARK","object":{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"resourceVersion":"{rv}"{annotations}}}}}}}"#
+    );
+    serde_json::from_str(&json).expect("a bookmark event")
+}
+
+fn unreachable() -> ListWatchError {
+    ListWatchError::Connect(Detail::from("connection reset"))
+}
+
+/// One scripted watch: its events, then either the server closes it or it
+/// stays open with nothing more.
+struct ScriptedWatch {
+    events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>,
+    then_close: bool,
+}
+
+fn closes(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
+    ScriptedWatch {
+        events,
+        then_close: true,
+    }
+}
+
+fn stays_open(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
+    ScriptedWatch {
+        events,
+        then_close: false,
+    }
+}
+
+/// Answers each list and watch call with the next scripted answer (a
+/// connection error once the script is used up) and records the requests.
+#[derive(Default)]
+struct Scripted {
+    lists: Mutex<VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>>,
+    watches: Mutex<VecDeque<Result<ScriptedWatch, ListWatchError>>>,
+    list_requests: Mutex<Vec<ListRequest>>,
+    watch_requests: Mutex<Vec<WatchRequest>>,
+}
+
+impl Scripted {
+    fn list(&self, answer: Result<ListPage<ConfigMap>, ListWatchError>) -> &Self {
+        self.lists.lock().push_back(answer);
+        self
+    }
+
+    fn watch(&self, answer: Result<ScriptedWatch, ListWatchError>) -> &Self {
+        self.watches.lock().push_back(answer);
+        self
+    }
+}
+
+impl ListerWatcher<ConfigMap> for Scripted {
+    fn list(
+        &self,
+        request: ListRequest,
+    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
+        self.list_requests.lock().push(request);
+        let answer = self
+            .lists
+            .lock()
+            .pop_front()
+            .unwrap_or_else(|| Err(ListWatchError::Connect("no more scripted lists".into())));
+        Box::pin(async move { answer })
+    }
+
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
+        self.watch_requests.lock().push(request);
+        let answer = self
+            .watches
+            .lock()
+            .pop_front()
+            .unwrap_or_else(|| Err(ListWatchError::Connect("no more scripted watches".into())));
+        Box::pin(async move {
+            let watch = answer?;
+            let events = futures::stream::iter(watch.events);
+            let stream: WatchStream<ConfigMap> = if watch.then_close {
+                events.boxed()
+            } else {
+                events.chain(futures::stream::pending()).boxed()
+            };
+            Ok(stream)
+        })
+    }
+
+    fn describe(&self) -> String {
+        "scripted configmaps".to_owned()
+    }
+}
+
+/// A Reflector over `lw` into a fresh DeltaFifo, with the backoff's
+/// jitter off so that delays are exact.
+fn reflector(
+    lw: &Arc<Scripted>,
+    options: ReflectorOptions,
+) -> (Reflector<ConfigMap>, Arc<DeltaFifo<ConfigMap>>) {
+    let fifo = Arc::new(DeltaFifo::new());
+    let options = ReflectorOptions {
+        backoff: BackoffConfig {
+            jitter: 0.0,
+            ..options.backoff
+        },
+        ..options
+    };
+    let lw: Arc<dyn ListerWatcher<ConfigMap>> = lw.clone();
+    (Reflector::new(lw, Arc::clone(&fifo), options), fifo)
+}
+
+fn paged() -> ReflectorOptions {
+    ReflectorOptions {
+        use_watch_list: false,
+        ..ReflectorOptions::default()
+    }
+}
+
+/// A state, written out for assertions.
+fn shown(state: &State<ConfigMap>) -> String {
+    match state {
+        State::List { .. } => "List".to_owned(),
+        State::OpenWatch => "OpenWatch".to_owned(),
+        State::Watch(_) => "Watch".to_owned(),
+        State::Backoff { delay, next } => {
+            format!("Backoff({}ms) -> {}", delay.as_millis(), shown(next))
+        }
+        State::Stopped => "Stopped".to_owned(),
+    }
+}
+
+fn list_state() -> State<ConfigMap> {
+    State::List {
+        reason: "test".to_owned(),
+    }
+}
+
+/// Steps from `state` and shows where it went.
+async fn step(
+    r: &Reflector<ConfigMap>,
+    state: State<ConfigMap>,
+    run: &mut Run,
+    shutdown: &CancellationToken,
+) -> (State<ConfigMap>, String) {
+    let next = r.step(state, run, shutdown).await;
+    let name = shown(&next);
+    (next, name)
+}
+
+fn errors(r: &Reflector<ConfigMap>) -> u64 {
+    r.stats.errors.load(Ordering::Relaxed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_list_hands_its_objects_to_the_queue_and_goes_on_to_a_watch() {
+    let lw = Arc::new(Scripted::default());
+    lw.list(Ok(page(10, vec![cm("a", 5), cm("b", 7)])));
+    let (r, fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (_, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    assert_eq!(fifo.list_keys().len(), 2);
+    assert_eq!(r.last_sync_resource_version(), "10");
+    assert_eq!(
+        lw.list_requests.lock()[0].resource_version.as_deref(),
+        Some("0")
+    );
+    assert_eq!(r.stats.lists_completed.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_list_backs_off_before_relisting_and_each_failure_doubles_the_delay() {
+    let lw = Arc::new(Scripted::default());
+    lw.list(Err(unreachable())).list(Err(unreachable()));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> List");
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "List", "the backoff passed");
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(1600ms) -> List");
+    assert_eq!(errors(&r), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_the_server_closes_is_reopened_from_the_last_version_without_relisting() {
+    let lw = Arc::new(Scripted::default());
+    lw.list(Ok(page(10, vec![cm("a", 5)])))
+        .watch(Ok(closes(vec![
+            Ok(WatchEvent::Modified(cm("a", 11))),
+            Ok(bookmark(12, false)),
+        ])))
+        .watch(Ok(stays_open(Vec::new())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, list_state(), &mut run, &shutdown).await;
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Watch");
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Watch");
+    let watches = lw.watch_requests.lock();
+    assert_eq!(watches[0].resource_version, "10");
+    assert_eq!(watches[1].resource_version, "12", "from the bookmark");
+    assert!(
+        watches
+            .iter()
+            .all(|w| w.allow_bookmarks && !w.send_initial_events)
+    );
+    assert_eq!(lw.list_requests.lock().len(), 1, "no relist");
+    assert_eq!(errors(&r), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_closed_at_once_with_no_event_relists_after_a_backoff() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(closes(Vec::new())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> List");
+    assert_eq!(errors(&r), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_refused_with_429_or_cut_off_is_reopened_after_a_backoff_without_relisting() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Err(ListWatchError::TooManyRequests("slow down".into())))
+        .watch(Ok(stays_open(vec![Err(unreachable())])));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, shown) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> OpenWatch");
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Watch");
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(1600ms) -> OpenWatch");
+    assert!(lw.list_requests.lock().is_empty());
+    assert_eq!(errors(&r), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_410_on_the_watch_relists_at_the_last_version_seen_after_a_backoff() {
+    let lw = Arc::new(Scripted::default());
+    lw.list(Ok(page(10, Vec::new())))
+        .watch(Ok(stays_open(vec![
+            Ok(WatchEvent::Added(cm("a", 11))),
+            Err(ListWatchError::Gone("too old".into())),
+        ])))
+        .list(Ok(page(20, Vec::new())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let mut state = list_state();
+    for _ in 0..2 {
+        state = step(&r, state, &mut run, &shutdown).await.0;
+    }
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> List");
+    let State::Backoff { next, .. } = &state else {
+        unreachable!()
+    };
+    let State::List { reason } = &**next else {
+        unreachable!()
+    };
+    assert!(reason.starts_with("watch expired"), "{reason}");
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    // Not older than the last version seen: the watch cache can serve it.
+    assert_eq!(
+        lw.list_requests.lock()[1].resource_version.as_deref(),
+        Some("11")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undecodable_watch_event_relists_and_is_counted() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(vec![Err(ListWatchError::Undecodable(
+        Undecodable::new(Some("ns/a".into()), "garbled"),
+    ))])));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> List");
+    assert_eq!(r.stats.undecodable_objects.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_idle_for_the_idle_timeout_is_reopened_at_once() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(vec![Ok(WatchEvent::Added(cm("a", 11)))])));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let started = Instant::now();
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    assert_eq!(
+        started.elapsed(),
+        r.options.idle_timeout,
+        "after the idle timeout"
+    );
+    assert_eq!(errors(&r), 1, "reported");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_shard_relists_at_once_and_is_not_an_error() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(vec![Err(ListWatchError::Rescoped(
+        "shard 1 of 3".into(),
+    ))])))
+    .watch(Err(ListWatchError::Rescoped("shard 2 of 3".into())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "List");
+    let (_, shown) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    assert_eq!(shown, "List");
+    assert_eq!(errors(&r), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn internal_errors_reopen_the_watch_within_their_window_then_relist() {
+    let internal_error = || Ok(stays_open(vec![Err(internal())]));
+    let lw = Arc::new(Scripted::default());
+    lw.watch(internal_error()).watch(internal_error());
+    let options = ReflectorOptions {
+        max_internal_error_retry_duration: Duration::from_secs(1),
+        ..paged()
+    };
+    let (r, _fifo) = reflector(&lw, options);
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(800ms) -> OpenWatch", "within the window");
+    // The backoff and 300 ms more outlast the 1 s window.
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    tokio::time::advance(Duration::from_millis(300)).await;
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(1600ms) -> List", "past the window");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_starts_the_internal_error_window_again() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(vec![Err(internal())])))
+        .watch(Ok(stays_open(vec![Err(ListWatchError::Gone(
+            "too old".into(),
+        ))])))
+        .list(Ok(page(10, Vec::new())))
+        .watch(Ok(stays_open(vec![Err(internal())])));
+    let options = ReflectorOptions {
+        max_internal_error_retry_duration: Duration::from_secs(1),
+        ..paged()
+    };
+    let (r, _fifo) = reflector(&lw, options);
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let mut state = State::OpenWatch;
+    let mut seen = Vec::new();
+    for _ in 0..9 {
+        let (next, shown) = step(&r, state, &mut run, &shutdown).await;
+        seen.push(shown);
+        state = next;
+    }
+    assert_eq!(
+        seen,
+        [
+            "Watch",
+            "Backoff(800ms) -> OpenWatch",
+            "OpenWatch",
+            "Watch",
+            "Backoff(1600ms) -> List",
+            "List",
+            "OpenWatch",
+            "Watch",
+            // 3.2 s after the first internal error, but the first since the list.
+            "Backoff(3200ms) -> OpenWatch",
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streaming_list_hands_over_its_objects_and_its_watch_goes_on() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(vec![
+        Ok(WatchEvent::Added(cm("a", 5))),
+        Ok(WatchEvent::Added(cm("b", 6))),
+        Ok(bookmark(9, true)),
+    ])));
+    let (r, fifo) = reflector(&lw, ReflectorOptions::default());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (_, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "Watch");
+    assert_eq!(fifo.list_keys().len(), 2);
+    assert_eq!(r.last_sync_resource_version(), "9");
+    assert!(lw.watch_requests.lock()[0].send_initial_events);
+    assert!(lw.list_requests.lock().is_empty());
+    assert_eq!(r.stats.lists_completed.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_streaming_list_falls_back_to_pages_at_once_and_for_good() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Err(ListWatchError::Api {
+        code: 400,
+        reason: "BadRequest".into(),
+        message: "sendInitialEvents is not supported".into(),
+        causes: Vec::new(),
+    }))
+    .list(Ok(page(10, Vec::new())))
+    .list(Ok(page(11, Vec::new())));
+    let (r, _fifo) = reflector(&lw, ReflectorOptions::default());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "List", "no backoff");
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    let (_, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch", "the relist is paged too");
+    assert_eq!(lw.watch_requests.lock().len(), 1, "streamed once only");
+    assert_eq!(lw.list_requests.lock().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_every_state() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(stays_open(Vec::new())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+    let (watch, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    shutdown.cancel();
+
+    let states = [
+        list_state(),
+        State::OpenWatch,
+        watch,
+        State::Backoff {
+            delay: Duration::from_secs(3600),
+            next: Box::new(State::OpenWatch),
+        },
+    ];
+    for state in states {
+        let before = shown(&state);
+        let (_, after) = step(&r, state, &mut run, &shutdown).await;
+        assert_eq!(after, "Stopped", "from {before}");
+    }
+    // A Backoff's wait ends at shutdown, not at its delay.
+    assert_eq!(tokio::time::Instant::now().elapsed(), Duration::ZERO);
+}
 
 fn internal() -> ListWatchError {
     ListWatchError::Api {
