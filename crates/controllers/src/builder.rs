@@ -328,3 +328,221 @@ where
         Ok(controller)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The builder's wiring, deterministic: an in-process API, paused time,
+    //! and the queue read without workers (what each event queued, and why).
+
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use serde_json::{Value, json};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::reason::Reason;
+    use crate::testing::FakeApi;
+    use crate::{LeaderElectionConfig, Manager, ManagerOptions};
+
+    fn object(name: &str, owners: Value) -> Value {
+        json!({"metadata": {
+            "namespace": "ns",
+            "name": name,
+            "resourceVersion": "1",
+            "ownerReferences": owners,
+        }})
+    }
+
+    fn owner(api_version: &str, kind: &str, name: &str, controller: bool) -> Value {
+        json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": format!("uid-{name}"),
+            "controller": controller,
+        })
+    }
+
+    async fn done(_: Lookup<ConfigMap>, _: Arc<()>) -> Result<Action, ReconcileError> {
+        Ok(Action::Done)
+    }
+
+    /// Whether `informer` has synced and every change it received has
+    /// been handled by every handler (handlers run on threads of their own).
+    fn settled<K: Object + Clone>(informer: SharedIndexInformer<K>) -> Box<dyn Fn() -> bool> {
+        Box::new(move || {
+            informer.has_synced() && informer.queued() == 0 && informer.pending_notifications() == 0
+        })
+    }
+
+    /// Starts the factory's informers, waits until every one of them has
+    /// `settled`, and takes each queued key with why it was queued.
+    async fn queued(
+        factory: &SharedInformerFactory,
+        informers: &[Box<dyn Fn() -> bool>],
+        controller: &Controller<ConfigMap>,
+    ) -> BTreeMap<String, Reason> {
+        let shutdown = CancellationToken::new();
+        factory.start(&shutdown);
+        let mut waited = Duration::ZERO;
+        while !informers.iter().all(|settled| settled()) {
+            assert!(
+                waited < Duration::from_secs(600),
+                "the informers never settled"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            waited += Duration::from_millis(1);
+        }
+        let mut keys = BTreeMap::new();
+        while !controller.queue().is_empty() {
+            let key = controller.queue().get().await.expect("a key");
+            let reason = controller.reasons().take(&key);
+            controller.queue().done(&key);
+            keys.insert(key, reason);
+        }
+        shutdown.cancel();
+        keys
+    }
+
+    fn related(kind: &str, key: &str) -> Reason {
+        Reason::Related {
+            kind: kind.into(),
+            key: key.to_owned(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn options_under_a_manager_keep_its_metrics_and_leader_election() {
+        let api = Arc::new(FakeApi::default());
+        let election = LeaderElectionConfig::new("ns", "wiring", "me");
+        let manager = Manager::new(
+            api.client(),
+            ManagerOptions::new().leader_election(election),
+        )
+        .unwrap();
+        let controller = manager
+            .controller::<ConfigMap>("tuned")
+            .options(ControllerOptions::new().workers(4).max_retries(2))
+            .reconcile(Arc::new(()), done)
+            .unwrap();
+
+        let options = controller.options();
+        assert_eq!((options.workers, options.max_retries), (4, 2), "tuned");
+        let metrics = options.metrics.as_ref().expect("the Manager's metrics");
+        assert!(Arc::ptr_eq(metrics, manager.metrics()));
+        let elector = options
+            .leader_election
+            .as_ref()
+            .expect("the Manager's elector");
+        assert!(Arc::ptr_eq(elector, manager.elector().unwrap()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn owns_queues_the_owner_named_by_each_controller_reference_of_the_primary_kind() {
+        let api = Arc::new(FakeApi::default());
+        api.serve("configmaps", object("web", json!([])))
+            .serve(
+                "secrets",
+                object("web-tls", json!([owner("v1", "ConfigMap", "web", true)])),
+            )
+            .serve(
+                "secrets",
+                object("orphan", json!([owner("v1", "ConfigMap", "gone", true)])),
+            )
+            .serve(
+                "secrets",
+                object("shared", json!([owner("v1", "ConfigMap", "ref", false)])),
+            )
+            .serve(
+                "secrets",
+                object(
+                    "deployed",
+                    json!([owner("apps/v1", "Deployment", "dep", true)]),
+                ),
+            )
+            .serve(
+                "secrets",
+                object(
+                    "custom",
+                    json!([owner("example.com/v1", "ConfigMap", "cr", true)]),
+                ),
+            );
+        let factory = SharedInformerFactory::new(api.client());
+        let controller = Controller::<ConfigMap>::builder("owner", &factory)
+            .owns::<Secret>()
+            .reconcile(Arc::new(()), done)
+            .unwrap();
+
+        let informers = [
+            settled(factory.informer::<ConfigMap>()),
+            settled(factory.informer::<Secret>()),
+        ];
+        let keys = queued(&factory, &informers, &controller).await;
+        assert_eq!(
+            keys.keys().collect::<Vec<_>>(),
+            ["ns/gone", "ns/web"],
+            "only controller references to a core/v1 ConfigMap: {keys:?}"
+        );
+        assert_eq!(keys["ns/gone"], related("Secret", "ns/orphan"));
+        assert!(
+            [Reason::Added, related("Secret", "ns/web-tls")].contains(&keys["ns/web"]),
+            "its own add or its Secret's, whichever came first: {:?}",
+            keys["ns/web"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watches_queues_what_its_mapper_returns_for_each_object() {
+        let api = Arc::new(FakeApi::default());
+        api.serve("secrets", object("a", json!([])))
+            .serve("secrets", object("b", json!([])));
+        let factory = SharedInformerFactory::new(api.client());
+        let secrets = factory.informer::<Secret>();
+        let informers = [
+            settled(factory.informer::<ConfigMap>()),
+            settled(secrets.clone()),
+        ];
+        let controller = Controller::<ConfigMap>::builder("mapped", &factory)
+            .watches(secrets, |s: &Secret| {
+                let name = s.metadata.name.clone().unwrap_or_default();
+                vec![format!("ns/for-{name}"), "ns/all".to_owned()]
+            })
+            .reconcile(Arc::new(()), done)
+            .unwrap();
+
+        let keys = queued(&factory, &informers, &controller).await;
+        assert_eq!(
+            keys.keys().collect::<Vec<_>>(),
+            ["ns/all", "ns/for-a", "ns/for-b"]
+        );
+        assert_eq!(keys["ns/for-b"], related("Secret", "ns/b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_event_filter_and_the_options_filter_must_pass() {
+        let api = Arc::new(FakeApi::default());
+        for name in ["a1", "a2", "b1", "a-bad1"] {
+            api.serve("configmaps", object(name, json!([])));
+        }
+        let factory = SharedInformerFactory::new(api.client());
+        let name = |e: &Event<'_, ConfigMap>| match e {
+            Event::Add(o) => o.metadata.name.clone().unwrap_or_default(),
+            _ => String::new(),
+        };
+        let options = ControllerOptions::new()
+            .event_filter(move |e: Event<'_, ConfigMap>| !name(&e).contains("bad"));
+        let controller = Controller::<ConfigMap>::builder("filtered", &factory)
+            .with_event_filter(move |e| name(&e).starts_with('a'))
+            .with_event_filter(move |e| name(&e).ends_with('1'))
+            .options(options)
+            .reconcile(Arc::new(()), done)
+            .unwrap();
+
+        let informers = [settled(factory.informer::<ConfigMap>())];
+        let keys = queued(&factory, &informers, &controller).await;
+        assert_eq!(keys.keys().collect::<Vec<_>>(), ["ns/a1"]);
+        assert_eq!(keys["ns/a1"], Reason::Added);
+    }
+}

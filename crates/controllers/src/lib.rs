@@ -83,6 +83,8 @@ mod runtime;
 pub mod service_strategy;
 mod slots;
 mod status;
+#[cfg(test)]
+mod testing;
 mod worker;
 
 /// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),

@@ -267,6 +267,12 @@ impl<K: Object + Clone> Controller<K> {
         )
     }
 
+    /// Why each queued key is queued.
+    #[cfg(test)]
+    pub(crate) fn reasons(&self) -> &Reasons {
+        &self.reasons
+    }
+
     /// The workqueue (for inspection and tests).
     pub fn queue(&self) -> &RateLimitingQueue<String> {
         &self.queue
