@@ -83,6 +83,7 @@ impl<K: Object + Clone> Reflector<K> {
             )
         };
         let mut stream = tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return Ok(None),
             opened = tokio::time::timeout_at(deadline, self.lw.watch(request)) => opened.map_err(|_| timed_out())??,
         };
@@ -95,6 +96,7 @@ impl<K: Object + Clone> Reflector<K> {
                 self.hand_over(&mut replace, &mut batch);
             }
             let next = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return Ok(None),
                 next = tokio::time::timeout_at(deadline, stream.next()) => next.map_err(|_| timed_out())?,
             };

@@ -79,7 +79,7 @@
 //! The Reflector is a state machine, as kube-runtime's `watcher` is: a
 //! private `State` says what it does next, and one step function does it
 //! and returns the state that follows. Every wait ends at shutdown, in
-//! `Stopped`.
+//! `Stopped`, and shutdown wins over whatever is ready at the same time.
 //!
 //! | state | outcome | next |
 //! |---|---|---|
@@ -398,6 +398,7 @@ impl<K: Object + Clone> Reflector<K> {
                     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
                     loop {
                         tokio::select! {
+                            biased;
                             _ = shutdown.cancelled() => return,
                             _ = tick.tick() => {}
                         }
@@ -455,6 +456,7 @@ impl<K: Object + Clone> Reflector<K> {
                 self.after_watch(end, run)
             }
             State::Backoff { delay, next } => tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => State::Stopped,
                 _ = tokio::time::sleep(delay) => *next,
             },
@@ -491,6 +493,7 @@ impl<K: Object + Clone> Reflector<K> {
             };
         }
         let listed = tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return State::Stopped,
             listed = self.list(&mut run.list, &reason) => listed,
         };

@@ -45,6 +45,7 @@ impl<K: Object + Clone> Reflector<K> {
         };
         ReflectorStats::bump(&self.stats.watches);
         let stream = tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return Ok(None),
             opened = tokio::time::timeout(self.options.idle_timeout, self.lw.watch(request)) => {
                 opened.unwrap_or_else(|_| Err(ListWatchError::Connect(format!(
@@ -67,6 +68,7 @@ impl<K: Object + Clone> Reflector<K> {
         let mut events = 0u64;
         loop {
             let next = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return WatchEnd::Stopped,
                 next = tokio::time::timeout(self.options.idle_timeout, stream.next()) => next,
             };
