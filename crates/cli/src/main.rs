@@ -257,7 +257,7 @@ async fn run(cli: Cli) -> Result<()> {
         manager_options.leader_election =
             Some(LeaderElectionConfig::new(&lease_ns, &lease, &identity));
     }
-    let mut factory = SharedInformerFactory::new(client.clone()).drop_managed_fields();
+    let mut factory = SharedInformerFactory::new(client.clone());
     if let Some(ns) = namespace {
         factory = factory.namespace(ns);
     }

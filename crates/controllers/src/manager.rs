@@ -162,12 +162,15 @@ impl std::fmt::Debug for Manager {
 }
 
 impl Manager {
-    /// A Manager whose informers watch every namespace.
+    /// A Manager whose informers watch every namespace and drop
+    /// `metadata.managedFields` before decoding (see
+    /// [`SharedInformerFactory::keep_managed_fields`] and
+    /// [`with_factory`](Self::with_factory) to keep them).
     pub fn new(client: Client, options: ManagerOptions) -> Result<Self, ControllerError> {
         Self::with_factory(SharedInformerFactory::new(client.clone()), client, options)
     }
 
-    /// A Manager on `factory` (one namespace, managedFields dropped, a
+    /// A Manager on `factory` (one namespace, managedFields kept, a
     /// default resync: as the factory is configured).
     pub fn with_factory(
         factory: SharedInformerFactory,

@@ -489,3 +489,69 @@ async fn custom_resources_that_do_not_fit_the_rust_type_are_reported_by_name_and
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// Whether every object `informer` cached has managedFields.
+fn all_keep_managed_fields<K>(informer: &SharedIndexInformer<K>) -> Vec<bool>
+where
+    K: kube_client::Resource + kinformer_store::Object + Clone,
+{
+    informer
+        .indexer()
+        .list()
+        .iter()
+        .map(|o| o.meta().managed_fields.is_some())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_factorys_informers_drop_managed_fields_unless_asked_to_keep_them() {
+    let (_, client, ns) = setup("managed-fields").await;
+    install(&client, &Widget::crd()).await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), &ns);
+    widgets
+        .create(&PostParams::default(), &widget("w", 1))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &common::pod("p"))
+        .await
+        .unwrap();
+    let resource = ApiResource::erase::<Widget>(&());
+    let shutdown = CancellationToken::new();
+    // Pods in protobuf, metadata in protobuf, a typed custom resource and a
+    // dynamic one in JSON: each path drops them by default.
+    for keep in [false, true] {
+        let mut factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+        if keep {
+            factory = factory.keep_managed_fields();
+        }
+        let (pods, metadata) = (factory.informer::<Pod>(), factory.metadata::<Pod>());
+        let (typed, dynamic) = (factory.informer::<Widget>(), factory.dynamic(&resource));
+        factory.start(&shutdown);
+        assert!(
+            factory
+                .wait_for_cache_sync(&shutdown)
+                .await
+                .iter()
+                .all(|(_, synced)| *synced)
+        );
+        let want = vec![keep];
+        assert_eq!(all_keep_managed_fields(&pods), want, "Pod, kept: {keep}");
+        assert_eq!(
+            all_keep_managed_fields(&metadata),
+            want,
+            "metadata, kept: {keep}"
+        );
+        assert_eq!(
+            all_keep_managed_fields(&typed),
+            want,
+            "Widget, kept: {keep}"
+        );
+        assert_eq!(
+            all_keep_managed_fields(&dynamic),
+            want,
+            "dynamic, kept: {keep}"
+        );
+    }
+    shutdown.cancel();
+}

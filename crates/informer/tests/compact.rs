@@ -38,7 +38,7 @@ fn start(
     options: InformerOptions<Pod>,
 ) -> (SharedIndexInformer<Pod>, LastSeen, CancellationToken) {
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
+        ApiListerWatcher::<Pod>::namespaced(client, ns),
         options.fifo(common::fifo()).indexers(app_index()),
     );
     informer.set_transform(strip_managed_fields).unwrap();

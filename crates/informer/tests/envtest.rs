@@ -26,7 +26,7 @@ fn start(
     reflector: ReflectorOptions,
 ) -> (SharedIndexInformer<Pod>, [LastSeen; 2], CancellationToken) {
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
+        ApiListerWatcher::<Pod>::namespaced(client, ns),
         common::options().reflector(reflector),
     );
     informer.set_transform(strip_managed_fields).unwrap();

@@ -24,6 +24,27 @@ mod common;
 use common::wait_synced;
 
 /// An informer on `lw`, running until the token is cancelled.
+/// Each wire format, with managedFields dropped (the default) and kept.
+const FORMATS: [(WireFormat, bool); 4] = [
+    (WireFormat::Auto, false),
+    (WireFormat::Auto, true),
+    (WireFormat::Json, false),
+    (WireFormat::Json, true),
+];
+
+fn keeping<K>(lw: ApiListerWatcher<K>, keep: bool) -> ApiListerWatcher<K>
+where
+    K: kube_client::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    if keep { lw.keep_managed_fields() } else { lw }
+}
+
 fn run<K>(lw: ApiListerWatcher<K>) -> (SharedIndexInformer<K>, CancellationToken)
 where
     K: kube_client::Resource
@@ -72,9 +93,9 @@ async fn an_update_to_strings_that_are_not_utf8_keeps_the_object_cached_never_de
 
     let mut informers = Vec::new();
     let deletes = Arc::new(AtomicUsize::new(0));
-    for format in [WireFormat::Auto, WireFormat::Json] {
+    for (format, keep) in FORMATS {
         let lw = ApiListerWatcher::<ConfigMap>::namespaced(client.clone(), &ns).wire_format(format);
-        let (informer, shutdown) = run(lw);
+        let (informer, shutdown) = run(keeping(lw, keep));
         let d = Arc::clone(&deletes);
         informer
             .add_event_handler(ResourceEventHandlerFuncs::new().on_delete(move |_| {
@@ -162,11 +183,11 @@ async fn a_schema_nested_a_thousand_levels_deep_is_cached_over_both_wire_formats
     client.request_text(request).await.unwrap();
     let name = format!("deeps.{group}");
     let mut cached = Vec::new();
-    for format in [WireFormat::Auto, WireFormat::Json] {
+    for (format, keep) in FORMATS {
         let lw = ApiListerWatcher::<CustomResourceDefinition>::all(client.clone())
             .fields(&format!("metadata.name={name}"))
             .wire_format(format);
-        let (informer, shutdown) = run(lw);
+        let (informer, shutdown) = run(keeping(lw, keep));
         wait_synced(&informer).await;
         let crd = informer.indexer().get_by_key(&name).expect("cached");
         let spec = crd.spec.versions[0]
@@ -176,21 +197,26 @@ async fn a_schema_nested_a_thousand_levels_deep_is_cached_over_both_wire_formats
             .and_then(|s| s.properties.as_ref())
             .and_then(|p| p.get("spec"))
             .expect("the spec schema");
-        assert_eq!(depth_of(spec), DEPTH, "{format:?}");
+        assert_eq!(
+            depth_of(spec),
+            DEPTH,
+            "{format:?}, managedFields kept: {keep}"
+        );
+        // Kept, they are as deep as the schema (each field has an entry).
+        assert_eq!(crd.metadata.managed_fields.is_some(), keep);
         let stats = informer.reflector_stats().unwrap();
         assert_eq!(stats.undecodable_objects.load(Ordering::Relaxed), 0);
         shutdown.cancel();
         cached.push(crd);
     }
-    // The specs are equal in both formats (the status may have moved on
-    // between the two lists). Comparing (like cloning, printing or
-    // dropping the last copy) recurses once per level on the caller's
-    // stack, deeper than a debug build's 2 MiB test thread holds: on a
-    // stack of its own.
-    let (a, b) = (cached.remove(0), cached.remove(0));
+    // The specs are equal in both formats, managedFields kept or not (the
+    // status may have moved on between the lists). Comparing (like
+    // cloning, printing or dropping the last copy) recurses once per level
+    // on the caller's stack, deeper than a debug build's 2 MiB test thread
+    // holds: on a stack of its own.
     assert!(stacker::grow(256 << 20, move || {
-        let equal = a.spec == b.spec;
-        drop((a, b));
+        let equal = cached.windows(2).all(|w| w[0].spec == w[1].spec);
+        drop(cached);
         equal
     }));
     // Deleted by hand: kube-client would decode the answer with

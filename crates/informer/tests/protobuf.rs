@@ -57,7 +57,8 @@ where
 }
 
 /// Lists `K` in both formats, then watches from "0" in both, and asserts
-/// that every object decodes equal; returns how many there were.
+/// that every object decodes equal, with managedFields kept and with them
+/// dropped (the default); returns how many there were.
 async fn same_in_both<K>(client: &Client, namespace: Option<&str>) -> usize
 where
     K: Resource<DynamicType = ()>
@@ -69,7 +70,27 @@ where
         + Sync
         + 'static,
 {
-    let lw = |format| ApiListerWatcher::<K>::new(client.clone(), namespace).wire_format(format);
+    let kept = same_in_both_keeping::<K>(client, namespace, true).await;
+    let dropped = same_in_both_keeping::<K>(client, namespace, false).await;
+    assert_eq!(kept, dropped);
+    kept
+}
+
+async fn same_in_both_keeping<K>(client: &Client, namespace: Option<&str>, keep: bool) -> usize
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + PartialEq
+        + Send
+        + Sync
+        + 'static,
+{
+    let lw = |format| {
+        let lw = ApiListerWatcher::<K>::new(client.clone(), namespace).wire_format(format);
+        if keep { lw.keep_managed_fields() } else { lw }
+    };
     let (json, proto) = (lw(WireFormat::Json), lw(WireFormat::Auto));
     assert!(proto.uses_protobuf(), "{} has no protobuf", K::kind(&()));
     assert!(!json.uses_protobuf());
@@ -84,6 +105,19 @@ where
     );
     let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
     let (mut a, mut b) = (from_json.items, from_proto.items);
+    // Kept, most objects have them (not every object the server writes
+    // itself does); dropped, none has.
+    let with = a
+        .iter()
+        .chain(&b)
+        .filter(|o| o.meta().managed_fields.is_some())
+        .count();
+    assert_eq!(
+        with > 0,
+        keep,
+        "{}: {with} with managedFields, kept: {keep}",
+        K::kind(&())
+    );
     a.sort_by_key(key);
     b.sort_by_key(key);
     if a != b {
@@ -288,6 +322,7 @@ async fn metadata_only_objects_decode_equal_from_protobuf_and_from_json() {
         let lw = |format| {
             ApiListerWatcher::<PartialObjectMeta<K>>::namespaced(client.clone(), ns)
                 .wire_format(format)
+                .keep_managed_fields()
         };
         let (json, proto) = (lw(WireFormat::Json), lw(WireFormat::Auto));
         assert!(proto.uses_protobuf() && !json.uses_protobuf());

@@ -127,7 +127,7 @@ where
             namespace: namespace.map(str::to_owned),
             label_selector: None,
             field_selector: None,
-            drop_managed_fields: false,
+            drop_managed_fields: true,
             protobuf_kind: kinformer_protobuf::kind_of::<K>(dyntype),
             wire_format: WireFormat::default(),
             shard: None,
@@ -279,14 +279,24 @@ where
         self
     }
 
-    /// Drops `metadata.managedFields` from the JSON before decoding it
-    /// ([`strip_managed_fields_json`](crate::strip_managed_fields_json)): the
-    /// same result as the [`strip_managed_fields`](crate::strip_managed_fields)
-    /// transform, without paying to decode what is thrown away.
+    /// Keeps `metadata.managedFields`. By default they are dropped before
+    /// decoding (skipped in protobuf, cut from JSON by
+    /// [`strip_managed_fields_json`](crate::strip_managed_fields_json)):
+    /// the same result as the [`strip_managed_fields`](crate::strip_managed_fields)
+    /// transform, without paying to decode what is thrown away. Few
+    /// controllers read them (field ownership is server-side apply's
+    /// business); they are often half of an object's size. client-go keeps
+    /// them unless a transform drops them.
     #[must_use]
-    pub fn drop_managed_fields(mut self) -> Self {
-        self.drop_managed_fields = true;
+    pub fn keep_managed_fields(mut self) -> Self {
+        self.drop_managed_fields = false;
         self
+    }
+
+    /// Whether `metadata.managedFields` are kept (see
+    /// [`keep_managed_fields`](Self::keep_managed_fields)).
+    pub fn keeps_managed_fields(&self) -> bool {
+        !self.drop_managed_fields
     }
 
     /// The label selector, if any.
