@@ -398,29 +398,86 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 }
             }
         }
+        // Out of the box: each system with no options (client-go's and
+        // kube-runtime's informers keep managedFields; kinformer's factory,
+        // and so `Manager::new`, drops them), and all three keeping them,
+        // like for like. The systems rotate between rounds.
+        let out_of_the_box = format!(
+            "informer sync of {size} pods, each system out of the box (kinformer: the factory's defaults, as Manager::new builds it; client-go, kube-runtime: their defaults, managedFields kept)"
+        );
+        let kept = format!(
+            "informer sync of {size} pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)"
+        );
+        for round in 0..sync_rounds {
+            for (i, _) in all.iter().enumerate() {
+                let system = all[(i + round) % all.len()];
+                let mut variants = vec![("sync", "keep-managed-fields", &kept)];
+                if system == System::Kinformer {
+                    variants.push(("sync-default", "", &out_of_the_box));
+                }
+                for (scenario_arg, extra, scenario) in variants {
+                    let mut args = vec![scenario_arg, kubeconfig.as_str(), ns.as_str()];
+                    args.extend(extra.split_whitespace());
+                    let v = harness(&harnesses, system, &args).await?;
+                    let mut rows = vec![scenario];
+                    if system != System::Kinformer {
+                        rows.push(&out_of_the_box);
+                    }
+                    for scenario in rows {
+                        results.add(
+                            scenario,
+                            "RSS per cached pod, bytes",
+                            system,
+                            num(&v, "bytes_per_pod")?,
+                        );
+                        if let Some(x) = v["anon_bytes_per_pod"].as_f64() {
+                            results.add(scenario, "anonymous RSS per cached pod, bytes", system, x);
+                        }
+                        results.add(
+                            scenario,
+                            "time to has_synced, ms",
+                            system,
+                            num(&v, "sync_seconds")? * 1e3,
+                        );
+                    }
+                }
+            }
+        }
         if size == sizes[0] {
-            for system in all {
-                let v = harness(
-                    &harnesses,
-                    system,
-                    &["sync", &kubeconfig, &ns, "keep-managed-fields"],
-                )
-                .await?;
-                let scenario = format!(
-                    "informer sync of {size} pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)"
-                );
-                results.add(
-                    &scenario,
-                    "RSS per cached pod, bytes",
-                    system,
-                    num(&v, "bytes_per_pod")?,
-                );
-                results.add(
-                    &scenario,
-                    "time to has_synced, ms",
-                    system,
-                    num(&v, "sync_seconds")? * 1e3,
-                );
+            // What the compact cache costs a controller that reads on every
+            // reconcile, writing nothing (the cache's part isolated; the
+            // worst case for a cache that decodes on read). kinformer alone:
+            // a choice between its own caches. The two alternate.
+            let plain = format!(
+                "controller over {size} pods, each reconcile reading its pod and 10 by a secondary index, no writes (kinformer, 2 workers)"
+            );
+            let compact = format!("{plain}, compact cache");
+            for round in 0..sync_rounds {
+                let order = if round % 2 == 0 {
+                    [false, true]
+                } else {
+                    [true, false]
+                };
+                for use_compact in order {
+                    let mut args = vec!["reconcile", kubeconfig.as_str(), ns.as_str()];
+                    if use_compact {
+                        args.push("compact");
+                    }
+                    let v = harness(&harnesses, System::Kinformer, &args).await?;
+                    let row = if use_compact { &compact } else { &plain };
+                    results.add(
+                        row,
+                        "reconciles/s",
+                        System::Kinformer,
+                        num(&v, "reconciles_per_second")?,
+                    );
+                    for (key, metric) in [
+                        ("reconcile_p50_us", "reconcile p50, µs"),
+                        ("reconcile_p99_us", "reconcile p99, µs"),
+                    ] {
+                        results.add(row, metric, System::Kinformer, num(&v, key)?);
+                    }
+                }
             }
         }
         if size == *sizes.last().unwrap_or(&size) {

@@ -22,6 +22,19 @@
 //!   With `trim`, glibc's `malloc_trim(0)` runs after the sync, before the
 //!   RSS is read; with `keep-freed`, a compact cache does not release freed
 //!   memory after its list: together, what the allocator keeps, isolated.
+//! - `sync-default KUBECONFIG NAMESPACE`: the same sync with nothing but
+//!   the defaults: `SharedInformerFactory::new(client)` (what `Manager::new`
+//!   builds) scoped to NAMESPACE like the peers, its Pod informer as it
+//!   comes (protobuf, managedFields dropped, a DeltaFifo, whole objects).
+//!   `KINFORMER_BENCH_FIFO` does not apply.
+//! - `reconcile KUBECONFIG NAMESPACE [compact]`: a controller over the Pods
+//!   of NAMESPACE (2 workers) whose reconcile reads its Pod from the cache
+//!   and the Pods of its group by a secondary index (10 per group: `pod-NNNNN`
+//!   is in group NNNN), writing nothing: the cache's part of a reconcile,
+//!   isolated. From the workers' start to the last Pod of the initial list
+//!   reconciled: reconciles per second; and the p50 and p99 of the
+//!   reconcile's own time. `compact`: the informer keeps a compact cache
+//!   (JSON, no decoded cache).
 //! - `metadata-sync KUBECONFIG NAMESPACE`: a metadata-only informer
 //!   (`PartialObjectMeta<Pod>`, managedFields dropped) of every Pod in
 //!   NAMESPACE: time to has_synced, RSS per cached object.
@@ -65,8 +78,8 @@ use kinformer_fifo::{DeltaFifo, RealFifo, Requeue};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, Compact, FifoKind, HashRange, InformerOptions, ListPage,
     ListRequest, ListWatchError, ListerWatcher, ResourceEventHandlerFuncs, ShardField,
-    ShardSelector, SharedIndexInformer, WatchRequest, WatchStream, WireFormat,
-    strip_managed_fields,
+    ShardSelector, SharedIndexInformer, SharedInformerFactory, WatchRequest, WatchStream,
+    WireFormat, strip_managed_fields,
 };
 use kinformer_workqueue::{ItemExponentialFailureRateLimiter, Queue, RateLimitingQueue};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -142,6 +155,12 @@ fn main() -> Result<()> {
                 .any(|a| a == "compact")
                 .then(|| !args[3..].iter().any(|a| a == "keep-freed")),
             args[3..].iter().any(|a| a == "trim"),
+        )),
+        Some("sync-default") => rt.block_on(sync_default(&arg(1)?, &arg(2)?)),
+        Some("reconcile") => rt.block_on(reconcile(
+            &arg(1)?,
+            &arg(2)?,
+            args[3..].iter().any(|a| a == "compact"),
         )),
         Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
@@ -332,9 +351,8 @@ async fn sync(
     let heap_base = heap_bytes();
     let mut lw = ApiListerWatcher::<Pod>::namespaced(client, ns).wire_format(wire);
     let protobuf = lw.uses_protobuf();
-    if strip {
-        // Dropped before decoding; the transform is then a no-op.
-        lw = lw.drop_managed_fields();
+    if !strip {
+        lw = lw.keep_managed_fields();
     }
     let mut options = options();
     if let Some(release) = compact {
@@ -374,6 +392,134 @@ async fn sync(
             (stats.encoded_bytes as f64 / stats.encoded_objects.max(1) as f64).into();
     }
     Ok(v)
+}
+
+/// A sync out of the box: the factory's defaults, nothing set but the
+/// namespace.
+async fn sync_default(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+    let client = client(kubeconfig).await?;
+    let baseline_kb = status_kb("VmRSS:");
+    let anon_base_kb = status_kb("RssAnon:");
+    let heap_base = heap_bytes();
+    let factory = SharedInformerFactory::new(client).namespace(ns);
+    let informer = factory.informer::<Pod>();
+    let mut v = measure_sync(informer, baseline_kb, "sync-default", false).await?;
+    add_heap_per_object(&mut v, heap_base);
+    add_anon_per_object(&mut v, anon_base_kb);
+    Ok(v)
+}
+
+/// The index of `reconcile`'s groups: `pod-NNNNN` is in group `NNNN`.
+const GROUP_INDEX: &str = "group";
+
+/// `reconcile`'s reconciler: reads the Pod and its group, timing both.
+struct ReadingReconciler {
+    cache: kinformer_store::CacheReader<Pod>,
+    durations: Arc<Mutex<Vec<u64>>>,
+    done: Arc<AtomicU64>,
+    /// From the first reconcile's start to the last one's end.
+    span: Arc<Mutex<Option<(Instant, Instant)>>>,
+}
+
+impl kinformer_controllers::Reconciler for ReadingReconciler {
+    fn reconcile<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<kinformer_controllers::Action, kinformer_controllers::ReconcileError>>
+    {
+        let started = Instant::now();
+        let mut read = 0;
+        if let Some(pod) = self.cache.get_by_key(key) {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if let Some(g) = name.strip_prefix("pod-").and_then(|n| n.get(..n.len() - 1)) {
+                read = self
+                    .cache
+                    .by_index(GROUP_INDEX, g)
+                    .map(|v| v.len())
+                    .unwrap_or(0);
+            }
+        }
+        let ended = Instant::now();
+        if let Ok(mut d) = self.durations.lock() {
+            d.push((ended - started).as_nanos() as u64);
+        }
+        if let Ok(mut span) = self.span.lock() {
+            let first = span.map_or(started, |(first, _)| first.min(started));
+            *span = Some((first, ended));
+        }
+        self.done.fetch_add(1, Ordering::Relaxed);
+        std::hint::black_box(read);
+        Box::pin(async { Ok(kinformer_controllers::Action::Done) })
+    }
+}
+
+/// A controller whose reconcile reads its Pod and its group's 10 Pods from
+/// the cache, and writes nothing (see the module docs).
+async fn reconcile(kubeconfig: &str, ns: &str, compact: bool) -> Result<serde_json::Value> {
+    use kinformer_controllers::{Controller, ControllerOptions};
+    let client = client(kubeconfig).await?;
+    let mut factory = SharedInformerFactory::new(client).namespace(ns);
+    if compact {
+        factory = factory.compact::<Pod>(Compact::json());
+    }
+    let informer = factory.informer::<Pod>();
+    let group: kinformer_store::IndexFunc<Pod> = Arc::new(|p: &Pod| {
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        Ok(name
+            .strip_prefix("pod-")
+            .and_then(|n| n.get(..n.len().saturating_sub(1)))
+            .map(str::to_owned)
+            .into_iter()
+            .collect())
+    });
+    informer.add_indexers([(GROUP_INDEX.to_owned(), group)].into())?;
+    let cache = informer.indexer();
+    let durations = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let done = Arc::new(AtomicU64::new(0));
+    // The span from the first reconcile's start to the last one's end.
+    let span = Arc::new(Mutex::new(None::<(Instant, Instant)>));
+    let (d, n, sp) = (Arc::clone(&durations), Arc::clone(&done), Arc::clone(&span));
+    let reconciler = ReadingReconciler {
+        cache,
+        durations: d,
+        done: n,
+        span: sp,
+    };
+    let controller = Controller::new(
+        "reconcile-bench",
+        informer.clone(),
+        reconciler,
+        ControllerOptions::new().workers(2),
+    )?;
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(controller.run(shutdown.clone()));
+    while !informer.has_synced() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pods = informer.indexer().len() as u64;
+    while done.load(Ordering::Relaxed) < pods {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = span
+        .lock()
+        .ok()
+        .and_then(|sp| sp.map(|(first, last)| (last - first).as_secs_f64()))
+        .context("no reconcile")?;
+    shutdown.cancel();
+    run.await??;
+    let mut d = durations.lock().map(|d| d.clone()).unwrap_or_default();
+    d.sort_unstable();
+    let at = |q: f64| {
+        d.get(((d.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e3
+    };
+    Ok(
+        serde_json::json!({"system": "kinformer", "scenario": "reconcile", "pods": pods,
+        "compact": compact, "reconciles_per_second": pods as f64 / elapsed,
+        "reconcile_p50_us": at(0.5), "reconcile_p99_us": at(0.99)}),
+    )
 }
 
 /// The Pod lister-watcher, whose open watch ends in 410 Gone when `gone`
@@ -458,7 +604,7 @@ async fn shard_sync(
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let shard = ShardSelector::new(ShardField::Uid, [HashRange::split(index, count)?])?;
-    let lw = ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields();
+    let lw = ApiListerWatcher::<Pod>::namespaced(client, ns);
     // Clones share the count of bytes received.
     let counter = lw.clone();
     let informer = match mode {
@@ -483,7 +629,7 @@ async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let gone = Arc::new(tokio::sync::Notify::new());
     let lw = GoneOnDemand {
-        inner: ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
+        inner: ApiListerWatcher::<Pod>::namespaced(client, ns),
         gone: Arc::clone(&gone),
     };
     let informer = SharedIndexInformer::new(lw, options());
@@ -525,9 +671,7 @@ async fn metadata_sync(kubeconfig: &str, ns: &str, wire: WireFormat) -> Result<s
     let client = client(kubeconfig).await?;
     let baseline_kb = status_kb("VmRSS:");
     let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns)
-            .drop_managed_fields()
-            .wire_format(wire),
+        ApiListerWatcher::<PartialObjectMeta<Pod>>::namespaced(client, ns).wire_format(wire),
         options(),
     );
     measure_sync(informer, baseline_kb, "metadata-sync", false).await
@@ -735,10 +879,8 @@ fn decode(file: &str, rounds: usize, drop_managed_fields: bool) -> Result<serde_
 
 async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
-    let informer = SharedIndexInformer::new(
-        ApiListerWatcher::<Pod>::namespaced(client, ns).drop_managed_fields(),
-        options(),
-    );
+    let informer =
+        SharedIndexInformer::new(ApiListerWatcher::<Pod>::namespaced(client, ns), options());
     // The transform runs in the Reflector as each object is decoded, before
     // it is queued: the time it sees an update splits the latency into the
     // part before kinformer has the object (server, wire, decode) and the
