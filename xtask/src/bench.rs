@@ -403,26 +403,31 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         // and so `Manager::new`, drops them), and all three keeping them,
         // like for like. The systems rotate between rounds.
         let out_of_the_box = format!(
-            "informer sync of {size} pods, each system out of the box (kinformer: the factory's defaults, as Manager::new builds it; client-go, kube-runtime: their defaults, managedFields kept)"
+            "informer sync of {size} pods, each system out of the box (kinformer: the factory's defaults, as Manager::new builds it; client-go: protobuf; kube-runtime: JSON, paged lists of 500; both peers keep managedFields)"
         );
         let kept = format!(
-            "informer sync of {size} pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)"
+            "informer sync of {size} pods (managedFields kept by all; protobuf, kube-runtime: JSON, streaming list)"
         );
         for round in 0..sync_rounds {
             for (i, _) in all.iter().enumerate() {
                 let system = all[(i + round) % all.len()];
-                let mut variants = vec![("sync", "keep-managed-fields", &kept)];
-                if system == System::Kinformer {
-                    variants.push(("sync-default", "", &out_of_the_box));
+                // Each variant: its arguments and the rows it fills.
+                let mut variants = vec![("sync", "keep-managed-fields", vec![&kept])];
+                match system {
+                    System::Kinformer => {
+                        variants.push(("sync-default", "", vec![&out_of_the_box]));
+                    }
+                    // client-go's default is the protobuf sync above.
+                    System::ClientGo => variants[0].2.push(&out_of_the_box),
+                    // kube-runtime's default lists in pages of 500.
+                    System::KubeRuntime => {
+                        variants.push(("sync", "keep-managed-fields paged", vec![&out_of_the_box]))
+                    }
                 }
-                for (scenario_arg, extra, scenario) in variants {
+                for (scenario_arg, extra, rows) in variants {
                     let mut args = vec![scenario_arg, kubeconfig.as_str(), ns.as_str()];
                     args.extend(extra.split_whitespace());
                     let v = harness(&harnesses, system, &args).await?;
-                    let mut rows = vec![scenario];
-                    if system != System::Kinformer {
-                        rows.push(&out_of_the_box);
-                    }
                     for scenario in rows {
                         results.add(
                             scenario,
@@ -958,7 +963,7 @@ fn plot(root: &Path, results: &Results) -> Result<()> {
                 ),
                 (
                     "kept",
-                    "informer sync of 10000 pods (managedFields kept), each peer's default (kube-runtime: JSON, streaming list)",
+                    "informer sync of 10000 pods (managedFields kept by all; protobuf, kube-runtime: JSON, streaming list)",
                     "RSS per cached pod, bytes",
                 ),
             ],

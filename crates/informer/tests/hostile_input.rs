@@ -23,7 +23,6 @@ use kube_client::core::{ApiResource, DynamicObject, GroupVersionKind};
 mod common;
 use common::wait_synced;
 
-/// An informer on `lw`, running until the token is cancelled.
 /// Each wire format, with managedFields dropped (the default) and kept.
 const FORMATS: [(WireFormat, bool); 4] = [
     (WireFormat::Auto, false),
@@ -45,6 +44,7 @@ where
     if keep { lw.keep_managed_fields() } else { lw }
 }
 
+/// An informer on `lw`, running until the token is cancelled.
 fn run<K>(lw: ApiListerWatcher<K>) -> (SharedIndexInformer<K>, CancellationToken)
 where
     K: kube_client::Resource

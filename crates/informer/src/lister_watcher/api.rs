@@ -1,7 +1,7 @@
 //! [`ApiListerWatcher`]: lists and watches on kube-client, in protobuf
 //! where the kind has it (the `kinformer-protobuf` crate) and JSON
-//! otherwise, with the shard, selectors and managedFields stripping asked
-//! for.
+//! otherwise, with the shard and selectors asked for, managedFields dropped
+//! before decoding unless kept.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;

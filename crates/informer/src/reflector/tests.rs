@@ -59,20 +59,28 @@ fn unreachable() -> ListWatchError {
 /// stays open with nothing more.
 struct ScriptedWatch {
     events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>,
-    then_close: bool,
+    /// When the server closes it after its events; `None`: never.
+    close_after: Option<Duration>,
 }
 
 fn closes(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
+    closes_after(events, Duration::ZERO)
+}
+
+fn closes_after(
+    events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>,
+    after: Duration,
+) -> ScriptedWatch {
     ScriptedWatch {
         events,
-        then_close: true,
+        close_after: Some(after),
     }
 }
 
 fn stays_open(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
     ScriptedWatch {
         events,
-        then_close: false,
+        close_after: None,
     }
 }
 
@@ -125,8 +133,10 @@ impl ListerWatcher<ConfigMap> for Scripted {
         Box::pin(async move {
             let watch = answer?;
             let events = futures::stream::iter(watch.events);
-            let stream: WatchStream<ConfigMap> = if watch.then_close {
-                events.boxed()
+            let stream: WatchStream<ConfigMap> = if let Some(after) = watch.close_after {
+                let close = futures::stream::once(tokio::time::sleep(after))
+                    .filter_map(|()| async { None });
+                events.chain(close).boxed()
             } else {
                 events.chain(futures::stream::pending()).boxed()
             };
@@ -279,6 +289,33 @@ async fn a_watch_closed_at_once_with_no_event_relists_after_a_backoff() {
     let (_, shown) = step(&r, state, &mut run, &shutdown).await;
     assert_eq!(shown, "Backoff(800ms) -> List");
     assert_eq!(errors(&r), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_watch_the_server_closes_after_a_second_or_more_is_reopened_without_relisting() {
+    let lw = Arc::new(Scripted::default());
+    lw.watch(Ok(closes_after(Vec::new(), Duration::from_secs(1))));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, _) = step(&r, State::OpenWatch, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "OpenWatch");
+    assert_eq!(errors(&r), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_changed_while_listing_is_listed_again_at_once() {
+    let lw = Arc::new(Scripted::default());
+    lw.list(Err(ListWatchError::Rescoped("shard 2 of 3".into())));
+    let (r, _fifo) = reflector(&lw, paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (_, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "List");
+    assert_eq!(errors(&r), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -451,7 +488,7 @@ async fn a_list_starts_the_internal_error_window_again() {
             "List",
             "OpenWatch",
             "Watch",
-            // 3.2 s after the first internal error, but the first since the list.
+            // 2.4 s after the first internal error, but the first since the list.
             "Backoff(3200ms) -> OpenWatch",
         ]
     );
@@ -505,6 +542,7 @@ async fn a_refused_streaming_list_falls_back_to_pages_at_once_and_for_good() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_every_state() {
+    let started = Instant::now();
     let lw = Arc::new(Scripted::default());
     lw.watch(Ok(stays_open(Vec::new())));
     let (r, _fifo) = reflector(&lw, paged());
@@ -527,8 +565,15 @@ async fn shutdown_stops_every_state() {
         let (_, after) = step(&r, state, &mut run, &shutdown).await;
         assert_eq!(after, "Stopped", "from {before}");
     }
-    // A Backoff's wait ends at shutdown, not at its delay.
-    assert_eq!(tokio::time::Instant::now().elapsed(), Duration::ZERO);
+    // A streaming list too (its watch would answer at once).
+    let streaming = Arc::new(Scripted::default());
+    streaming.watch(Ok(stays_open(vec![Ok(bookmark(1, true))])));
+    let (r, _fifo) = reflector(&streaming, ReflectorOptions::default());
+    let mut run = Run::new(&r.options);
+    let (_, after) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(after, "Stopped", "from a streaming List");
+    // No wait ran to its end: the Backoff's hour did not pass.
+    assert_eq!(started.elapsed(), Duration::ZERO);
 }
 
 fn internal() -> ListWatchError {
