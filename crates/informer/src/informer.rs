@@ -96,9 +96,11 @@ impl ResourceEventHandlerRegistration {
         (self.informer_synced)() && self.state.pending_initial.load(Ordering::SeqCst) == 0
     }
 
-    /// Notifications buffered for this handler and not yet handled.
+    /// Notifications buffered for this handler and not yet handled. At 0,
+    /// what the handler did for every earlier notification is visible to
+    /// the caller.
     pub fn pending(&self) -> usize {
-        self.state.depth.load(Ordering::Relaxed)
+        self.state.depth.load(Ordering::Acquire)
     }
 
     /// Notifications this handler has handled.
@@ -540,14 +542,15 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.fifo.len()
     }
 
-    /// Notifications buffered for all handlers together.
+    /// Notifications buffered for all handlers together. At 0, what the
+    /// handlers did for every notification so far is visible to the caller.
     pub fn pending_notifications(&self) -> usize {
         self.inner
             .processor
             .listeners
             .read()
             .iter()
-            .map(|l| l.state.depth.load(Ordering::Relaxed))
+            .map(|l| l.state.depth.load(Ordering::Acquire))
             .sum()
     }
 

@@ -56,7 +56,8 @@ impl<K> Clone for Notification<K> {
 /// Per-listener counters shared with its registration handle.
 #[derive(Debug, Default)]
 pub(crate) struct ListenerState {
-    /// Notifications buffered and not yet handled.
+    /// Notifications buffered and not yet handled; decremented (Release)
+    /// after the handler returns, read with Acquire.
     pub depth: AtomicUsize,
     /// Initial-list adds not yet handled.
     pub pending_initial: AtomicUsize,
@@ -160,7 +161,9 @@ fn run_listener<K: Object>(
         if initial {
             state.pending_initial.fetch_sub(1, Ordering::SeqCst);
         }
-        state.depth.fetch_sub(1, Ordering::Relaxed);
+        // Release: whoever reads the depth at 0 (Acquire) also sees what
+        // the handler did, such as the keys it queued.
+        state.depth.fetch_sub(1, Ordering::Release);
         if panicked {
             pause_after_panic(&woken, pause);
         }
