@@ -440,15 +440,7 @@ impl<K: Object + Clone> Reflector<K> {
             State::OpenWatch => match self.open_watch(shutdown).await {
                 Ok(Some(stream)) => State::Watch(stream),
                 Ok(None) => State::Stopped,
-                Err(e) if e.is_retryable_in_place() => {
-                    self.report(&e);
-                    let delay = run.backoff.next_delay();
-                    info!(error = %e, delay_ms = delay.as_millis() as u64, "watch refused; backing off, then watching again");
-                    State::Backoff {
-                        delay,
-                        next: Box::new(State::OpenWatch),
-                    }
-                }
+                Err(e) if e.is_retryable_in_place() => self.rewatch(&e, run, "watch refused"),
                 Err(e) => self.relist(e, run),
             },
             State::Watch(stream) => {
@@ -536,19 +528,24 @@ impl<K: Object + Clone> Reflector<K> {
                 if e.is_retryable_in_place()
                     || (e.is_internal_error() && run.internal_errors.should_retry())
                 {
-                    self.report(&e);
-                    let delay = run.backoff.next_delay();
-                    info!(error = %e, delay_ms = delay.as_millis() as u64, "watch failed; backing off, then watching again");
-                    return State::Backoff {
-                        delay,
-                        next: Box::new(State::OpenWatch),
-                    };
+                    return self.rewatch(&e, run, "watch failed");
                 }
                 // A 410 does not make the last version unavailable: a list
                 // not older than it is still what the cache can serve.
                 info!(error = %e, "watch ended; relisting");
                 self.relist(e, run)
             }
+        }
+    }
+
+    /// Reports `e` and reopens the watch after a backoff, without a relist.
+    fn rewatch(&self, e: &ListWatchError, run: &mut Run, what: &str) -> State<K> {
+        self.report(e);
+        let delay = run.backoff.next_delay();
+        info!(error = %e, delay_ms = delay.as_millis() as u64, "{what}; backing off, then watching again");
+        State::Backoff {
+            delay,
+            next: Box::new(State::OpenWatch),
         }
     }
 
