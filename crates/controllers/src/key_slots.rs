@@ -214,7 +214,9 @@ pub(crate) async fn prime(
             info!(slots = ?taken, keys = keys.len(), "the cache holds the slots taken; working on them");
             for key in keys {
                 reasons.now(&key, || Reason::SlotTaken);
-                queue.add(key);
+                // A replay of the cache, like an initial list: behind live
+                // changes.
+                queue.add_with_priority(key, kinformer_workqueue::Priority::Low);
             }
         }
         if primed && held.changed().await.is_err() {

@@ -14,7 +14,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use kinformer_informer::{FactoryStats, ReflectorStats, ShardEnforcement, ShardStats};
 use kinformer_workqueue::{
-    CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
+    CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, Priority, SettableGaugeMetric,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -33,6 +33,12 @@ use tracing::{debug, info, warn};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NameLabel {
     name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PriorityLabel {
+    name: String,
+    priority: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -169,6 +175,8 @@ pub struct Metrics {
     unfinished: Family<NameLabel, FloatGauge>,
     longest: Family<NameLabel, FloatGauge>,
     retries: Family<NameLabel, Counter>,
+    depth_by_priority: Family<PriorityLabel, Gauge>,
+    queue_duration_by_priority: HistogramFamily<PriorityLabel>,
     reconcile_total: Family<ResultLabel, Counter>,
     reconcile_errors: Family<ControllerLabel, Counter>,
     reconcile_panics: Family<ControllerLabel, Counter>,
@@ -198,6 +206,10 @@ impl Metrics {
             unfinished: Family::default(),
             longest: Family::default(),
             retries: Family::default(),
+            depth_by_priority: Family::default(),
+            queue_duration_by_priority: Family::new_with_constructor(
+                latency_histogram as fn() -> Histogram,
+            ),
             reconcile_total: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_panics: Family::default(),
@@ -248,6 +260,16 @@ impl Metrics {
             "workqueue_retries",
             "Total number of retries handled by workqueue",
             m.retries.clone(),
+        );
+        registry.register(
+            "kinformer_workqueue_depth_by_priority",
+            "Current depth of workqueue by priority: high (live changes) or low (initial lists, resyncs, requeues)",
+            m.depth_by_priority.clone(),
+        );
+        registry.register(
+            "kinformer_workqueue_queue_duration_by_priority_seconds",
+            "How long in seconds an item stays in workqueue before being requested, by priority",
+            m.queue_duration_by_priority.clone(),
         );
         registry.register(
             "controller_runtime_reconcile",
@@ -637,5 +659,32 @@ impl MetricsProvider for WorkqueueMetrics {
         Box::new(PromCounter(
             self.0.retries.get_or_create(&label(name)).clone(),
         ))
+    }
+    fn new_depth_by_priority_metric(&self, name: &str, priority: Priority) -> Box<dyn GaugeMetric> {
+        Box::new(PromGauge(
+            self.0
+                .depth_by_priority
+                .get_or_create(&priority_label(name, priority))
+                .clone(),
+        ))
+    }
+    fn new_latency_by_priority_metric(
+        &self,
+        name: &str,
+        priority: Priority,
+    ) -> Box<dyn HistogramMetric> {
+        Box::new(PromHistogram(
+            self.0
+                .queue_duration_by_priority
+                .get_or_create(&priority_label(name, priority))
+                .clone(),
+        ))
+    }
+}
+
+fn priority_label(name: &str, priority: Priority) -> PriorityLabel {
+    PriorityLabel {
+        name: name.to_owned(),
+        priority: priority.as_str().to_owned(),
     }
 }

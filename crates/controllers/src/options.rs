@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinformer_store::ObjectOrTombstone;
+use kinformer_workqueue::DEFAULT_PRIORITY_AGING;
 
 use crate::{LeaderElector, Metrics, Ring};
 
@@ -91,6 +92,10 @@ pub struct ControllerOptions<K> {
     pub metrics: Option<Arc<Metrics>>,
     /// Which events enqueue their key (all by default).
     pub event_filter: Option<EventFilter<K>>,
+    /// How long a key queued at low priority (an initial list, a resync,
+    /// a periodic requeue) may be passed over by live changes; see
+    /// [`ControllerOptions::priority_aging`].
+    pub priority_aging: Duration,
 }
 
 impl<K> Default for ControllerOptions<K> {
@@ -106,6 +111,7 @@ impl<K> Default for ControllerOptions<K> {
             ring: None,
             metrics: None,
             event_filter: None,
+            priority_aging: DEFAULT_PRIORITY_AGING,
         }
     }
 }
@@ -138,6 +144,26 @@ impl<K> ControllerOptions<K> {
     #[must_use]
     pub fn panic_policy(mut self, p: PanicPolicy) -> Self {
         self.panic_policy = p;
+        self
+    }
+    /// How long a key queued at low priority may wait while live changes
+    /// are reconciled before it: default 5 s.
+    ///
+    /// The queue reconciles keys of objects that changed live (adds,
+    /// updates, deletes seen by the watch) before keys that only need a
+    /// look again: the objects of an initial list or a relist, resyncs,
+    /// `Action::requeue_after`, and the keys of a slot this replica takes
+    /// over. So a restart does not bury a new object behind every unchanged
+    /// one. Once a low-priority key has waited `aging`, at least every
+    /// second key handed to the workers is such an aged key, oldest first,
+    /// however many live changes keep coming: a key with `n` low-priority
+    /// keys ahead of it is reconciled within `aging + 2(n + 1)/R` of being
+    /// queued, `R` being the workers' reconcile rate. A failed reconcile is
+    /// retried at the priority its key was taken at. Zero shares the
+    /// workers between the two from the start.
+    #[must_use]
+    pub fn priority_aging(mut self, aging: Duration) -> Self {
+        self.priority_aging = aging;
         self
     }
     /// How long shutdown works queued and in-flight keys.

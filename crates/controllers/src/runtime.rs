@@ -16,7 +16,9 @@ use kinformer_informer::{
 use kinformer_store::{
     Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
 };
-use kinformer_workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter};
+use kinformer_workqueue::{
+    Priority, QueueConfig, RateLimitingQueue, default_controller_rate_limiter,
+};
 use kube_client::Resource;
 use kube_client::core::ClusterResourceScope;
 use parking_lot::Mutex;
@@ -83,7 +85,9 @@ impl<K: Object + Clone> Controller<K> {
             ring.count_keys_with(move |slot| counted.count(slot));
             key_slots
         });
-        let mut config = QueueConfig::new().name(name);
+        let mut config = QueueConfig::new()
+            .name(name)
+            .priority_aging(options.priority_aging);
         if let Some(m) = &options.metrics {
             config = config.metrics_provider(m.workqueue_provider());
         }
@@ -97,14 +101,20 @@ impl<K: Object + Clone> Controller<K> {
         let (sa, su, sd) = (key_slots.clone(), key_slots.clone(), key_slots.clone());
         // A sharded controller records each key's slot before enqueueing it.
         let handler = ResourceEventHandlerFuncs::new()
-            .on_add(move |obj: &Arc<K>, _| {
+            .on_add(move |obj: &Arc<K>, initial| {
                 let key = meta_namespace_key(obj.as_ref());
                 let pass = pa(Event::Add(obj));
                 if let (Some(s), Ok(key)) = (&sa, &key) {
                     s.record(key, obj.as_ref(), pass);
                 }
                 if pass {
-                    enqueue(&qa, &ra, key, Reason::Added);
+                    // What a (re)list replays waits behind live changes.
+                    let priority = if initial {
+                        Priority::Low
+                    } else {
+                        Priority::High
+                    };
+                    enqueue(&qa, &ra, key, Reason::Added, priority);
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
@@ -116,12 +126,12 @@ impl<K: Object + Clone> Controller<K> {
                 if pass {
                     let resync = old.resource_version().is_some()
                         && old.resource_version() == new.resource_version();
-                    let reason = if resync {
-                        Reason::Resynced
+                    let (reason, priority) = if resync {
+                        (Reason::Resynced, Priority::Low)
                     } else {
-                        Reason::Updated
+                        (Reason::Updated, Priority::High)
                     };
-                    enqueue(&qu, &ru, key, reason);
+                    enqueue(&qu, &ru, key, reason, priority);
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
@@ -136,7 +146,7 @@ impl<K: Object + Clone> Controller<K> {
                     }
                 }
                 if pass {
-                    enqueue(&qd, &rd, key, Reason::Deleted);
+                    enqueue(&qd, &rd, key, Reason::Deleted, Priority::High);
                 }
             });
         informer.add_event_handler(handler)?;
@@ -194,13 +204,13 @@ impl<K: Object + Clone> Controller<K> {
         let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
         let queue_for = |queue: RateLimitingQueue<String>, reasons: Arc<Reasons>| {
             let kind = Arc::clone(&kind);
-            move |related: &C, keys: Vec<String>| {
+            move |related: &C, keys: Vec<String>, priority: Priority| {
                 for key in keys {
                     reasons.now(&key, || Reason::Related {
                         kind: Arc::clone(&kind),
                         key: meta_namespace_key(related).unwrap_or_default(),
                     });
-                    queue.add(key);
+                    queue.add_with_priority(key, priority);
                 }
             }
         };
@@ -208,15 +218,29 @@ impl<K: Object + Clone> Controller<K> {
         let qu = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
         let qd = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
         let handler = ResourceEventHandlerFuncs::new()
-            .on_add(move |obj: &Arc<C>, _| qa(obj, ma(obj)))
+            .on_add(move |obj: &Arc<C>, initial| {
+                let priority = if initial {
+                    Priority::Low
+                } else {
+                    Priority::High
+                };
+                qa(obj, ma(obj), priority)
+            })
             .on_update(move |old: &Arc<C>, new: &Arc<C>| {
+                let resync = old.resource_version().is_some()
+                    && old.resource_version() == new.resource_version();
+                let priority = if resync {
+                    Priority::Low
+                } else {
+                    Priority::High
+                };
                 let mut keys = mu(old);
                 keys.extend(mu(new));
-                qu(new, keys);
+                qu(new, keys, priority);
             })
             .on_delete(move |obj: &ObjectOrTombstone<C>| {
                 let obj = obj.object();
-                qd(obj, md(obj));
+                qd(obj, md(obj), Priority::High);
             });
         informer.add_event_handler(handler)?;
         self.dependencies.push(Box::new(informer));
@@ -697,11 +721,12 @@ fn enqueue(
     reasons: &Reasons,
     key: Result<String, kinformer_store::KeyError>,
     reason: Reason,
+    priority: Priority,
 ) {
     match key {
         Ok(key) => {
             reasons.now(&key, || reason);
-            queue.add(key);
+            queue.add_with_priority(key, priority);
         }
         Err(e) => warn!(error = %e, "ignoring an object without a key"),
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use kinformer_workqueue::RateLimitingQueue;
+use kinformer_workqueue::{Priority, RateLimitingQueue};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,9 +56,9 @@ impl Worker {
             let key = tokio::select! {
                 biased;
                 _ = self.halt.cancelled() => return,
-                key = self.queue.get() => key,
+                key = self.queue.get_with_priority() => key,
             };
-            let Some(key) = key else { return };
+            let Some((key, priority)) = key else { return };
             // `get` may have raced the halt: a key taken after it stays
             // unworked. The elector's own flag turns false the instant the
             // lease is lost, and a crash is recorded in `fatal`, both before
@@ -87,7 +87,7 @@ impl Worker {
                 }
             }
             let outcome = self
-                .process(&key, entered.as_ref().map(|(guard, _)| guard))
+                .process(&key, entered.as_ref().map(|(guard, _)| guard), priority)
                 .await;
             let aborted = outcome.is_none();
             if let (Some(sharding), Some((guard, generation))) = (&self.sharding, entered) {
@@ -114,7 +114,14 @@ impl Worker {
     /// Reconciles `key` (in `slot`'s guard when sharded): whether the key
     /// was scheduled again, or `None` if the reconcile was aborted and the
     /// worker must end.
-    pub(crate) async fn process(&self, key: &str, slot: Option<&SlotGuard>) -> Option<Settled> {
+    /// A failed reconcile is retried at `priority`, the one the key was
+    /// taken at.
+    pub(crate) async fn process(
+        &self,
+        key: &str,
+        slot: Option<&SlotGuard>,
+        priority: Priority,
+    ) -> Option<Settled> {
         // Every log line of the reconcile (the user's included) names the
         // controller, the object, whether it is a retry and which
         // reconcile it is, as controller-runtime's and kube-runtime's do.
@@ -126,13 +133,16 @@ impl Worker {
             retries = self.queue.num_requeues(&key.to_owned()),
             reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
         );
-        self.process_in_span(key, slot).instrument(span).await
+        self.process_in_span(key, slot, priority)
+            .instrument(span)
+            .await
     }
 
     pub(crate) async fn process_in_span(
         &self,
         key: &str,
         slot: Option<&SlotGuard>,
+        priority: Priority,
     ) -> Option<Settled> {
         let started = Instant::now();
         // Inside the guard: a reconciler may panic before returning its future.
@@ -169,9 +179,11 @@ impl Worker {
                 m.reconcile_error(&self.name);
             }
             let limit = self.reconcile_timeout.unwrap_or_default();
-            return Some(
-                self.retry_or_drop(key_owned, format!("reconcile timed out after {limit:?}")),
-            );
+            return Some(self.retry_or_drop(
+                key_owned,
+                format!("reconcile timed out after {limit:?}"),
+                priority,
+            ));
         };
         let settled = match outcome {
             Ok(Ok(Action::Done)) => {
@@ -183,7 +195,9 @@ impl Worker {
                 self.record(key, "requeue_after", seconds);
                 self.queue.forget(&key_owned);
                 self.reasons.scheduled(&key_owned, Reason::Requeued);
-                self.queue.add_after(key_owned, after);
+                // A periodic look at an object that did not change.
+                self.queue
+                    .add_after_with_priority(key_owned, after, Priority::Low);
                 Settled::No
             }
             Ok(Err(e)) => {
@@ -199,7 +213,7 @@ impl Worker {
                     self.queue.forget(&key_owned);
                     Settled::Yes
                 } else {
-                    self.retry_or_drop(key_owned, chain(e.as_ref()))
+                    self.retry_or_drop(key_owned, chain(e.as_ref()), priority)
                 }
             }
             Err(panic) => {
@@ -218,7 +232,7 @@ impl Worker {
                     self.stop.cancel();
                     return Some(Settled::Yes);
                 }
-                self.retry_or_drop(key_owned, format!("panic: {message}"))
+                self.retry_or_drop(key_owned, format!("panic: {message}"), priority)
             }
         };
         Some(settled)
@@ -230,12 +244,12 @@ impl Worker {
         }
     }
 
-    pub(crate) fn retry_or_drop(&self, key: String, error: String) -> Settled {
+    pub(crate) fn retry_or_drop(&self, key: String, error: String, priority: Priority) -> Settled {
         let retries = self.queue.num_requeues(&key);
         if retries < self.max_retries {
             warn!(key = %key, retries, error = %error, "reconcile failed; retrying with backoff");
             self.reasons.scheduled(&key, Reason::Retry);
-            self.queue.add_rate_limited(key);
+            self.queue.add_rate_limited_with_priority(key, priority);
             Settled::No
         } else {
             error!(key = %key, retries, error = %error, "dropping the key after too many failed reconciles");

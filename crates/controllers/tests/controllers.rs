@@ -17,6 +17,7 @@ use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, SharedIndexInformer,
 };
 use kinformer_store::namespace_indexers;
+use kinformer_workqueue::Priority;
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
@@ -1423,4 +1424,111 @@ async fn the_finalizer_helper_applies_even_when_an_event_filter_drops_its_own_up
     )
     .await
     .unwrap();
+}
+
+/// Records the order keys are reconciled in; the first reconcile waits at
+/// the gate.
+struct InOrder {
+    first: Mutex<Option<String>>,
+    gate: tokio::sync::Semaphore,
+    order: Mutex<Vec<String>>,
+}
+
+impl Reconciler for InOrder {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        Box::pin(async move {
+            let gated = {
+                let mut first = self.first.lock();
+                first
+                    .is_none()
+                    .then(|| *first = Some(key.to_owned()))
+                    .is_some()
+            };
+            if gated {
+                self.gate.acquire().await?.forget();
+            }
+            self.order.lock().push(key.to_owned());
+            Ok(Action::Done)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_changes_are_reconciled_before_the_rest_of_the_initial_list() {
+    let (client, ns) = setup("priority").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..50 {
+        api.create(&PostParams::default(), &config_map(&format!("old-{i:02}")))
+            .await
+            .unwrap();
+    }
+    let informer = informer::<ConfigMap>(&client, &ns);
+    let watching = informer.clone();
+    let lister = informer.lister();
+    let reconciler = Arc::new(InOrder {
+        first: Mutex::default(),
+        gate: tokio::sync::Semaphore::new(0),
+        order: Mutex::default(),
+    });
+    // One worker, and an aging far beyond the test's length: the order
+    // alone is what is checked.
+    let controller = Controller::new(
+        "priority",
+        informer,
+        Arc::clone(&reconciler),
+        ControllerOptions::new()
+            .workers(1)
+            .priority_aging(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let queue = controller.queue().clone();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    eventually(
+        "the first reconcile held, the rest of the list queued",
+        async || {
+            reconciler.first.lock().is_some()
+                && watching.pending_notifications() == 0
+                && queue.len() == 49
+        },
+    )
+    .await;
+    assert_eq!(queue.len_at(Priority::Low), 49, "the initial list is low");
+    // A new object, and an update of one the initial list queued (raised).
+    let first = reconciler.first.lock().clone().unwrap();
+    let updated = if first.ends_with("old-49") {
+        "old-48"
+    } else {
+        "old-49"
+    };
+    api.create(&PostParams::default(), &config_map("new"))
+        .await
+        .unwrap();
+    bump(&api, updated, 1).await;
+    let updated_key = format!("{ns}/{updated}");
+    eventually("both changes queued by the controller", async || {
+        lister.get(&format!("{ns}/new")).is_some()
+            && cached_value(&lister, &updated_key).as_deref() == Some("1")
+            && watching.pending_notifications() == 0
+    })
+    .await;
+    assert_eq!(
+        queue.len(),
+        50,
+        "the update raised its key, not queued it twice"
+    );
+    assert_eq!(queue.len_at(Priority::High), 2);
+    reconciler.gate.add_permits(1);
+    eventually("every key reconciled", async || {
+        reconciler.order.lock().len() == 51
+    })
+    .await;
+    let order = reconciler.order.lock().clone();
+    assert_eq!(
+        order[1..3],
+        [format!("{ns}/new"), updated_key],
+        "the live changes come right after the reconcile in flight: {order:?}"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

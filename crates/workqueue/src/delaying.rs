@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::queue::{Queue, QueueConfig, QueueItem, Shared};
+use crate::queue::{Priority, Queue, QueueConfig, QueueItem, Shared};
 
 /// A [`Queue`] that can also add an item after a delay: client-go's
 /// `DelayingInterface`.
@@ -76,7 +76,14 @@ impl<T: QueueItem> DelayingQueue<T> {
     /// Delays beyond [`MAX_DELAY`](crate::MAX_DELAY) (up to `Duration::MAX`)
     /// saturate there. Ignored after shutdown.
     pub fn add_after(&self, item: T, delay: Duration) {
-        self.queue.add_after_locked(item, delay);
+        self.queue.add_after_locked(item, delay, Priority::High);
+    }
+
+    /// [`add_after`](Self::add_after), queued at `priority` when ready. An
+    /// item already waiting keeps the earlier ready time, at the higher of
+    /// the two priorities.
+    pub fn add_after_with_priority(&self, item: T, delay: Duration, priority: Priority) {
+        self.queue.add_after_locked(item, delay, priority);
     }
 
     /// The number of items waiting for their delay to pass.
@@ -107,7 +114,7 @@ async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) 
             let now = tokio::time::Instant::now();
             let mut next = None;
             while let Some(top) = state.heap.peek() {
-                if state.waiting.get(&top.item) != Some(&top.ready) {
+                if state.waiting.get(&top.item).map(|(ready, _)| ready) != Some(&top.ready) {
                     state.heap.pop();
                     continue;
                 }
@@ -116,8 +123,8 @@ async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) 
                     break;
                 }
                 if let Some(w) = state.heap.pop() {
-                    state.waiting.remove(&w.item);
-                    shared.add_locked(&mut state, w.item);
+                    let priority = state.waiting.remove(&w.item).map(|(_, p)| p);
+                    shared.add_locked(&mut state, w.item, priority.unwrap_or_default());
                 }
             }
             next

@@ -54,7 +54,7 @@ pub use delaying::DelayingQueue;
 pub use metrics::{
     CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, SettableGaugeMetric,
 };
-pub use queue::{MAX_DELAY, Queue, QueueConfig, QueueItem};
+pub use queue::{DEFAULT_PRIORITY_AGING, MAX_DELAY, Priority, Queue, QueueConfig, QueueItem};
 pub use rate_limiter::{
     BucketRateLimiter, ItemExponentialFailureRateLimiter, ItemFastSlowRateLimiter,
     MaxOfRateLimiter, RateLimiter, RateLimiterError, default_controller_rate_limiter,

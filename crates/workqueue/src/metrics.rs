@@ -2,6 +2,8 @@
 //! export queue metrics (to Prometheus, with controller-runtime's names)
 //! without this crate depending on any metrics library.
 
+use crate::Priority;
+
 /// A gauge that goes up and down (queue depth).
 pub trait GaugeMetric: Send + Sync {
     /// Adds one.
@@ -51,6 +53,34 @@ pub trait MetricsProvider: Send + Sync {
     ) -> Box<dyn SettableGaugeMetric>;
     /// Delayed re-adds (`add_after`, `add_rate_limited`).
     fn new_retries_metric(&self, name: &str) -> Box<dyn CounterMetric>;
+    /// Queued items of one priority (the depth, split by priority). By
+    /// default none: a provider that has no priority label skips it.
+    fn new_depth_by_priority_metric(&self, name: &str, priority: Priority) -> Box<dyn GaugeMetric> {
+        let _ = (name, priority);
+        Box::new(Noop)
+    }
+    /// Seconds an item of one priority waited between add and get. By
+    /// default none.
+    fn new_latency_by_priority_metric(
+        &self,
+        name: &str,
+        priority: Priority,
+    ) -> Box<dyn HistogramMetric> {
+        let _ = (name, priority);
+        Box::new(Noop)
+    }
+}
+
+/// The metric of a provider that does not keep it.
+struct Noop;
+
+impl GaugeMetric for Noop {
+    fn inc(&self) {}
+    fn dec(&self) {}
+}
+
+impl HistogramMetric for Noop {
+    fn observe(&self, _: f64) {}
 }
 
 /// The metrics of one queue, made from a provider.
@@ -62,6 +92,9 @@ pub(crate) struct QueueMetrics {
     pub unfinished_work: Box<dyn SettableGaugeMetric>,
     pub longest_running: Box<dyn SettableGaugeMetric>,
     pub retries: Box<dyn CounterMetric>,
+    /// Indexed by priority: `[low, high]`.
+    depth_by_priority: [Box<dyn GaugeMetric>; 2],
+    latency_by_priority: [Box<dyn HistogramMetric>; 2],
 }
 
 impl QueueMetrics {
@@ -74,6 +107,18 @@ impl QueueMetrics {
             unfinished_work: provider.new_unfinished_work_seconds_metric(name),
             longest_running: provider.new_longest_running_processor_seconds_metric(name),
             retries: provider.new_retries_metric(name),
+            depth_by_priority: [Priority::Low, Priority::High]
+                .map(|p| provider.new_depth_by_priority_metric(name, p)),
+            latency_by_priority: [Priority::Low, Priority::High]
+                .map(|p| provider.new_latency_by_priority_metric(name, p)),
         }
+    }
+
+    pub(crate) fn depth_at(&self, priority: Priority) -> &dyn GaugeMetric {
+        &*self.depth_by_priority[priority as usize]
+    }
+
+    pub(crate) fn latency_at(&self, priority: Priority) -> &dyn HistogramMetric {
+        &*self.latency_by_priority[priority as usize]
     }
 }

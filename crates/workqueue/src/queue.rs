@@ -1,4 +1,5 @@
-//! The core work queue: dirty and processing sets, FIFO order, async `get`.
+//! The core work queue: dirty and processing sets, FIFO order within two
+//! priorities, async `get`.
 //!
 //! One `parking_lot` mutex guards all state, including the delayed items of a
 //! [`DelayingQueue`](crate::DelayingQueue), so that a direct `add` can cancel
@@ -6,6 +7,14 @@
 //! two flags: *dirty* (needs processing) and *processing* (a worker holds it).
 //! An item sits in the FIFO only while it is dirty and not processing, which
 //! is what keeps one item from ever reaching two workers.
+//!
+//! Priorities: one FIFO per [`Priority`]. Raising a queued item's priority
+//! pushes it onto the higher FIFO and leaves a stale slot behind in the
+//! lower one, recognised by a sequence number that no longer matches the
+//! item's and skipped when reached (so a raise is O(1), never a search).
+//! Low items are taken in their add order, so the one that has waited
+//! longest is always at the front of its FIFO: aging needs no scan, only a
+//! look at that front.
 //!
 //! Waiting uses tokio `Notify`: a getter registers (`enable`) before looking
 //! at the queue, and every push notifies one getter, so no wake-up is lost
@@ -35,12 +44,54 @@ pub(crate) type Hasher = foldhash::fast::RandomState;
 pub trait QueueItem: Clone + Eq + Hash + Send + Sync + 'static {}
 impl<T: Clone + Eq + Hash + Send + Sync + 'static> QueueItem for T {}
 
-/// How a queue is built: a name (for metrics) and an optional metrics provider.
-#[derive(Clone, Default)]
+/// How urgently an item is wanted. [`Queue::add`] adds at `High`.
+///
+/// A controller adds what changed live at `High`, and at `Low` what only
+/// needs to be looked at again: the objects of an initial list, resyncs and
+/// periodic requeues. `High` items are taken first, in their add order;
+/// a `Low` item that has waited [`QueueConfig::priority_aging`] shares the
+/// workers with them from then on (see [`Queue`]), so no item starves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Wanted eventually: taken when no `High` item waits, or once aged.
+    Low,
+    /// Wanted now.
+    #[default]
+    High,
+}
+
+impl Priority {
+    /// `"low"` or `"high"`, the `priority` label of metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::High => "high",
+        }
+    }
+}
+
+/// How long a `Low` item waits before it shares the workers with `High`
+/// ones, by default: [`QueueConfig::priority_aging`].
+pub const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(5);
+
+/// How a queue is built: a name (for metrics), an optional metrics
+/// provider, and how long a `Low` item may be passed over.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct QueueConfig {
     name: String,
     metrics_provider: Option<Arc<dyn MetricsProvider>>,
+    priority_aging: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            metrics_provider: None,
+            priority_aging: DEFAULT_PRIORITY_AGING,
+        }
+    }
 }
 
 impl fmt::Debug for QueueConfig {
@@ -48,6 +99,7 @@ impl fmt::Debug for QueueConfig {
         f.debug_struct("QueueConfig")
             .field("name", &self.name)
             .field("metrics", &self.metrics_provider.is_some())
+            .field("priority_aging", &self.priority_aging)
             .finish()
     }
 }
@@ -62,6 +114,17 @@ impl QueueConfig {
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// How long a [`Priority::Low`] item may wait while `High` items are
+    /// taken before it: from then on, at least every second item taken is
+    /// an aged `Low` one while any waits. Default
+    /// [`DEFAULT_PRIORITY_AGING`]; zero shares the workers between the two
+    /// priorities from the start. The bound it gives is on [`Queue`].
+    #[must_use]
+    pub fn priority_aging(mut self, aging: Duration) -> Self {
+        self.priority_aging = aging.min(MAX_DELAY);
         self
     }
 
@@ -82,6 +145,18 @@ impl QueueConfig {
 ///   it dirty, and `done` queues it again.
 /// - After [`shut_down`](Self::shut_down), adds are ignored and `get` hands
 ///   out what is still queued, then returns `None`.
+/// - Items are taken by [`Priority`], in add order within one. Adding a
+///   queued item at a higher priority raises it (it keeps the one it has
+///   otherwise); an item added while processed is queued again at the
+///   highest priority it was added at meanwhile.
+/// - No item starves. A `Low` item that has waited the queue's
+///   [`priority_aging`](QueueConfig::priority_aging) `A` is taken before
+///   any `High` item once the previous item taken was a `High` one; so
+///   while aged `Low` items wait, at least every second item taken is one
+///   of them, oldest first. A `Low` item with `n` `Low` items ahead of it
+///   is therefore taken within `A + 2(n + 1)/R` of its add, `R` being the
+///   rate at which the workers take items, however many `High` items keep
+///   arriving.
 /// - [`shut_down_with_drain`](Self::shut_down_with_drain) also waits until
 ///   every queued item has been taken and every taken item is done.
 ///
@@ -103,7 +178,7 @@ impl<T> fmt::Debug for Queue<T> {
         let state = self.shared.state.lock();
         f.debug_struct("Queue")
             .field("name", &self.shared.name)
-            .field("len", &state.queue.len())
+            .field("len", &state.len())
             .field("processing", &state.processing)
             .field("waiting", &state.waiting.len())
             .field("shutting_down", &state.shutting_down)
@@ -132,23 +207,42 @@ impl<T> Drop for Shared<T> {
 struct ItemState {
     dirty: bool,
     processing: bool,
+    /// The priority it is queued at, or will be when `done` queues it.
+    priority: Priority,
+    /// The sequence number of its live slot; other slots are stale.
+    slot: u64,
     /// When the item was queued (metrics only).
     added: Option<Instant>,
     /// When a worker took the item (metrics only).
     started: Option<Instant>,
 }
 
+/// One place in a priority's FIFO.
+struct Slot<T> {
+    item: T,
+    seq: u64,
+    /// When a `Low` item was queued (aging); `High` slots never read it.
+    added: Option<Instant>,
+}
+
 pub(crate) struct State<T> {
-    queue: VecDeque<T>,
+    high: VecDeque<Slot<T>>,
+    low: VecDeque<Slot<T>>,
+    /// Items queued (live slots), by priority: `[low, high]`.
+    queued: [usize; 2],
+    /// The last item taken was an aged `Low` one: a `High` one goes next.
+    took_aged_low: bool,
+    aging: Duration,
+    slot_seq: u64,
     items: HashMap<T, ItemState, Hasher>,
     processing: usize,
     /// Getters registered with `item_ready` and waiting.
     getters_waiting: usize,
     shutting_down: bool,
     drain: bool,
-    /// Ready time of each delayed item; the heap may hold stale entries,
-    /// recognised by a ready time that differs from this map's.
-    pub(crate) waiting: HashMap<T, Instant, Hasher>,
+    /// Ready time and priority of each delayed item; the heap may hold
+    /// stale entries, recognised by a ready time that differs from this map's.
+    pub(crate) waiting: HashMap<T, (Instant, Priority), Hasher>,
     pub(crate) heap: BinaryHeap<Waiting<T>>,
     seq: u64,
 }
@@ -202,7 +296,12 @@ impl<T: QueueItem> Queue<T> {
         let queue = Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    queue: VecDeque::new(),
+                    high: VecDeque::new(),
+                    low: VecDeque::new(),
+                    queued: [0; 2],
+                    took_aged_low: false,
+                    aging: config.priority_aging,
+                    slot_seq: 0,
                     items: HashMap::default(),
                     processing: 0,
                     getters_waiting: 0,
@@ -225,9 +324,16 @@ impl<T: QueueItem> Queue<T> {
         queue
     }
 
-    /// Marks `item` as needing processing. Ignored after shutdown. Cancels a
-    /// pending `add_after` of the same item: it is queued now.
+    /// Marks `item` as needing processing, at [`Priority::High`]. Ignored
+    /// after shutdown. Cancels a pending `add_after` of the same item: it is
+    /// queued now.
     pub fn add(&self, item: T) {
+        self.add_with_priority(item, Priority::High);
+    }
+
+    /// [`add`](Self::add) at `priority`; an item queued at a lower one is
+    /// raised to it.
+    pub fn add_with_priority(&self, item: T, priority: Priority) {
         let mut state = self.shared.state.lock();
         if state.shutting_down {
             return;
@@ -235,12 +341,23 @@ impl<T: QueueItem> Queue<T> {
         if !state.waiting.is_empty() {
             state.waiting.remove(&item);
         }
-        self.shared.add_locked(&mut state, item);
+        self.shared.add_locked(&mut state, item, priority);
+    }
+
+    /// The number of items queued at `priority` and not yet taken.
+    pub fn len_at(&self, priority: Priority) -> usize {
+        self.shared.state.lock().queued[priority as usize]
     }
 
     /// Waits for an item and takes it for processing; `None` once the queue
     /// is shut down and empty. Call [`done`](Self::done) when finished.
     pub async fn get(&self) -> Option<T> {
+        self.get_with_priority().await.map(|(item, _)| item)
+    }
+
+    /// [`get`](Self::get), with the priority the item was queued at (a
+    /// worker that retries it can keep that priority).
+    pub async fn get_with_priority(&self) -> Option<(T, Priority)> {
         loop {
             // Fast path: an item is ready, no registration with the Notify.
             if let Some(taken) = self.try_take() {
@@ -262,7 +379,7 @@ impl<T: QueueItem> Queue<T> {
     }
 
     /// `Some(Some(item))`: taken; `Some(None)`: shut down and empty; `None`: wait.
-    fn try_take(&self) -> Option<Option<T>> {
+    fn try_take(&self) -> Option<Option<(T, Priority)>> {
         let mut state = self.shared.state.lock();
         self.shared.take_locked(&mut state)
     }
@@ -283,28 +400,29 @@ impl<T: QueueItem> Queue<T> {
         {
             m.work_duration.observe(started.elapsed().as_secs_f64());
         }
-        let requeue = entry.dirty;
+        let requeue = entry.dirty.then_some(entry.priority);
         state.processing -= 1;
-        if requeue {
+        if let Some(priority) = requeue {
             if let Some(m) = &self.shared.metrics {
                 // Queued from now; its latency runs from the re-add.
                 m.depth.inc();
+                m.depth_at(priority).inc();
             }
-            state.queue.push_back(item.clone());
+            push_slot(&mut state, item.clone(), priority);
             if state.getters_waiting > 0 {
                 self.shared.item_ready.notify_one();
             }
         } else {
             state.items.remove(item);
         }
-        if state.drain && state.processing == 0 && state.queue.is_empty() {
+        if state.drain && state.processing == 0 && state.len() == 0 {
             self.shared.drained.notify_waiters();
         }
     }
 
     /// The number of items queued and not yet taken.
     pub fn len(&self) -> usize {
-        self.shared.state.lock().queue.len()
+        self.shared.state.lock().len()
     }
 
     /// Whether no item is queued.
@@ -343,7 +461,7 @@ impl<T: QueueItem> Queue<T> {
             notified.as_mut().enable();
             {
                 let state = self.shared.state.lock();
-                if !state.drain || (state.processing == 0 && state.queue.is_empty()) {
+                if !state.drain || (state.processing == 0 && state.len() == 0) {
                     return;
                 }
             }
@@ -367,8 +485,9 @@ impl<T: QueueItem> Queue<T> {
         self.shared.update_unfinished_work();
     }
 
-    /// Queues `item` once `delay` has passed; see `DelayingQueue::add_after`.
-    pub(crate) fn add_after_locked(&self, item: T, delay: Duration) {
+    /// Queues `item` at `priority` once `delay` has passed; see
+    /// `DelayingQueue::add_after`.
+    pub(crate) fn add_after_locked(&self, item: T, delay: Duration, priority: Priority) {
         let mut state = self.shared.state.lock();
         if state.shutting_down {
             return;
@@ -378,16 +497,18 @@ impl<T: QueueItem> Queue<T> {
         }
         if delay.is_zero() {
             state.waiting.remove(&item);
-            self.shared.add_locked(&mut state, item);
+            self.shared.add_locked(&mut state, item, priority);
             return;
         }
         let ready = ready_at(Instant::now(), delay);
-        if let Some(&existing) = state.waiting.get(&item)
-            && existing <= ready
+        if let Some((existing, p)) = state.waiting.get_mut(&item)
+            && *existing <= ready
         {
+            // The earlier ready time stays, at the higher priority.
+            *p = (*p).max(priority);
             return;
         }
-        state.waiting.insert(item.clone(), ready);
+        state.waiting.insert(item.clone(), (ready, priority));
         state.seq += 1;
         let seq = state.seq;
         state.heap.push(Waiting { ready, seq, item });
@@ -427,27 +548,107 @@ fn compact_heap<T: QueueItem>(state: &mut State<T>) {
     let waiting = &state.waiting;
     state.heap = heap
         .into_iter()
-        .filter(|w| waiting.get(&w.item) == Some(&w.ready))
+        .filter(|w| waiting.get(&w.item).map(|(ready, _)| ready) == Some(&w.ready))
         .collect();
 }
 
+/// Queues `item` at `priority`: a new live slot at the back of its FIFO.
+fn push_slot<T: QueueItem>(state: &mut State<T>, item: T, priority: Priority) {
+    state.slot_seq += 1;
+    let seq = state.slot_seq;
+    if let Some(entry) = state.items.get_mut(&item) {
+        entry.slot = seq;
+    }
+    state.queued[priority as usize] += 1;
+    let added = (priority == Priority::Low).then(Instant::now);
+    let slot = Slot { item, seq, added };
+    match priority {
+        Priority::High => state.high.push_back(slot),
+        Priority::Low => state.low.push_back(slot),
+    }
+}
+
+/// Whether `slot` is its item's live slot (the item queued, not taken,
+/// not raised to another FIFO since).
+fn is_live<T: QueueItem>(items: &HashMap<T, ItemState, Hasher>, slot: &Slot<T>) -> bool {
+    items
+        .get(&slot.item)
+        .is_some_and(|e| e.dirty && !e.processing && e.slot == slot.seq)
+}
+
+/// Pops the slot to take next: `High` first, except that an aged `Low`
+/// front goes first when the last item taken was not one (see [`Queue`]).
+fn next_slot<T: QueueItem>(state: &mut State<T>) -> Option<Slot<T>> {
+    while state
+        .high
+        .front()
+        .is_some_and(|s| !is_live(&state.items, s))
+    {
+        state.high.pop_front();
+    }
+    while state.low.front().is_some_and(|s| !is_live(&state.items, s)) {
+        state.low.pop_front();
+    }
+    let take_low = match (state.high.is_empty(), state.low.front()) {
+        (_, None) => false,
+        (true, Some(_)) => true,
+        (false, Some(front)) => {
+            !state.took_aged_low
+                && front
+                    .added
+                    .is_some_and(|added| added.elapsed() >= state.aging)
+        }
+    };
+    let slot = if take_low {
+        state.low.pop_front()
+    } else {
+        state.high.pop_front()
+    };
+    // Only a Low slot taken ahead of waiting High ones counts as aged.
+    state.took_aged_low = take_low && !state.high.is_empty();
+    slot
+}
+
 impl<T> State<T> {
+    fn len(&self) -> usize {
+        self.queued.iter().sum()
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutting_down
     }
 }
 
 impl<T: QueueItem> Shared<T> {
-    pub(crate) fn add_locked(&self, state: &mut State<T>, item: T) {
+    pub(crate) fn add_locked(&self, state: &mut State<T>, item: T, priority: Priority) {
         let metrics = self.metrics.as_ref();
         // One hash lookup, and no clone of an item that is already dirty.
         let queued = match state.items.entry(item) {
             Entry::Occupied(mut e) => {
                 let entry = e.get_mut();
                 if entry.dirty {
+                    if priority <= entry.priority {
+                        return;
+                    }
+                    let was = entry.priority;
+                    entry.priority = priority;
+                    // Being processed: `done` queues it at the new priority.
+                    if entry.processing {
+                        return;
+                    }
+                    // Raised: a new slot in the higher FIFO; the old one
+                    // goes stale (its sequence number no longer matches).
+                    if let Some(m) = metrics {
+                        m.depth_at(was).dec();
+                        m.depth_at(priority).inc();
+                    }
+                    let item = e.key().clone();
+                    state.queued[was as usize] -= 1;
+                    push_slot(state, item, priority);
                     return;
                 }
                 entry.dirty = true;
+                entry.priority = priority;
                 if let Some(m) = metrics {
                     m.adds.inc();
                     // Queue latency counts from this add, also for an item
@@ -461,6 +662,7 @@ impl<T: QueueItem> Shared<T> {
                 }
                 if let Some(m) = metrics {
                     m.depth.inc();
+                    m.depth_at(priority).inc();
                 }
                 e.key().clone()
             }
@@ -469,41 +671,50 @@ impl<T: QueueItem> Shared<T> {
                 let added = metrics.map(|m| {
                     m.adds.inc();
                     m.depth.inc();
+                    m.depth_at(priority).inc();
                     Instant::now()
                 });
                 e.insert(ItemState {
                     dirty: true,
+                    priority,
                     added,
                     ..ItemState::default()
                 });
                 key
             }
         };
-        state.queue.push_back(queued);
+        push_slot(state, queued, priority);
         if state.getters_waiting > 0 {
             self.item_ready.notify_one();
         }
     }
 
     /// Takes the next item for processing, under the lock.
-    fn take_locked(&self, state: &mut State<T>) -> Option<Option<T>> {
-        let Some(item) = state.queue.pop_front() else {
+    fn take_locked(&self, state: &mut State<T>) -> Option<Option<(T, Priority)>> {
+        let Some(slot) = next_slot(state) else {
             return state.shutting_down.then_some(None);
         };
+        let item = slot.item;
+        let mut priority = Priority::High;
         if let Some(entry) = state.items.get_mut(&item) {
             entry.dirty = false;
             entry.processing = true;
+            priority = entry.priority;
             if let Some(m) = &self.metrics {
                 let now = Instant::now();
                 m.depth.dec();
+                m.depth_at(priority).dec();
                 if let Some(added) = entry.added.take() {
-                    m.latency.observe((now - added).as_secs_f64());
+                    let waited = (now - added).as_secs_f64();
+                    m.latency.observe(waited);
+                    m.latency_at(priority).observe(waited);
                 }
                 entry.started = Some(now);
             }
         }
+        state.queued[priority as usize] -= 1;
         state.processing += 1;
-        Some(Some(item))
+        Some(Some((item, priority)))
     }
 
     fn stop_delaying(&self, state: &mut State<T>) {

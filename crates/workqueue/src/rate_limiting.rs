@@ -3,7 +3,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::{DelayingQueue, QueueConfig, QueueItem, RateLimiter};
+use crate::{DelayingQueue, Priority, QueueConfig, QueueItem, RateLimiter};
 
 /// A [`DelayingQueue`] with per-item retry delays: client-go's
 /// `RateLimitingInterface`.
@@ -62,8 +62,15 @@ impl<T: QueueItem> RateLimitingQueue<T> {
 
     /// Adds `item` back after the delay the rate limiter gives for it now.
     pub fn add_rate_limited(&self, item: T) {
+        self.add_rate_limited_with_priority(item, Priority::High);
+    }
+
+    /// [`add_rate_limited`](Self::add_rate_limited), queued at `priority`
+    /// when the delay has passed (a worker retrying an item keeps the
+    /// priority it took it at).
+    pub fn add_rate_limited_with_priority(&self, item: T, priority: Priority) {
         let delay = self.limiter.when(&item);
-        self.queue.add_after(item, delay);
+        self.queue.add_after_with_priority(item, delay, priority);
     }
 
     /// Clears the limiter's record of `item` (call it when processing succeeded).
