@@ -42,6 +42,9 @@ enum Task {
         /// Only the sharded informers: N = 1, 2, 4 replicas with server-side sharding, client-side filtering and none.
         #[arg(long)]
         sharding: bool,
+        /// Only the out-of-the-box sync rows, 10 000 and 50 000 pods, with more rounds and the server's own floor.
+        #[arg(long, conflicts_with = "sharding")]
+        defaults: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -114,10 +117,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             EnvtestCommand::Gomod => gomod(),
         },
-        Task::Bench { quick, sharding } => {
+        Task::Bench {
+            quick,
+            sharding,
+            defaults,
+        } => {
             let root = workspace_root();
             if sharding {
                 runtime()?.block_on(bench::run_sharding(quick, &root))?;
+            } else if defaults {
+                runtime()?.block_on(bench::run_defaults(quick, &root))?;
             } else {
                 runtime()?.block_on(bench::run(quick, &root))?;
             }

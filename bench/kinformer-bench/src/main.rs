@@ -61,6 +61,10 @@
 //!   a server without the `ShardedListAndWatch` gate gives), `none` caches
 //!   every Pod. Time to has_synced, RSS growth, bytes of response bodies
 //!   received, objects cached.
+//! - `raw-watch-list KUBECONFIG NAMESPACE [json]`: the streaming list an
+//!   informer opens, read and framed without decoding any object (protobuf
+//!   unless `json`), until its end bookmark: the time the server takes to
+//!   send it, the floor under every client's sync.
 //! - `latency KUBECONFIG NAMESPACE SECONDS`: handler receive time minus the
 //!   write time stamped by the writer in the `bench/sent-ns` annotation;
 //!   split where the Reflector decoded each update (its transform sees it
@@ -163,7 +167,11 @@ fn main() -> Result<()> {
             &arg(2)?,
             args[3..].iter().any(|a| a == "compact"),
         )),
-        Some("raw-watch-list") => rt.block_on(raw_watch_list(&arg(1)?, &arg(2)?)),
+        Some("raw-watch-list") => rt.block_on(raw_watch_list(
+            &arg(1)?,
+            &arg(2)?,
+            args.get(3).map(String::as_str) == Some("json"),
+        )),
         Some("latency") => rt.block_on(latency(&arg(1)?, &arg(2)?, arg(3)?.parse()?)),
         Some("metadata-sync") => rt.block_on(metadata_sync(
             &arg(1)?,
@@ -903,6 +911,7 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
             let now = now_ns();
             let decoded = decoded_at.lock().ok().and_then(|mut d| d.remove(&sent));
             s.push(samples::Sample {
+                sent,
                 total: now.saturating_sub(sent),
                 decoded: decoded.map(|at| (at.saturating_sub(sent), now.saturating_sub(at))),
             });
@@ -931,6 +940,15 @@ async fn latency(kubeconfig: &str, ns: &str, seconds: u64) -> Result<serde_json:
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     shutdown.cancel();
     let taken = samples.take();
+    // Every update's latency, for `cargo xtask bench` to pair with another
+    // client's that watched the same updates.
+    if let Some(path) = std::env::var_os("BENCH_LATENCY_SAMPLES") {
+        let lines: String = taken
+            .iter()
+            .map(|s| format!("{} {}\n", s.sent, s.total))
+            .collect();
+        std::fs::write(&path, lines).context("writing the latency samples")?;
+    }
     let pct = |mut v: Vec<u64>, q: f64| {
         v.sort_unstable();
         v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
@@ -973,6 +991,7 @@ mod samples {
     /// One update seen by the handler, in nanoseconds: write to handler, and
     /// (write to decoded, decoded to handler) when the transform saw it.
     pub struct Sample {
+        pub sent: u64,
         pub total: u64,
         pub decoded: Option<(u64, u64)>,
     }
@@ -996,29 +1015,82 @@ mod samples {
     }
 }
 
-/// Diagnostic: the bytes of a streaming list through kube-client, decoded or not.
-async fn raw_watch_list(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
-    use futures::AsyncBufReadExt;
+/// The server's streaming list of the Pods of `ns` read off the wire and
+/// framed, no object decoded: the floor under any client's sync, since
+/// the server encodes and sends the same events to every client. Protobuf
+/// (length-prefixed frames, the event type read from each frame's first
+/// field) unless `json` (one event a line). Ends at the first BOOKMARK,
+/// which on a streaming list is the end of its initial events.
+async fn raw_watch_list(kubeconfig: &str, ns: &str, json: bool) -> Result<serde_json::Value> {
+    use futures::{AsyncBufReadExt, AsyncReadExt};
     let client = client(kubeconfig).await?;
     let url = format!(
         "/api/v1/namespaces/{ns}/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion="
     );
+    let accept = if json {
+        "application/json"
+    } else {
+        "application/vnd.kubernetes.protobuf;stream=watch"
+    };
+    let cpu_start = process_cpu_ms();
     let start = Instant::now();
-    let req = http::Request::get(url).body(Vec::new())?;
-    let body = client.request_stream(req).await?;
-    let mut lines = body.lines();
-    let (mut n, mut bytes) = (0u64, 0u64);
-    use futures::StreamExt;
-    while let Some(line) = lines.next().await {
-        let line = line?;
-        bytes += line.len() as u64;
-        n += 1;
-        if line.contains("initial-events-end") {
-            break;
+    let req = http::Request::get(url)
+        .header(http::header::ACCEPT, accept)
+        .body(Vec::new())?;
+    let (mut events, mut bytes) = (0u64, 0u64);
+    if json {
+        let mut lines = client.request_stream(req).await?.lines();
+        while let Some(line) = lines.next().await {
+            let line = line?;
+            bytes += line.len() as u64 + 1;
+            events += 1;
+            if line.contains("\"BOOKMARK\"") {
+                break;
+            }
+        }
+    } else {
+        let response = client.send(req.map(Into::into)).await?;
+        if !response.status().is_success() {
+            bail!("the streaming list was refused: {}", response.status());
+        }
+        let mut body = kinformer_informer::protobuf::body_reader(response);
+        let mut frame = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            body.read_exact(&mut len).await?;
+            let len = u32::from_be_bytes(len) as usize;
+            frame.resize(len, 0);
+            body.read_exact(&mut frame).await?;
+            bytes += 4 + len as u64;
+            events += 1;
+            if watch_event_type(&frame)? == b"BOOKMARK" {
+                break;
+            }
         }
     }
-    let read = start.elapsed().as_secs_f64();
+    let seconds = start.elapsed().as_secs_f64();
     Ok(
-        serde_json::json!({"scenario": "raw-watch-list", "lines": n, "bytes": bytes, "seconds": read, "mb_per_s": bytes as f64 / read / 1e6}),
+        serde_json::json!({"scenario": "raw-watch-list", "events": events, "bytes": bytes,
+        "sync_seconds": seconds, "cpu_ms": process_cpu_ms() - cpu_start,
+        "mb_per_s": bytes as f64 / seconds / 1e6}),
     )
+}
+
+/// The type of a protobuf `WatchEvent` (field 1, a string, which the API
+/// server writes first) without decoding the rest of the frame.
+fn watch_event_type(frame: &[u8]) -> Result<&[u8]> {
+    let Some((&0x0a, rest)) = frame.split_first() else {
+        bail!("a watch frame that does not start with its type");
+    };
+    let (mut len, mut shift, mut i) = (0usize, 0, 0);
+    loop {
+        let b = *rest.get(i).context("a truncated watch frame")?;
+        len |= usize::from(b & 0x7f) << shift;
+        i += 1;
+        if b & 0x80 == 0 || shift > 28 {
+            break;
+        }
+        shift += 7;
+    }
+    rest.get(i..i + len).context("a truncated watch frame")
 }

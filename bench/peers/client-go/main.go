@@ -267,11 +267,14 @@ func measureSync(inf cache.SharedIndexInformer, start func(<-chan struct{}), bas
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{})
 	stop := make(chan struct{})
 	began := time.Now()
+	u0, s0 := processCPUNs()
 	start(stop)
 	for !inf.HasSynced() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	syncSecs := time.Since(began).Seconds()
+	u1, s1 := processCPUNs()
+	cpuMs := float64(u1-u0+s1-s0) / 1e6
 	time.Sleep(2 * time.Second)
 	rss := statusKB("VmRSS:")
 	hwm := statusKB("VmHWM:")
@@ -282,7 +285,7 @@ func measureSync(inf cache.SharedIndexInformer, start func(<-chan struct{}), bas
 	if objects > 0 && rss > baseline {
 		perObject = float64((rss-baseline)*1024) / float64(objects)
 	}
-	return map[string]any{"pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "rss_anon_bytes": anon * 1024, "bytes_per_pod": perObject}
+	return map[string]any{"pods": objects, "sync_seconds": syncSecs, "rss_bytes": rss * 1024, "peak_rss_bytes": hwm * 1024, "rss_anon_bytes": anon * 1024, "bytes_per_pod": perObject, "cpu_ms": cpuMs}
 }
 
 // addAnonPerObject adds the growth of anonymous RSS per object since
@@ -343,6 +346,7 @@ func runLatency(kubeconfig, ns string, seconds int) {
 	inf := factory.Core().V1().Pods().Informer()
 	var mu sync.Mutex
 	var samples []uint64
+	var sents []uint64
 	record := func(obj interface{}) {
 		p, ok := obj.(*v1.Pod)
 		if !ok {
@@ -358,6 +362,7 @@ func runLatency(kubeconfig, ns string, seconds int) {
 		}
 		mu.Lock()
 		samples = append(samples, now-sent)
+		sents = append(sents, sent)
 		mu.Unlock()
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
@@ -378,7 +383,20 @@ func runLatency(kubeconfig, ns string, seconds int) {
 	cancel()
 	mu.Lock()
 	v := samples
+	sentAt := sents
 	mu.Unlock()
+	// Every update's latency, for cargo xtask bench to pair with another
+	// client's that watched the same updates.
+	if path := os.Getenv("BENCH_LATENCY_SAMPLES"); path != "" {
+		var b strings.Builder
+		for i := range v {
+			fmt.Fprintf(&b, "%d %d\n", sentAt[i], v[i])
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
 	pct := func(q float64) float64 {
 		if len(v) == 0 {
