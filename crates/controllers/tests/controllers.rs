@@ -1532,3 +1532,110 @@ async fn live_changes_are_reconciled_before_the_rest_of_the_initial_list() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// Logs which replica reconciled which key, in order.
+struct Logged {
+    replica: usize,
+    log: Arc<Mutex<Vec<(usize, String)>>>,
+}
+
+impl Reconciler for Logged {
+    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        self.log.lock().push((self.replica, key.to_owned()));
+        Box::pin(async { Ok(Action::Done) })
+    }
+}
+
+/// A standby keeps its cache synced and its queue filled while it waits for
+/// the lease; when the leader is cut off (it stops renewing, as if killed),
+/// the standby takes over from its warm cache, and the object written just
+/// after the loss is its first reconcile, ahead of the 30 keys its initial
+/// list queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_warm_and_reconciles_a_write_made_after_the_loss_first() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("warm").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(env.client().unwrap(), &ns);
+    for i in 0..30 {
+        api.create(&PostParams::default(), &config_map(&format!("k{i:02}")))
+            .await
+            .unwrap();
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let start = async |id: usize| {
+        let proxy = kinformer_envtest::Proxy::start(env.api_port())
+            .await
+            .unwrap();
+        let client = env.client_via(proxy.port()).unwrap();
+        let mut config = LeaderElectionConfig::new(&ns, "warm", &format!("replica-{id}"));
+        config.lease_duration = Duration::from_secs(3);
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
+        let elector = Arc::new(LeaderElector::new(client.clone(), config));
+        let informer = informer::<ConfigMap>(&client, &ns);
+        let controller = Controller::new(
+            "warm",
+            informer.clone(),
+            Logged {
+                replica: id,
+                log: Arc::clone(&log),
+            },
+            ControllerOptions::new()
+                .leader_election(Arc::clone(&elector))
+                .priority_aging(Duration::from_secs(3600)),
+        )
+        .unwrap();
+        let queue = controller.queue().clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(controller.run(shutdown.clone()));
+        (proxy, elector, informer, queue, shutdown, task)
+    };
+    let (a_proxy, a_elector, _, _, a_shutdown, a_task) = start(0).await;
+    eventually("a leads and reconciles the 30", async || {
+        a_elector.is_leader() && log.lock().len() == 30
+    })
+    .await;
+    let (_b_proxy, b_elector, b_informer, b_queue, b_shutdown, b_task) = start(1).await;
+    eventually("b synced and its initial list queued", async || {
+        b_informer.has_synced() && b_informer.pending_notifications() == 0 && b_queue.len() == 30
+    })
+    .await;
+    assert!(!b_elector.is_leader());
+    assert_eq!(b_queue.len_at(Priority::Low), 30);
+
+    // a is cut off: no renewal, no request reaches the server from it.
+    a_proxy.blackhole(true);
+    api.create(&PostParams::default(), &config_map("after"))
+        .await
+        .unwrap();
+    eventually("b's controller queued the write", async || {
+        b_queue.len_at(Priority::High) == 1 && b_informer.pending_notifications() == 0
+    })
+    .await;
+    eventually("b leads and reconciles", async || {
+        log.lock().iter().any(|(replica, _)| *replica == 1)
+    })
+    .await;
+    let first_of_b = log
+        .lock()
+        .iter()
+        .find(|(replica, _)| *replica == 1)
+        .map(|(_, key)| key.clone());
+    assert_eq!(
+        first_of_b,
+        Some(format!("{ns}/after")),
+        "the write made after the loss goes first"
+    );
+    eventually("b reconciles the rest", async || {
+        log.lock()
+            .iter()
+            .filter(|(replica, _)| *replica == 1)
+            .count()
+            == 31
+    })
+    .await;
+    a_shutdown.cancel();
+    b_shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(60), a_task).await;
+    b_task.await.unwrap().unwrap();
+}
