@@ -284,3 +284,106 @@ async fn depth_and_latency_are_reported_by_priority() {
     assert_eq!((r.latency[0].len(), r.latency[1].len()), (1, 2));
     assert!(r.latency[0][0] >= 1.0);
 }
+
+/// A model of the queue: for each item, whether it is queued (and at which
+/// priority, in which order) or held by a worker and dirty meanwhile.
+#[derive(Default)]
+struct Model {
+    /// (item, priority, order) of queued items.
+    queued: Vec<(u8, Priority, u64)>,
+    /// Held items, with the priority they come back at if dirty.
+    held: std::collections::HashMap<u8, Option<Priority>>,
+    clock: u64,
+}
+
+impl Model {
+    fn add(&mut self, item: u8, p: Priority) {
+        self.clock += 1;
+        if let Some(dirty) = self.held.get_mut(&item) {
+            *dirty = Some(dirty.map_or(p, |d| d.max(p)));
+        } else if let Some(q) = self.queued.iter_mut().find(|q| q.0 == item) {
+            if p > q.1 {
+                *q = (item, p, self.clock);
+            }
+        } else {
+            self.queued.push((item, p, self.clock));
+        }
+    }
+
+    fn done(&mut self, item: u8) {
+        self.clock += 1;
+        if let Some(Some(p)) = self.held.remove(&item) {
+            self.queued.push((item, p, self.clock));
+        }
+    }
+
+    fn len_at(&self, p: Priority) -> usize {
+        self.queued.iter().filter(|q| q.1 == p).count()
+    }
+}
+
+/// Random adds at both priorities, takes and dones, against the model:
+/// every take hands out a queued item (never a held one) at the priority
+/// the model says, a High one whenever one is queued (aging is off here),
+/// the oldest of its priority, and the lengths agree after every step.
+#[tokio::test(start_paused = true)]
+async fn random_operations_agree_with_a_model_of_the_queue() {
+    for seed in 0..200 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let q = Queue::with_config(QueueConfig::new().priority_aging(Duration::MAX));
+        let mut m = Model::default();
+        for _ in 0..300 {
+            match rng.u8(0..10) {
+                0..=3 => {
+                    let (item, p) = (
+                        rng.u8(0..12),
+                        if rng.bool() {
+                            Priority::High
+                        } else {
+                            Priority::Low
+                        },
+                    );
+                    q.add_with_priority(item, p);
+                    m.add(item, p);
+                }
+                4..=6 if !m.queued.is_empty() => {
+                    let (item, p) = take(&q).await;
+                    let best = m.queued.iter().map(|q| q.1).max().unwrap();
+                    let next = m
+                        .queued
+                        .iter()
+                        .filter(|q| q.1 == best)
+                        .min_by_key(|q| q.2)
+                        .copied()
+                        .unwrap();
+                    assert_eq!((item, p), (next.0, next.1), "seed {seed}");
+                    m.queued.retain(|q| q.0 != item);
+                    assert!(
+                        m.held.insert(item, None).is_none(),
+                        "seed {seed}: {item} held twice"
+                    );
+                }
+                _ => {
+                    if let Some(&item) = m.held.keys().nth(
+                        rng.usize(0..m.held.len().max(1))
+                            .min(m.held.len().saturating_sub(1)),
+                    ) {
+                        q.done(&item);
+                        m.done(item);
+                    }
+                }
+            }
+            assert_eq!(
+                q.len_at(Priority::High),
+                m.len_at(Priority::High),
+                "seed {seed}"
+            );
+            assert_eq!(
+                q.len_at(Priority::Low),
+                m.len_at(Priority::Low),
+                "seed {seed}"
+            );
+            assert_eq!(q.len(), m.queued.len(), "seed {seed}");
+        }
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kinformer_workqueue::{
     CounterMetric, DelayingQueue, GaugeMetric, HistogramMetric, ItemExponentialFailureRateLimiter,
-    MetricsProvider, Queue, QueueConfig, RateLimitingQueue, SettableGaugeMetric,
+    MetricsProvider, Priority, Queue, QueueConfig, RateLimitingQueue, SettableGaugeMetric,
 };
 use parking_lot::Mutex;
 use tokio::time::{Instant, sleep, timeout};
@@ -173,7 +173,9 @@ async fn no_item_is_ever_held_by_two_workers_and_every_add_is_processed() {
     const WORKERS: usize = 8;
     // Many iterations of the whole scenario, each on fresh state.
     for _round in 0..5 {
-        let q = Queue::new();
+        // One producer adds at High, the other at Low; aging zero, so the
+        // queue alternates between its two FIFOs and raises items often.
+        let q = Queue::with_config(QueueConfig::new().priority_aging(Duration::ZERO));
         let held = Arc::new(Mutex::new(HashSet::new()));
         let violations = Arc::new(AtomicUsize::new(0));
         // Per key, the highest add number produced and processed. A worker
@@ -209,7 +211,12 @@ async fn no_item_is_ever_held_by_two_workers_and_every_add_is_processed() {
                     for i in 0..ADDS {
                         let key = (i * 7 + p) % KEYS;
                         produced[key as usize].fetch_max((i + 1) as usize, Ordering::SeqCst);
-                        q.add(key);
+                        let priority = if p == 0 {
+                            Priority::High
+                        } else {
+                            Priority::Low
+                        };
+                        q.add_with_priority(key, priority);
                         if i % 64 == 0 {
                             tokio::task::yield_now().await;
                         }
