@@ -151,14 +151,14 @@ impl<K> ControllerOptions<K> {
     ///
     /// The queue reconciles keys of objects that changed live (adds,
     /// updates, deletes seen by the watch) before keys that only need a
-    /// look again: the objects of an initial list or a relist, resyncs,
-    /// `Action::requeue_after`, and the keys of a slot this replica takes
+    /// look again: the objects of the initial list, resyncs,
+    /// `Action::RequeueAfter`, and the keys of a slot this replica takes
     /// over. So a restart does not bury a new object behind every unchanged
     /// one. Once a low-priority key has waited `aging`, at least every
     /// second key handed to the workers is such an aged key, oldest first,
     /// however many live changes keep coming: a key with `n` low-priority
-    /// keys ahead of it is reconciled within `aging + 2(n + 1)/R` of being
-    /// queued, `R` being the workers' reconcile rate. A failed reconcile is
+    /// keys ahead of it is handed to a worker within `aging + 2(n + 1)/R`
+    /// of being queued, `R` being the rate the workers take keys at. A failed reconcile is
     /// retried at the priority its key was taken at. Zero shares the
     /// workers between the two from the start.
     #[must_use]

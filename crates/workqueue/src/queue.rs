@@ -154,9 +154,10 @@ impl QueueConfig {
 ///   any `High` item once the previous item taken was a `High` one; so
 ///   while aged `Low` items wait, at least every second item taken is one
 ///   of them, oldest first. A `Low` item with `n` `Low` items ahead of it
-///   is therefore taken within `A + 2(n + 1)/R` of its add, `R` being the
-///   rate at which the workers take items, however many `High` items keep
-///   arriving.
+///   is therefore taken within `A + 2(n + 1)/R` of entering the queue, `R`
+///   being the rate at which the workers take items, however many `High`
+///   items keep arriving. (An item added while it is processed enters the
+///   queue at `done`.)
 /// - [`shut_down_with_drain`](Self::shut_down_with_drain) also waits until
 ///   every queued item has been taken and every taken item is done.
 ///
@@ -332,15 +333,14 @@ impl<T: QueueItem> Queue<T> {
     }
 
     /// [`add`](Self::add) at `priority`; an item queued at a lower one is
-    /// raised to it.
+    /// raised to it, and one waiting for an `add_after` at a higher one is
+    /// queued now at that higher one.
     pub fn add_with_priority(&self, item: T, priority: Priority) {
         let mut state = self.shared.state.lock();
         if state.shutting_down {
             return;
         }
-        if !state.waiting.is_empty() {
-            state.waiting.remove(&item);
-        }
+        let priority = take_waiting(&mut state, &item).map_or(priority, |p| p.max(priority));
         self.shared.add_locked(&mut state, item, priority);
     }
 
@@ -496,18 +496,20 @@ impl<T: QueueItem> Queue<T> {
             m.retries.inc();
         }
         if delay.is_zero() {
-            state.waiting.remove(&item);
+            let priority = take_waiting(&mut state, &item).map_or(priority, |p| p.max(priority));
             self.shared.add_locked(&mut state, item, priority);
             return;
         }
         let ready = ready_at(Instant::now(), delay);
-        if let Some((existing, p)) = state.waiting.get_mut(&item)
-            && *existing <= ready
-        {
-            // The earlier ready time stays, at the higher priority.
-            *p = (*p).max(priority);
-            return;
-        }
+        // The earlier ready time stays, at the higher priority.
+        let priority = match state.waiting.get_mut(&item) {
+            Some((existing, p)) if *existing <= ready => {
+                *p = (*p).max(priority);
+                return;
+            }
+            Some((_, p)) => (*p).max(priority),
+            None => priority,
+        };
         state.waiting.insert(item.clone(), (ready, priority));
         state.seq += 1;
         let seq = state.seq;
@@ -550,6 +552,15 @@ fn compact_heap<T: QueueItem>(state: &mut State<T>) {
         .into_iter()
         .filter(|w| waiting.get(&w.item).map(|(ready, _)| ready) == Some(&w.ready))
         .collect();
+}
+
+/// Removes `item`'s pending `add_after`, if any: the priority it was to be
+/// queued at.
+fn take_waiting<T: QueueItem>(state: &mut State<T>, item: &T) -> Option<Priority> {
+    if state.waiting.is_empty() {
+        return None;
+    }
+    state.waiting.remove(item).map(|(_, p)| p)
 }
 
 /// Queues `item` at `priority`: a new live slot at the back of its FIFO.

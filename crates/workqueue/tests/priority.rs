@@ -387,3 +387,23 @@ async fn random_operations_agree_with_a_model_of_the_queue() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pending_retry_keeps_its_priority_when_the_item_is_added_lower_or_delayed_again() {
+    let q = DelayingQueue::new();
+    // A High retry waiting for its backoff; a Low add (a resync) comes.
+    q.add_after_with_priority("retry", Duration::from_secs(10), Priority::High);
+    q.add_with_priority("retry", Priority::Low);
+    q.add_with_priority("other", Priority::Low);
+    assert_eq!(q.waiting_len(), 0, "queued now");
+    assert_eq!(take(&q).await, ("retry", Priority::High));
+
+    // An earlier ready time at a lower priority keeps the higher one.
+    q.add_after_with_priority("x", Duration::from_secs(10), Priority::High);
+    q.add_after_with_priority("x", Duration::from_secs(1), Priority::Low);
+    q.add_after_with_priority("y", Duration::from_secs(1), Priority::Low);
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(take(&q).await, ("x", Priority::High));
+    assert_eq!(take(&q).await, ("other", Priority::Low));
+    assert_eq!(take(&q).await, ("y", Priority::Low));
+}
