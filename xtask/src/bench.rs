@@ -5,6 +5,10 @@
 //! the table reports medians and kinformer's ratio to each peer. Results go
 //! to docs/benchmarks.md (between markers) and docs/benchmarks.svg.
 
+mod controllers;
+
+pub use controllers::run as run_controllers;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -977,8 +981,14 @@ fn neutral(metric: &str) -> bool {
 }
 
 fn render(results: &Results) -> String {
-    let mut out = String::from(
-        "| scenario | metric | kinformer | client-go | kube-runtime | kinformer ÷ client-go | kinformer ÷ kube-runtime |\n|---|---|---|---|---|---|---|\n",
+    render_with(results, ["client-go", "kube-runtime"])
+}
+
+/// The table of `results`, naming the two peer columns `peers`.
+fn render_with(results: &Results, peers: [&str; 2]) -> String {
+    let [a, b] = peers;
+    let mut out = format!(
+        "| scenario | metric | kinformer | {a} | {b} | kinformer ÷ {a} | kinformer ÷ {b} |\n|---|---|---|---|---|---|---|\n",
     );
     let fmt = |v: Option<f64>| match v {
         Some(v) if v >= 100_000.0 => format!("{:.2} M", v / 1e6),

@@ -45,6 +45,9 @@ enum Task {
         /// Only the out-of-the-box sync rows, 10 000 and 50 000 pods, with more rounds and the server's own floor.
         #[arg(long, conflicts_with = "sharding")]
         defaults: bool,
+        /// Only whole controllers: configmap-hash in kinformer, controller-runtime and kube-runtime converging 10 000 Deployments.
+        #[arg(long, conflicts_with_all = ["sharding", "defaults"])]
+        controllers: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -121,12 +124,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quick,
             sharding,
             defaults,
+            controllers,
         } => {
             let root = workspace_root();
             if sharding {
                 runtime()?.block_on(bench::run_sharding(quick, &root))?;
             } else if defaults {
                 runtime()?.block_on(bench::run_defaults(quick, &root))?;
+            } else if controllers {
+                runtime()?.block_on(bench::run_controllers(quick, &root))?;
             } else {
                 runtime()?.block_on(bench::run(quick, &root))?;
             }
