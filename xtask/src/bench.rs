@@ -667,23 +667,29 @@ fn build(root: &Path) -> Result<Harnesses> {
         bail!("building the Rust harnesses failed");
     }
     let out = bench.join("target/release/client-go-peer");
-    let status = std::process::Command::new("go")
-        .current_dir(bench.join("peers/client-go"))
-        .env("GOTOOLCHAIN", "local")
-        .env("CGO_ENABLED", "0")
-        .args(["build", "-trimpath", "-o"])
-        .arg(&out)
-        .arg(".")
-        .status()
-        .context("running go build (is Go installed?)")?;
-    if !status.success() {
-        bail!("building the client-go peer failed");
-    }
+    go_build(&bench.join("peers/client-go"), &out)?;
     Ok(Harnesses {
         kinformer: bench.join("target/release/kinformer-bench"),
         client_go: out,
         kube_runtime: bench.join("target/release/kube-runtime-peer"),
     })
+}
+
+/// Builds the Go program in `dir` into `out`, with the machine's own Go.
+fn go_build(dir: &Path, out: &Path) -> Result<()> {
+    let status = std::process::Command::new("go")
+        .current_dir(dir)
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0")
+        .args(["build", "-trimpath", "-o"])
+        .arg(out)
+        .arg(".")
+        .status()
+        .context("running go build (is Go installed?)")?;
+    if !status.success() {
+        bail!("building the Go program in {} failed", dir.display());
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) kube-apiserver has used so far, in ms: read

@@ -68,18 +68,10 @@ fn build(root: &Path) -> Result<Programs> {
     let bench = root.join("bench");
     cargo(&bench, "configmap-hash-kube-runtime")?;
     let controller_runtime = bench.join("target/release/configmap-hash-controller-runtime");
-    let status = std::process::Command::new("go")
-        .current_dir(bench.join("peers/configmap-hash-controller-runtime"))
-        .env("GOTOOLCHAIN", "local")
-        .env("CGO_ENABLED", "0")
-        .args(["build", "-trimpath", "-o"])
-        .arg(&controller_runtime)
-        .arg(".")
-        .status()
-        .context("running go build (is Go installed?)")?;
-    if !status.success() {
-        bail!("building the controller-runtime peer failed");
-    }
+    go_build(
+        &bench.join("peers/configmap-hash-controller-runtime"),
+        &controller_runtime,
+    )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
