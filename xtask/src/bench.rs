@@ -695,9 +695,12 @@ fn go_build(dir: &Path, out: &Path) -> Result<()> {
 /// CPU time (user + system) kube-apiserver has used so far, in ms: read
 /// around one harness run, it is what the server spent serving it.
 fn apiserver_cpu_ms(env: &TestEnv) -> f64 {
-    let Some(pid) = env.pids().1 else {
-        return 0.0;
-    };
+    env.pids().1.map_or(0.0, process_cpu_ms)
+}
+
+/// CPU time (user + system) process `pid` has used so far, in ms (0 once
+/// it is gone).
+fn process_cpu_ms(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces) in parentheses.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);

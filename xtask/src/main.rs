@@ -331,3 +331,17 @@ fn gomod() -> Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+/// Field `field` (`VmRSS:` now, `VmHWM:` the peak) of
+/// `/proc/{process}/status`, in MiB; `process` is a pid or `self`.
+fn status_mib(process: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}

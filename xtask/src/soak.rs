@@ -31,17 +31,7 @@ const FAULTS: [&str; 4] = [
 ];
 
 fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .unwrap_or(0.0)
-        / 1024.0
+    crate::status_mib("self", "VmRSS:").unwrap_or(0.0)
 }
 
 fn pod(name: &str) -> Pod {

@@ -16,10 +16,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
 // The field index of Deployments by the ConfigMaps they use.
@@ -112,7 +115,17 @@ func must(err error, what string) {
 
 func main() {
 	ctrl.SetLogger(zap.New())
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{})
+	// Leader election on Lease configmap-hash when LEADER_ELECTION_NAMESPACE
+	// names its namespace; ENABLE_WARMUP=true starts a standby's sources.
+	namespace := os.Getenv("LEADER_ELECTION_NAMESPACE")
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		LeaderElection:          namespace != "",
+		LeaderElectionID:        "configmap-hash",
+		LeaderElectionNamespace: namespace,
+		// No metrics server, as kubebuilder's scaffold (--metrics-bind-address
+		// "0") and kinformer's Manager default: replicas share a host here.
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
 	must(err, "unable to create the manager")
 	ctx := ctrl.SetupSignalHandler()
 	must(mgr.GetFieldIndexer().IndexField(ctx, &appsv1.Deployment{}, configMapIndex,
@@ -122,6 +135,7 @@ func main() {
 	must(ctrl.NewControllerManagedBy(mgr).
 		For(&appsv1.Deployment{}).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsUsing)).
+		WithOptions(controller.Options{EnableWarmup: ptr.To(os.Getenv("ENABLE_WARMUP") == "true")}).
 		Complete(r), "unable to create the controller")
 	must(mgr.Start(ctx), "manager stopped")
 }

@@ -4,7 +4,13 @@
 //! A candidate tries every `retry_period` to take the lease: it may when the
 //! lease does not exist, names nobody, names it, or has not been renewed for
 //! `lease_duration` as measured on the candidate's own clock since it last
-//! saw the lease change (so clock skew between nodes does not matter). The
+//! saw the lease change (so clock skew between nodes does not matter).
+//! Unlike client-go, a candidate also watches the Lease while it waits, so
+//! it sees each renewal when it is written rather than at its next try, and
+//! it tries again the moment the lease it saw expires (or is released): a
+//! standby takes over a dead leader's lease within `lease_duration` of its
+//! last renewal, not up to two jittered retry periods later. Without the
+//! `watch` verb on Leases it falls back to client-go's polling alone. The
 //! leader renews every `retry_period`; if no renewal succeeds for
 //! `renew_deadline` it gives up leadership. On shutdown it releases the lease
 //! so a standby can take over at its next try. Writes use the lease's
@@ -13,13 +19,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube_client::Client;
-use kube_client::api::{Api, PostParams};
+use kube_client::api::{Api, PostParams, WatchEvent, WatchParams};
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -158,6 +165,10 @@ pub struct LeaderElector {
     leading: watch::Sender<bool>,
     /// The lease record last seen and when (on our clock) it was first seen.
     observed: Mutex<Option<(Observed, Instant)>>,
+    /// Told when the watch of the Lease sees a new record.
+    observed_changed: Notify,
+    /// The Lease's resourceVersion last read, where its watch starts.
+    resource_version: Mutex<Option<String>>,
     /// While leading: when the last successful renewal was sent, plus the
     /// lease duration.
     valid_until: Mutex<Option<Instant>>,
@@ -181,6 +192,8 @@ struct Observed {
     holder: Option<String>,
     renew_time: Option<Timestamp>,
     transitions: i32,
+    /// The lease duration the record states, in seconds.
+    lease_secs: u64,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -200,6 +213,8 @@ impl LeaderElector {
             config,
             leading: watch::channel(false).0,
             observed: Mutex::new(None),
+            observed_changed: Notify::new(),
+            resource_version: Mutex::new(None),
             valid_until: Mutex::new(None),
             release_on_cancel: AtomicBool::new(true),
         }
@@ -264,25 +279,46 @@ impl LeaderElector {
     /// It campaigns once: after a loss a new elector (a new process) must.
     pub async fn run(&self, shutdown: CancellationToken) {
         let retry = self.config.retry_period;
-        // Acquire.
-        let mut last_renew = loop {
-            let sent = Instant::now();
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                attempt = self.attempt(self.config.renew_deadline) => match attempt {
-                    Ok(Attempt::Held) => {
-                        self.renewed(sent);
-                        break sent;
+        // Acquire: try, then wait for the next retry or for the lease seen
+        // to expire, whichever comes first, following the Lease meanwhile.
+        let mut last_renew = {
+            let watching = self.watch_lease();
+            tokio::pin!(watching);
+            loop {
+                let sent = Instant::now();
+                let held_by_other = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    () = &mut watching => false,
+                    attempt = self.attempt(self.config.renew_deadline) => match attempt {
+                        Ok(Attempt::Held) => {
+                            self.renewed(sent);
+                            break sent;
+                        }
+                        Ok(Attempt::Other) => {
+                            debug!(lease = %self.config.lease_name, "lease held by another candidate");
+                            true
+                        }
+                        Ok(Attempt::Conflict) => false,
+                        Err(e) => {
+                            warn!(error = %e, "cannot read or write the lease");
+                            false
+                        }
+                    },
+                };
+                let retry_at = Instant::now() + jittered(retry);
+                loop {
+                    // After an error, only the retry period: never a busy loop.
+                    let wake = match self.expiry().filter(|_| held_by_other) {
+                        Some(expiry) => expiry.min(retry_at),
+                        None => retry_at,
+                    };
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        () = tokio::time::sleep_until(wake) => break,
+                        () = self.observed_changed.notified() => {}
+                        () = &mut watching => {}
                     }
-                    Ok(Attempt::Other | Attempt::Conflict) => {
-                        debug!(lease = %self.config.lease_name, "lease held by another candidate")
-                    }
-                    Err(e) => warn!(error = %e, "cannot read or write the lease"),
-                },
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(jittered(retry)) => {}
+                }
             }
         };
         info!(identity = %self.config.identity, lease = %self.config.lease_name, "became the leader");
@@ -379,26 +415,11 @@ impl LeaderElector {
                 Err(e) => Err(e),
             };
         };
+        *self.resource_version.lock() = lease.metadata.resource_version.clone();
         let spec = lease.spec.clone().unwrap_or_default();
-        let observed = Observed {
-            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew_time: spec.renew_time.as_ref().map(|t| t.0),
-            transitions: spec.lease_transitions.unwrap_or(0),
-        };
-        let observed_at = {
-            let mut seen = self.observed.lock();
-            match &*seen {
-                Some((record, at)) if *record == observed => *at,
-                _ => {
-                    let at = Instant::now();
-                    *seen = Some((observed.clone(), at));
-                    at
-                }
-            }
-        };
+        let (observed, observed_at) = self.observe(&spec);
         let held_by_me = observed.holder.as_deref() == Some(me.as_str());
-        let lease_secs = spec.lease_duration_seconds.unwrap_or(duration_secs).max(0) as u64;
-        let expired = observed_at.elapsed() > Duration::from_secs(lease_secs);
+        let expired = observed_at.elapsed() > Duration::from_secs(observed.lease_secs);
         if observed.holder.is_some() && !held_by_me && !expired {
             return Ok(Attempt::Other);
         }
@@ -419,6 +440,99 @@ impl LeaderElector {
             Ok(_) => Ok(Attempt::Held),
             Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Records the lease record `spec` as seen now, unless it is the one
+    /// already seen: that keeps its first sighting. Returns the record and
+    /// when it was first seen.
+    fn observe(&self, spec: &LeaseSpec) -> (Observed, Instant) {
+        let own = lease_seconds(self.config.lease_duration);
+        let observed = Observed {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            lease_secs: spec.lease_duration_seconds.unwrap_or(own).max(0) as u64,
+        };
+        let mut seen = self.observed.lock();
+        match &*seen {
+            Some((record, at)) if *record == observed => (observed, *at),
+            _ => {
+                let at = Instant::now();
+                *seen = Some((observed.clone(), at));
+                (observed, at)
+            }
+        }
+    }
+
+    /// When the lease last seen may be taken: at once if it names nobody,
+    /// else just after its duration since it was first seen. `None` if no
+    /// lease has been seen or it names this candidate.
+    fn expiry(&self) -> Option<Instant> {
+        let seen = self.observed.lock();
+        let (observed, at) = seen.as_ref()?;
+        match observed.holder.as_deref() {
+            None => Some(*at),
+            Some(h) if h == self.config.identity => None,
+            // `expired` in try_acquire_or_renew is strictly after.
+            Some(_) => Some(*at + Duration::from_secs(observed.lease_secs) + EXPIRY_MARGIN),
+        }
+    }
+
+    /// Follows the Lease from the resourceVersion last read, recording each
+    /// new record as it is written and telling the campaign. Never returns:
+    /// on a broken or expired watch it starts again after the retry period;
+    /// where watching Leases is not allowed it stops and the campaign polls.
+    async fn watch_lease(&self) {
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.config.lease_name))
+            .timeout(290);
+        loop {
+            let from = self.resource_version.lock().clone();
+            if let Some(from) = from {
+                match self.api.watch(&params, &from).await {
+                    Ok(events) => {
+                        tokio::pin!(events);
+                        while let Some(event) = events.next().await {
+                            match event {
+                                Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                                    *self.resource_version.lock() = lease.metadata.resource_version;
+                                    self.observe(&lease.spec.unwrap_or_default());
+                                    self.observed_changed.notify_one();
+                                }
+                                Ok(WatchEvent::Deleted(_)) => {
+                                    // Nobody holds what is not there: try now.
+                                    let gone = Observed {
+                                        holder: None,
+                                        renew_time: None,
+                                        transitions: 0,
+                                        lease_secs: 0,
+                                    };
+                                    *self.observed.lock() = Some((gone, Instant::now()));
+                                    *self.resource_version.lock() = None;
+                                    self.observed_changed.notify_one();
+                                }
+                                Ok(WatchEvent::Bookmark(b)) => {
+                                    *self.resource_version.lock() =
+                                        Some(b.metadata.resource_version);
+                                }
+                                // Expired (410): read again by the next try.
+                                Ok(WatchEvent::Error(_)) => {
+                                    *self.resource_version.lock() = None;
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    Err(kube_client::Error::Api(s)) if s.code == 403 => {
+                        debug!(lease = %self.config.lease_name, "not allowed to watch the Lease; polling only");
+                        return std::future::pending().await;
+                    }
+                    Err(e) => debug!(error = %e, "cannot watch the Lease"),
+                }
+            }
+            tokio::time::sleep(self.config.retry_period).await;
         }
     }
 
@@ -469,6 +583,10 @@ fn lease_seconds(d: Duration) -> i32 {
     let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     i32::try_from(secs).unwrap_or(i32::MAX)
 }
+
+/// How long after a lease's expiry (as this candidate counts it) it tries:
+/// the expiry test is strict, and timers may fire a little early.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
 
 fn jittered(d: Duration) -> Duration {
     // client-go's JitterFactor 1.2.

@@ -96,6 +96,9 @@ pub struct ControllerOptions<K> {
     /// a periodic requeue) may be passed over by live changes; see
     /// [`ControllerOptions::priority_aging`].
     pub priority_aging: Duration,
+    /// Whether the objects of the informers' first list are reconciled; see
+    /// [`ControllerOptions::reconcile_initial_list`].
+    pub reconcile_initial_list: bool,
 }
 
 impl<K> Default for ControllerOptions<K> {
@@ -112,6 +115,7 @@ impl<K> Default for ControllerOptions<K> {
             metrics: None,
             event_filter: None,
             priority_aging: DEFAULT_PRIORITY_AGING,
+            reconcile_initial_list: true,
         }
     }
 }
@@ -164,6 +168,19 @@ impl<K> ControllerOptions<K> {
     #[must_use]
     pub fn priority_aging(mut self, aging: Duration) -> Self {
         self.priority_aging = aging;
+        self
+    }
+    /// Whether every object of the informers' first list is reconciled
+    /// (default: yes, at low priority, behind live changes). With `false`
+    /// only what changes after a cache's first list is: no burst of every
+    /// cached key when the process starts or a standby takes over, and
+    /// nothing for an object that did not change. Only for a controller
+    /// whose objects its previous leader is known to have reconciled: the
+    /// keys a dead leader had queued or was retrying are not reconciled
+    /// again until they change (or a resync, if the informers have one).
+    #[must_use]
+    pub fn reconcile_initial_list(mut self, reconcile: bool) -> Self {
+        self.reconcile_initial_list = reconcile;
         self
     }
     /// How long shutdown works queued and in-flight keys.

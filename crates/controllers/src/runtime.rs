@@ -96,6 +96,7 @@ impl<K: Object + Clone> Controller<K> {
         let (ra, ru, rd) = (reasons.clone(), reasons.clone(), reasons.clone());
         let filter = options.event_filter.clone();
         let pass = move |e: Event<'_, K>| filter.as_ref().is_none_or(|f| f(e));
+        let replay = options.reconcile_initial_list;
         let (qa, qu, qd) = (queue.clone(), queue.clone(), queue.clone());
         let (pa, pu, pd) = (pass.clone(), pass.clone(), pass);
         let (sa, su, sd) = (key_slots.clone(), key_slots.clone(), key_slots.clone());
@@ -107,7 +108,7 @@ impl<K: Object + Clone> Controller<K> {
                 if let (Some(s), Ok(key)) = (&sa, &key) {
                     s.record(key, obj.as_ref(), pass);
                 }
-                if pass {
+                if pass && (replay || !initial) {
                     // What a (re)list replays waits behind live changes.
                     let priority = if initial {
                         Priority::Low
@@ -217,8 +218,12 @@ impl<K: Object + Clone> Controller<K> {
         let qa = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
         let qu = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
         let qd = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
+        let replay = self.options.reconcile_initial_list;
         let handler = ResourceEventHandlerFuncs::new()
             .on_add(move |obj: &Arc<C>, initial| {
+                if initial && !replay {
+                    return;
+                }
                 let priority = if initial {
                     Priority::Low
                 } else {

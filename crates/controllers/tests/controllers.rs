@@ -500,6 +500,46 @@ async fn leader_among(replicas: &[Option<Replica>]) -> usize {
     index.unwrap()
 }
 
+/// A standby whose retry period is far longer than the lease takes a dead
+/// leader's lease when that lease expires, not at its next retry: it waits
+/// for the expiry of the lease it saw (whose renewals it follows with a
+/// watch). With client-go's polling alone it would wait 40 s or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_a_dead_leaders_lease_when_it_expires_not_at_its_next_retry() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("expiry").await.unwrap();
+    let client = env.client().unwrap();
+    let mut leader = LeaderElectionConfig::new(&ns, "expiry", "leader");
+    (leader.lease_duration, leader.renew_deadline) =
+        (Duration::from_secs(3), Duration::from_secs(2));
+    leader.retry_period = Duration::from_millis(500);
+    let leader = Arc::new(LeaderElector::new(client.clone(), leader));
+    let leading = tokio::spawn({
+        let leader = Arc::clone(&leader);
+        async move { leader.run(CancellationToken::new()).await }
+    });
+    leader.subscribe().wait_for(|l| *l).await.unwrap();
+
+    let mut standby = LeaderElectionConfig::new(&ns, "expiry", "standby");
+    (standby.lease_duration, standby.renew_deadline) =
+        (Duration::from_secs(60), Duration::from_secs(50));
+    standby.retry_period = Duration::from_secs(40);
+    let standby = Arc::new(LeaderElector::new(client.clone(), standby));
+    let mut standby_leads = standby.subscribe();
+    let _standing_by = tokio::spawn({
+        let standby = Arc::clone(&standby);
+        async move { standby.run(CancellationToken::new()).await }
+    });
+    // Dies: no more renewals, and no release.
+    leading.abort();
+    tokio::time::timeout(Duration::from_secs(20), standby_leads.wait_for(|l| *l))
+        .await
+        .expect(
+            "the standby waited for its next retry (40 s or more), not for the 3 s lease to expire",
+        )
+        .unwrap();
+}
+
 /// Two replicas under a steady write load hand leadership over twice: once
 /// when the leader gets SIGTERM (it drains, then releases the lease), once
 /// when the leader is cut off from the server until its lease expires (it
@@ -1638,4 +1678,73 @@ async fn a_standby_takes_over_warm_and_reconciles_a_write_made_after_the_loss_fi
     b_shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(60), a_task).await;
     b_task.await.unwrap().unwrap();
+}
+
+/// With `reconcile_initial_list(false)` a standby queues nothing for the
+/// objects it lists while it waits, and once it leads it reconciles only
+/// what changed after its list: no burst of every cached key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_the_changes() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("no-burst").await.unwrap();
+    let client = env.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..10 {
+        api.create(&PostParams::default(), &config_map(&format!("k{i:02}")))
+            .await
+            .unwrap();
+    }
+    let election = |id: &str| {
+        let mut config = LeaderElectionConfig::new(&ns, "no-burst", id);
+        config.lease_duration = Duration::from_secs(3);
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
+        Arc::new(LeaderElector::new(client.clone(), config))
+    };
+    let (holder, holding) = (election("holder"), CancellationToken::new());
+    let held = tokio::spawn({
+        let (holder, holding) = (Arc::clone(&holder), holding.clone());
+        async move { holder.run(holding).await }
+    });
+    holder.subscribe().wait_for(|l| *l).await.unwrap();
+
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let informer = informer::<ConfigMap>(&client, &ns);
+    let controller = Controller::new(
+        "no-burst",
+        informer.clone(),
+        Logged {
+            replica: 0,
+            log: Arc::clone(&log),
+        },
+        ControllerOptions::new()
+            .leader_election(election("standby"))
+            .reconcile_initial_list(false),
+    )
+    .unwrap();
+    let queue = controller.queue().clone();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    eventually("the standby synced", async || {
+        informer.has_synced() && informer.pending_notifications() == 0
+    })
+    .await;
+    assert!(queue.is_empty(), "the initial list was queued");
+    api.create(&PostParams::default(), &config_map("after"))
+        .await
+        .unwrap();
+    eventually("the standby queued the change", async || {
+        queue.len_at(Priority::High) == 1
+    })
+    .await;
+    holding.cancel(); // released: the standby leads
+    held.await.unwrap();
+    eventually("the change reconciled", async || {
+        !log.lock().is_empty() && queue.is_empty()
+    })
+    .await;
+    let keys: Vec<String> = log.lock().iter().map(|(_, key)| key.clone()).collect();
+    assert_eq!(keys, [format!("{ns}/after")]);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -1,18 +1,24 @@
 //! configmap-hash: stamps each Deployment's pod template with a hash of the
 //! ConfigMaps it mounts or takes env from, so changing one rolls it out.
 //! Run it against `cargo xtask envtest up` or any cluster (kubeconfig).
+//! With `LEADER_ELECTION_NAMESPACE` set, replicas elect a leader on Lease
+//! `configmap-hash` there; standbys keep their caches synced meanwhile.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
 use kinformer_controllers::kube::{Client, ResourceExt};
-use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError};
+use kinformer_controllers::{
+    Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions, ReconcileError,
+};
 use kinformer_informer::Lister;
 
 /// `namespace/name` of each ConfigMap the Deployment's pods use.
 fn configmaps(d: &Deployment) -> Vec<String> {
-    let pod = d.spec.template.spec.clone().unwrap_or_default();
+    let Some(pod) = d.spec.template.spec.as_ref() else {
+        return Vec::new();
+    };
     let volumes = pod
         .volumes
         .iter()
@@ -70,7 +76,13 @@ async fn reconcile(d: Lookup<Deployment>, ctx: Arc<Context>) -> Result<Action, R
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
-    let mut manager = Manager::new(client.clone(), ManagerOptions::new())?;
+    let mut options = ManagerOptions::new();
+    if let Ok(namespace) = std::env::var("LEADER_ELECTION_NAMESPACE") {
+        let identity = LeaderElectionConfig::default_identity();
+        let election = LeaderElectionConfig::new(&namespace, "configmap-hash", &identity);
+        options = options.leader_election(election);
+    }
+    let mut manager = Manager::new(client.clone(), options)?;
     let deployments = manager.factory().informer::<Deployment>();
     deployments.add_index("configmap", configmaps)?;
     let configmaps = manager.factory().informer::<ConfigMap>();

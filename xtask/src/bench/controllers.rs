@@ -5,16 +5,31 @@
 //! controller-runtime and kube-runtime, each as its own docs write it and
 //! with its defaults, against one control plane, the systems rotating.
 //!
-//! Converge: N Deployments, each using a ConfigMap of its own, all of whose
-//! hashes are stale (every ConfigMap was changed while no controller ran);
-//! from the controller's process start to the last of the N patches
-//! answered by the server (each program prints its line after the patch
-//! returns). Also the process's peak RSS and the API server's CPU.
+//! Every row is timed from the outside: each program prints a line after a
+//! patch of its returns, and the bench stamps each line as it reads it.
+//!
+//! - Converge: N Deployments, each using a ConfigMap of its own, all of
+//!   whose hashes are stale (every ConfigMap was changed while no controller
+//!   ran); from the controller's process start to the last of the N patches.
+//!   Also the process's peak RSS, and the API server's CPU and requests.
+//! - Churn: then, in the same process, ConfigMaps changed at a steady rate,
+//!   each a different one: from each write sent to the patch of its
+//!   Deployment answered; p50, p99 and the rate handled.
+//! - Failover: two replicas with leader election (client-go's 15 s lease
+//!   for all three), with the Deployments grown to M (the extra ones use no
+//!   ConfigMap and carry their hash already). Once the leader and its
+//!   standby are idle, the leader is SIGKILLed and ConfigMaps are changed,
+//!   the first just after the kill, then 20 a second: the time from the
+//!   kill to the Lease taken over, to the new leader's first patch, and to
+//!   the patch for the first write. Also with no standby: a fresh process
+//!   started at the kill, as a restarted pod would be.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
+use tokio::sync::mpsc;
 
 use super::*;
 
@@ -122,44 +137,316 @@ where
     results.into_iter().collect()
 }
 
-/// Reads the program's stdout until it has printed the hash line of every
-/// one of the `n` Deployments; the time from `started`.
-async fn converged(
-    child: &mut tokio::process::Child,
-    n: usize,
-    started: Instant,
-) -> Result<Duration> {
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut done = HashSet::new();
-    while done.len() < n {
-        let line = tokio::time::timeout(Duration::from_secs(900), lines.next_line())
-            .await
-            .context("no progress in 900 s")??
-            .context("the controller exited")?;
-        if let Some((name, _)) = line.split_once(": config hash ") {
-            done.insert(name.to_owned());
+/// The hash every program stamps on a Deployment that uses no ConfigMap:
+/// FNV-1a's offset basis, over nothing.
+const EMPTY_HASH: &str = "cbf29ce484222325";
+
+/// A Deployment that uses no ConfigMap, its hash already stamped: one more
+/// object each controller caches and reconciles, never patches.
+fn quiet_deployment(i: usize) -> Deployment {
+    let name = format!("web-{i:05}");
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {"kinformer.dev/config-hash": EMPTY_HASH}},
+                "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}
+            }
         }
-    }
-    Ok(started.elapsed())
+    }))
+    .unwrap_or_default()
 }
 
-fn peak_rss_mib(pid: Option<u32>) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
-    let kb: f64 = status
+/// Field `field` of the status of process `pid`, in MiB.
+fn rss_mib(pid: Option<u32>, field: &str) -> Option<f64> {
+    crate::status_mib(&pid?.to_string(), field)
+}
+
+/// A controller process, and the lines it prints, each stamped when the
+/// bench read it.
+struct Running {
+    child: tokio::process::Child,
+    lines: mpsc::UnboundedReceiver<(Instant, String)>,
+}
+
+impl Running {
+    /// Starts `program`; its standard error goes to a file in the temporary directory,
+    /// `{program's name}.{the bench's pid}.{a count}.log`.
+    fn start(program: &Path, kubeconfig: &Path, env: &[(&str, &str)]) -> Result<Self> {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let log = std::env::temp_dir().join(format!(
+            "{}.{}.{}.log",
+            program.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id(),
+            STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let log =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut child = Command::new(program)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self { child, lines })
+    }
+
+    /// The next Deployment the program says it patched: when, and its index.
+    async fn next_patch(&mut self, deadline: Instant) -> Result<(Instant, usize)> {
+        loop {
+            let (at, line) = tokio::time::timeout_at(deadline.into(), self.lines.recv())
+                .await
+                .context("no patch in time")?
+                .context("the controller exited")?;
+            let index = line
+                .split_once(": config hash ")
+                .and_then(|(name, _)| name.rsplit_once("/web-")?.1.parse().ok());
+            if let Some(index) = index {
+                return Ok((at, index));
+            }
+        }
+    }
+
+    fn cpu_ms(&self) -> f64 {
+        self.child.id().map_or(0.0, process_cpu_ms)
+    }
+
+    /// Waits until the process is idle: under 2% of a core over 2 s (a
+    /// standby renewing nothing, a leader done with its initial reconciles).
+    async fn settled(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(900);
+        let mut before = self.cpu_ms();
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let now = self.cpu_ms();
+            if now - before < 40.0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("still busy after 900 s");
+            }
+            before = now;
+        }
+    }
+
+    async fn kill(mut self) {
+        let _ = self.child.start_kill(); // SIGKILL
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Sets `cm-{i:05}`'s version to `version`.
+async fn change(cms: &Api<ConfigMap>, i: usize, version: &str) -> Result<()> {
+    let patch = serde_json::json!({"data": {"version": version}});
+    cms.patch(
+        &format!("cm-{i:05}"),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .with_context(|| format!("changing cm-{i:05}"))?;
+    Ok(())
+}
+
+/// What a churn phase measured.
+struct Churn {
+    latencies: Vec<u64>,
+    per_second: f64,
+}
+
+/// Changes ConfigMaps `first..first + rate * secs` at `rate` a second, each
+/// once, and waits for every one's Deployment to be patched.
+async fn churn(
+    running: &mut Running,
+    cms: &Api<ConfigMap>,
+    rate: u32,
+    secs: u32,
+    first: usize,
+) -> Result<Churn> {
+    let writes = (rate * secs) as usize;
+    let mut sent = HashMap::with_capacity(writes);
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for i in first..first + writes {
+        tick.tick().await;
+        sent.insert(i, Instant::now());
+        let cms = cms.clone();
+        tasks.spawn(async move { change(&cms, i, &format!("churn-{i}")).await });
+    }
+    while let Some(written) = tasks.join_next().await {
+        written??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let (mut latencies, mut last) = (Vec::with_capacity(writes), started);
+    while latencies.len() < writes {
+        let (at, i) = running.next_patch(deadline).await.with_context(|| {
+            format!(
+                "{} of {writes} changes at {rate}/s reconciled",
+                latencies.len()
+            )
+        })?;
+        if let Some(at_sent) = sent.remove(&i) {
+            latencies.push(at.duration_since(at_sent).as_nanos() as u64);
+            last = at;
+        }
+    }
+    Ok(Churn {
+        per_second: writes as f64 / last.duration_since(started).as_secs_f64(),
+        latencies,
+    })
+}
+
+/// The sum of kube-apiserver's `apiserver_request_total` counters: every
+/// request it has answered.
+async fn apiserver_requests(client: &Client) -> Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    Ok(text
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// The holder of Lease configmap-hash, once it has one.
+async fn holder(leases: &Api<Lease>, not: Option<&str>, deadline: Instant) -> Result<String> {
+    loop {
+        let lease = leases.get_opt("configmap-hash").await?;
+        let held = lease
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty() && Some(h.as_str()) != not);
+        if let Some(held) = held {
+            return Ok(held);
+        }
+        if Instant::now() > deadline {
+            bail!("no new holder of Lease configmap-hash in time");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Environment variables for a program.
+type Vars<'a> = [(&'a str, &'a str)];
+
+/// How the new leader comes in.
+#[derive(Clone, Copy, PartialEq)]
+enum Successor {
+    /// A replica running (and idle) since before the kill.
+    Standby,
+    /// A process started at the kill.
+    Fresh,
+}
+
+/// One failover: seconds from the kill to the Lease taken over, to the new
+/// leader's first patch, and to the patch for the write made just after
+/// the kill (to ConfigMap `first`; then one every 50 ms to `first + 1`, ...,
+/// modulo `n`). Also the standby's RSS while it waited, in MiB.
+async fn failover(
+    program: &Path,
+    kubeconfig: &Path,
+    env: &[(&str, &str)],
+    (cms, leases): (&Api<ConfigMap>, &Api<Lease>),
+    successor: Successor,
+    (first, n): (usize, usize),
+) -> Result<([f64; 3], Option<f64>)> {
+    match leases.delete("configmap-hash", &Default::default()).await {
+        Ok(_) => {}
+        Err(kube_client::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e).context("deleting Lease configmap-hash"),
+    }
+    let leader = Running::start(program, kubeconfig, env)?;
+    let held = holder(leases, None, Instant::now() + Duration::from_secs(120))
+        .await
+        .context("the first replica leading")?;
+    leader.settled().await.context("the leader settling")?;
+    let mut rss = None;
+    let standby = match successor {
+        Successor::Standby => {
+            let standby = Running::start(program, kubeconfig, env)?;
+            standby.settled().await.context("the standby settling")?;
+            rss = rss_mib(standby.child.id(), "VmRSS:");
+            Some(standby)
+        }
+        Successor::Fresh => None,
+    };
+    let killed = Instant::now();
+    leader.kill().await;
+    let mut next = match standby {
+        Some(standby) => standby,
+        None => Running::start(program, kubeconfig, env)?,
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = {
+        let (cms, stop) = (cms.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            for k in 0.. {
+                tick.tick().await;
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let i = (first + k) % n;
+                change(&cms, i, &format!("failover-{first}-{k}")).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let deadline = killed + Duration::from_secs(300);
+    let taken = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            holder(&leases, Some(&held), deadline).await?;
+            anyhow::Ok(Instant::now())
+        })
+    };
+    let measured = async {
+        let (first_patch, mut i) = next.next_patch(deadline).await?;
+        let mut at = first_patch;
+        while i != first {
+            (at, i) = next.next_patch(deadline).await?;
+        }
+        anyhow::Ok((first_patch, at))
+    }
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    next.kill().await;
+    writes.await??;
+    let taken = taken.await??;
+    let (first_patch, write) = measured.context("the new leader's patches")?;
+    let secs = |at: Instant| at.duration_since(killed).as_secs_f64();
+    Ok(([secs(taken), secs(first_patch), secs(write)], rss))
 }
 
 pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let started = Instant::now();
     let programs = build(root)?;
-    let (n, rounds) = if quick { (2_000, 1) } else { (10_000, 3) };
+    let (n, rounds, failover_n, failover_rounds) = if quick {
+        (2_000, 1, 5_000, 1)
+    } else {
+        (10_000, 3, 50_000, 3)
+    };
+    // (changes a second, seconds): a rate every system keeps up with, and
+    // one above what the API server can serve on this machine.
+    let rates: &[(u32, u32)] = if quick {
+        &[(100, 5)]
+    } else {
+        &[(100, 10), (300, 10)]
+    };
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
     let env = TestEnv::start().await?;
     let kubeconfig = env.kubeconfig_path().to_owned();
@@ -204,37 +491,32 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             let system = all[(i + round) % all.len()];
             // A new version of every ConfigMap: every hash is stale.
             version += 1;
+            let version = version.to_string();
             each(n, |i| {
-                let cms = cms.clone();
-                async move {
-                    let patch = serde_json::json!({"data": {"version": version.to_string()}});
-                    cms.patch(
-                        &format!("cm-{i:05}"),
-                        &PatchParams::default(),
-                        &Patch::Merge(patch),
-                    )
-                    .await
-                    .with_context(|| format!("changing cm-{i:05}"))?;
-                    Ok(())
-                }
+                let (cms, version) = (cms.clone(), version.clone());
+                async move { change(&cms, i, &version).await }
             })
             .await?;
-            let cpu = apiserver_cpu_ms(&env);
+            let (cpu, requests) = (apiserver_cpu_ms(&env), apiserver_requests(&client).await);
             let t = Instant::now();
-            let mut child = Command::new(programs.path(system))
-                .env("KUBECONFIG", &kubeconfig)
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("starting {}", programs.path(system).display()))?;
-            let took = converged(&mut child, n, t).await;
-            let peak = peak_rss_mib(child.id());
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            let took = took.with_context(|| format!("{} converging", name(system)))?;
+            let mut running = Running::start(programs.path(system), &kubeconfig, &[])?;
+            let deadline = t + Duration::from_secs(900);
+            let mut done = HashSet::new();
+            while done.len() < n {
+                let (_, i) = running
+                    .next_patch(deadline)
+                    .await
+                    .with_context(|| format!("{} converging", name(system)))?;
+                done.insert(i);
+            }
+            let took = t.elapsed();
             let server_ms = apiserver_cpu_ms(&env) - cpu;
+            results.add(
+                &scenario,
+                "the controller's CPU per Deployment, ms",
+                system,
+                running.cpu_ms() / n as f64,
+            );
             results.add(
                 &scenario,
                 "process start to every Deployment patched, s",
@@ -247,14 +529,133 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 system,
                 server_ms / n as f64,
             );
-            if let Some(peak) = peak {
+            if let (Ok(before), Ok(after)) = (requests, apiserver_requests(&client).await) {
+                // Less the one /metrics read of the count itself.
+                let per = (after - before - 1.0) / n as f64;
+                results.add(&scenario, "API requests per Deployment", system, per);
+            }
+            if let Some(peak) = rss_mib(running.child.id(), "VmHWM:") {
                 results.add(&scenario, "peak RSS, MiB", system, peak);
             }
-            println!(
-                "    round {} {}: {:.1} s",
+            print!(
+                "    round {} {}: converged in {:.1} s",
                 round + 1,
                 name(system),
                 took.as_secs_f64()
+            );
+            let mut first = 0;
+            for &(rate, secs) in rates {
+                let (own, server) = (running.cpu_ms(), apiserver_cpu_ms(&env));
+                let measured = churn(&mut running, &cms, rate, secs, first)
+                    .await
+                    .with_context(|| format!("{} under churn at {rate}/s", name(system)))?;
+                first += (rate * secs) as usize;
+                let row = format!(
+                    "churn: {rate} ConfigMap changes a second for {secs} s after converging, each to a different ConfigMap; from the write sent to its Deployment's patch answered"
+                );
+                let (p50, p99) = (
+                    quantile_ms(measured.latencies.clone(), 0.5),
+                    quantile_ms(measured.latencies, 0.99),
+                );
+                results.add(&row, "p50, ms", system, p50);
+                results.add(&row, "p99, ms", system, p99);
+                results.add(&row, "changes reconciled/s", system, measured.per_second);
+                let changes = f64::from(rate * secs);
+                let own = (running.cpu_ms() - own) / changes;
+                results.add(&row, "the controller's CPU per change, ms", system, own);
+                let server = (apiserver_cpu_ms(&env) - server) / changes;
+                results.add(&row, "kube-apiserver CPU per change, ms", system, server);
+                print!(", {rate}/s: p99 {p99:.1} ms, {:.0}/s", measured.per_second);
+            }
+            println!();
+            running.kill().await;
+        }
+    }
+
+    // Failover, with the Deployments grown to `failover_n`.
+    let t = Instant::now();
+    each(failover_n - n, |k| {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .create(&PostParams::default(), &quiet_deployment(n + k))
+                .await
+                .with_context(|| format!("creating web-{:05}", n + k))?;
+            Ok(())
+        }
+    })
+    .await?;
+    println!(
+        "    {failover_n} Deployments in place ({:.0} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let election = [("LEADER_ELECTION_NAMESPACE", ns.as_str())];
+    let warmup = [
+        ("LEADER_ELECTION_NAMESPACE", ns.as_str()),
+        ("ENABLE_WARMUP", "true"),
+    ];
+    let standby = format!(
+        "failover to a standby replica, {failover_n} Deployments and {n} ConfigMaps: each system's defaults (kinformer's standby syncs its caches; controller-runtime's starts its sources only once leading; kube-runtime's waits for the Lease before it builds its controller)"
+    );
+    let warm = format!(
+        "failover to a standby replica, {failover_n} Deployments and {n} ConfigMaps: controller-runtime with EnableWarmup"
+    );
+    let fresh = format!(
+        "failover to a fresh process started at the kill (no standby), {failover_n} Deployments and {n} ConfigMaps"
+    );
+    let runs: [(System, Successor, &Vars, &str); 7] = [
+        (System::Kinformer, Successor::Standby, &election, &standby),
+        (System::ClientGo, Successor::Standby, &election, &standby),
+        (System::ClientGo, Successor::Standby, &warmup, &warm),
+        (System::KubeRuntime, Successor::Standby, &election, &standby),
+        (System::Kinformer, Successor::Fresh, &election, &fresh),
+        (System::ClientGo, Successor::Fresh, &election, &fresh),
+        (System::KubeRuntime, Successor::Fresh, &election, &fresh),
+    ];
+    let mut first = 0;
+    for round in 0..failover_rounds {
+        for k in 0..runs.len() {
+            let (system, successor, env_vars, row) = runs[(k + round) % runs.len()];
+            let (times, rss) = failover(
+                programs.path(system),
+                &kubeconfig,
+                env_vars,
+                (&cms, &leases),
+                successor,
+                (first, n),
+            )
+            .await
+            .with_context(|| format!("{} failing over", name(system)))?;
+            first = (first + 997) % n;
+            let [lease, first_patch, write] = times;
+            results.add(row, "kill to the Lease taken over, s", system, lease);
+            results.add(
+                row,
+                "kill to the new leader's first patch, s",
+                system,
+                first_patch,
+            );
+            results.add(
+                row,
+                "kill to the patch for a write made just after the kill, s",
+                system,
+                write,
+            );
+            if let Some(rss) = rss {
+                results.add(row, "the standby's RSS while it waits, MiB", system, rss);
+            }
+            println!(
+                "    failover round {} {} ({}): Lease {lease:.1} s, first patch {first_patch:.1} s, the write {write:.1} s",
+                round + 1,
+                name(system),
+                if successor == Successor::Fresh {
+                    "fresh"
+                } else if env_vars.len() > 1 {
+                    "warmup"
+                } else {
+                    "standby"
+                },
             );
         }
     }
@@ -265,13 +666,22 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         "{BEGIN}\n## Whole controllers: configmap-hash in kinformer, controller-runtime v0.25.3, kube-runtime 5.0\n\n\
          Command: `cargo xtask bench --controllers{}` ({:.0} s). Machine: {}. Server: kube-apiserver {KUBERNETES_VERSION} \
          with etcd on loopback. The controller of examples/configmap-hash and its two peers (bench/peers), each with its \
-         own defaults, in a fresh process per run, {rounds} rounds, the systems rotating; medians. Before each run every \
-         ConfigMap gets a new version, so all {n} hashes are stale; the time runs from the process's start (its \
-         informers list from nothing) to the last of its {n} patches answered by the server. kube-apiserver CPU is \
-         the server's over the whole run, per Deployment.\n\n{table}\n{END}\n",
+         own defaults, the systems rotating; medians. Every time is read from outside: each program prints a line once \
+         a patch of its is answered, and the bench stamps the line as it reads it.\n\n\
+         - **Converge** ({rounds} rounds, a fresh process each): before each run every ConfigMap gets a new version, so \
+         all {n} hashes are stale; from the process's start (its informers list from nothing) to the last of its {n} \
+         patches. kube-apiserver CPU and requests (its `apiserver_request_total`) are the server's over that time, per \
+         Deployment.\n\
+         - **Churn**: then, in the same process, ConfigMaps are changed at a steady rate, each a different one.\n\
+         - **Failover** ({failover_rounds} rounds): {failover_n} Deployments (the {} added use no ConfigMap and carry \
+         their hash already), two replicas electing a leader on one Lease with client-go's timing (15 s lease; \
+         kube-runtime has no election of its own, so its peer uses kube-lease-manager set to 15 s). Once the leader \
+         and the standby are idle the leader is SIGKILLed; a ConfigMap is changed just after the kill and another \
+         every 50 ms after it. The Lease is read every 50 ms. The standby's RSS is read while it waits.\n\n{table}\n{END}\n",
         if quick { " --quick" } else { "" },
         started.elapsed().as_secs_f64(),
         machine(),
+        failover_n - n,
     );
     replace_block(root, BEGIN, END, &section)?;
     println!(

@@ -1,6 +1,10 @@
 //! configmap-hash with kube-runtime: the controller of
 //! examples/configmap-hash written for kube-rs, for the comparison in
-//! docs/controllers.md. Same hash, same patch, same output line.
+//! docs/controllers.md. Same hash, same patch, same output line. kube-rs
+//! has no leader election of its own: with `LEADER_ELECTION_NAMESPACE` set,
+//! replicas elect one on Lease `configmap-hash` there with
+//! kube-lease-manager (client-go's 15 s lease), and the leader runs the
+//! controller until it loses the Lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +15,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
+use kube_lease_manager::LeaseManagerBuilder;
 
 /// `namespace/name` of each ConfigMap the Deployment's pods use.
 fn configmaps(d: &Deployment) -> Vec<String> {
-    let pod = d.spec.template.spec.clone().unwrap_or_default();
+    let Some(pod) = d.spec.template.spec.as_ref() else {
+        return Vec::new();
+    };
     let volumes = pod
         .volumes
         .iter()
@@ -69,11 +76,29 @@ fn error_policy(_: Arc<Deployment>, _: &kube::Error, _: Arc<Client>) -> Action {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), kube::Error> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init(); // INFO and above
     let client = Client::try_default().await?;
+    let mut leading = None;
+    if let Ok(namespace) = std::env::var("LEADER_ELECTION_NAMESPACE") {
+        let lease = LeaseManagerBuilder::new(client.clone(), "configmap-hash")
+            .with_namespace(namespace)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await?;
+        let (mut channel, _task) = lease.watch().await;
+        channel.wait_for(|leader| *leader).await?;
+        leading = Some(channel);
+    }
+    let lost = async move {
+        match leading {
+            Some(mut channel) => drop(channel.wait_for(|leader| !*leader).await),
+            None => std::future::pending().await,
+        }
+    };
     let controller = Controller::new(Api::<Deployment>::all(client.clone()), Default::default());
     let deployments = controller.store();
     let all_configmaps = Api::<ConfigMap>::all(client.clone());
@@ -86,6 +111,7 @@ async fn main() -> Result<(), kube::Error> {
                 .map(|d| ObjectRef::from_obj(&**d))
                 .collect::<Vec<_>>()
         })
+        .graceful_shutdown_on(lost)
         .shutdown_on_signal()
         .run(reconcile, error_policy, Arc::new(client))
         .for_each(|_| std::future::ready(()))
