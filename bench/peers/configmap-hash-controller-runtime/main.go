@@ -11,15 +11,16 @@ import (
 	"hash/fnv"
 	"os"
 	"slices"
+	"strconv" // bench knob
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
+	"k8s.io/utils/ptr" // bench knob
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller" // bench knob
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -116,8 +117,12 @@ func must(err error, what string) {
 func main() {
 	ctrl.SetLogger(zap.New())
 	// Leader election on Lease configmap-hash when LEADER_ELECTION_NAMESPACE
-	// names its namespace; ENABLE_WARMUP=true starts a standby's sources.
+	// names its namespace. For the benchmark only (lines marked "bench
+	// knob", which bench/peers/count-lines.sh does not count):
+	// ENABLE_WARMUP=true starts a standby's sources, and
+	// MAX_CONCURRENT_RECONCILES sets the workers (default 1).
 	namespace := os.Getenv("LEADER_ELECTION_NAMESPACE")
+	workers, _ := strconv.Atoi(os.Getenv("MAX_CONCURRENT_RECONCILES")) // bench knob
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		LeaderElection:          namespace != "",
 		LeaderElectionID:        "configmap-hash",
@@ -135,7 +140,10 @@ func main() {
 	must(ctrl.NewControllerManagedBy(mgr).
 		For(&appsv1.Deployment{}).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsUsing)).
-		WithOptions(controller.Options{EnableWarmup: ptr.To(os.Getenv("ENABLE_WARMUP") == "true")}).
+		WithOptions(controller.Options{ // bench knob
+			EnableWarmup:            ptr.To(os.Getenv("ENABLE_WARMUP") == "true"), // bench knob
+			MaxConcurrentReconciles: workers,                                      // bench knob
+		}). // bench knob
 		Complete(r), "unable to create the controller")
 	must(mgr.Start(ctx), "manager stopped")
 }

@@ -7,13 +7,14 @@
 //! saw the lease change (so clock skew between nodes does not matter).
 //! Unlike client-go, a candidate also watches the Lease while it waits, so
 //! it sees each renewal when it is written rather than at its next try, and
-//! it tries again the moment the lease it saw expires (or is released): a
+//! it tries again the moment the lease it saw expires or is released: a
 //! standby takes over a dead leader's lease within `lease_duration` of its
 //! last renewal, not up to two jittered retry periods later. Without the
-//! `watch` verb on Leases it falls back to client-go's polling alone. The
+//! `watch` verb on Leases it sees the lease only through its own reads, and
+//! still tries again when the lease it last read expires. The
 //! leader renews every `retry_period`; if no renewal succeeds for
 //! `renew_deadline` it gives up leadership. On shutdown it releases the lease
-//! so a standby can take over at its next try. Writes use the lease's
+//! so a standby can take over at once. Writes use the lease's
 //! resourceVersion, so two candidates can never both win.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +25,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube_client::Client;
-use kube_client::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube_client::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -167,8 +168,6 @@ pub struct LeaderElector {
     observed: Mutex<Option<(Observed, Instant)>>,
     /// Told when the watch of the Lease sees a new record.
     observed_changed: Notify,
-    /// The Lease's resourceVersion last read, where its watch starts.
-    resource_version: Mutex<Option<String>>,
     /// While leading: when the last successful renewal was sent, plus the
     /// lease duration.
     valid_until: Mutex<Option<Instant>>,
@@ -214,7 +213,6 @@ impl LeaderElector {
             leading: watch::channel(false).0,
             observed: Mutex::new(None),
             observed_changed: Notify::new(),
-            resource_version: Mutex::new(None),
             valid_until: Mutex::new(None),
             release_on_cancel: AtomicBool::new(true),
         }
@@ -274,6 +272,14 @@ impl LeaderElector {
         &self.config.identity
     }
 
+    /// Who holds the lease as this candidate last saw it (client-go's
+    /// `GetLeader`): through its own reads and writes and, while it waits,
+    /// its watch of the Lease. `None` before it has seen the Lease, or when
+    /// nobody holds it.
+    pub fn leader(&self) -> Option<String> {
+        self.observed.lock().as_ref()?.0.holder.clone()
+    }
+
     /// Campaigns, then leads, until `shutdown` fires (the lease is then
     /// released) or leadership is lost (then it returns, leading false).
     /// It campaigns once: after a loss a new elector (a new process) must.
@@ -288,7 +294,7 @@ impl LeaderElector {
                 let sent = Instant::now();
                 let held_by_other = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    () = &mut watching => false,
+                    never = &mut watching => match never {},
                     attempt = self.attempt(self.config.renew_deadline) => match attempt {
                         Ok(Attempt::Held) => {
                             self.renewed(sent);
@@ -308,15 +314,20 @@ impl LeaderElector {
                 let retry_at = Instant::now() + jittered(retry);
                 loop {
                     // After an error, only the retry period: never a busy loop.
+                    // A little jitter, so standbys woken by one event do
+                    // not all write at once.
                     let wake = match self.expiry().filter(|_| held_by_other) {
-                        Some(expiry) => expiry.min(retry_at),
+                        Some(expiry) => {
+                            let jitter = Duration::from_millis(fastrand::u64(0..25));
+                            (expiry + jitter).min(retry_at)
+                        }
                         None => retry_at,
                     };
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         () = tokio::time::sleep_until(wake) => break,
                         () = self.observed_changed.notified() => {}
-                        () = &mut watching => {}
+                        never = &mut watching => match never {},
                     }
                 }
             }
@@ -410,12 +421,14 @@ impl LeaderElector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Attempt::Held),
+                Ok(written) => {
+                    self.observe(&written.spec.unwrap_or_default());
+                    Ok(Attempt::Held)
+                }
                 Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
                 Err(e) => Err(e),
             };
         };
-        *self.resource_version.lock() = lease.metadata.resource_version.clone();
         let spec = lease.spec.clone().unwrap_or_default();
         let (observed, observed_at) = self.observe(&spec);
         let held_by_me = observed.holder.as_deref() == Some(me.as_str());
@@ -437,7 +450,10 @@ impl LeaderElector {
             .replace(&self.config.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(Attempt::Held),
+            Ok(written) => {
+                self.observe(&written.spec.unwrap_or_default());
+                Ok(Attempt::Held)
+            }
             Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
             Err(e) => Err(e),
         }
@@ -479,61 +495,100 @@ impl LeaderElector {
         }
     }
 
-    /// Follows the Lease from the resourceVersion last read, recording each
-    /// new record as it is written and telling the campaign. Never returns:
-    /// on a broken or expired watch it starts again after the retry period;
-    /// where watching Leases is not allowed it stops and the campaign polls.
-    async fn watch_lease(&self) {
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.config.lease_name))
-            .timeout(290);
+    /// Follows the Lease, recording each new record when it is written and
+    /// telling the campaign. It starts from a list of the one Lease (whose
+    /// version is current however long ago the Lease was written), resumes
+    /// at once after the server ends a watch, lists again when the version
+    /// has expired, and waits longer after each failure in a row (warning
+    /// at the first), so a candidate not allowed to watch Leases costs a
+    /// request every few retry periods and goes on by its reads alone.
+    async fn watch_lease(&self) -> std::convert::Infallible {
+        let fields = format!("metadata.name={}", self.config.lease_name);
+        let params = WatchParams::default().fields(&fields).timeout(290);
+        let (mut from, mut failures) = (None::<String>, 0u32);
         loop {
-            let from = self.resource_version.lock().clone();
-            if let Some(from) = from {
-                match self.api.watch(&params, &from).await {
-                    Ok(events) => {
-                        tokio::pin!(events);
-                        while let Some(event) = events.next().await {
-                            match event {
-                                Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
-                                    *self.resource_version.lock() = lease.metadata.resource_version;
-                                    self.observe(&lease.spec.unwrap_or_default());
-                                    self.observed_changed.notify_one();
-                                }
-                                Ok(WatchEvent::Deleted(_)) => {
-                                    // Nobody holds what is not there: try now.
-                                    let gone = Observed {
-                                        holder: None,
-                                        renew_time: None,
-                                        transitions: 0,
-                                        lease_secs: 0,
-                                    };
-                                    *self.observed.lock() = Some((gone, Instant::now()));
-                                    *self.resource_version.lock() = None;
-                                    self.observed_changed.notify_one();
-                                }
-                                Ok(WatchEvent::Bookmark(b)) => {
-                                    *self.resource_version.lock() =
-                                        Some(b.metadata.resource_version);
-                                }
-                                // Expired (410): read again by the next try.
-                                Ok(WatchEvent::Error(_)) => {
-                                    *self.resource_version.lock() = None;
-                                    break;
-                                }
-                                Err(_) => break,
-                            }
+            let began = Instant::now();
+            let ended = match from.take() {
+                Some(version) => self.follow(&params, version).await,
+                None => match self.api.list(&ListParams::default().fields(&fields)).await {
+                    Ok(list) => {
+                        for lease in list.items {
+                            self.seen(&lease);
                         }
+                        let version = list.metadata.resource_version.unwrap_or_default();
+                        self.follow(&params, version).await
                     }
-                    Err(kube_client::Error::Api(s)) if s.code == 403 => {
-                        debug!(lease = %self.config.lease_name, "not allowed to watch the Lease; polling only");
-                        return std::future::pending().await;
-                    }
-                    Err(e) => debug!(error = %e, "cannot watch the Lease"),
+                    Err(e) => Ended::Failed(e.to_string()),
+                },
+            };
+            let why = match ended {
+                // A watch that lasted: go on from where it ended.
+                Ended::Resume(version) if began.elapsed() >= self.config.retry_period => {
+                    (from, failures) = (Some(version), 0);
+                    continue;
                 }
+                Ended::Resume(version) => {
+                    from = Some(version);
+                    "the watch ended at once".to_owned()
+                }
+                // An expired version: list again, at once if the watch
+                // lasted (a watch that expires at once counts as a failure,
+                // so a server doing that is not asked in a busy loop).
+                Ended::Relist if began.elapsed() >= self.config.retry_period => {
+                    failures = 0;
+                    continue;
+                }
+                Ended::Relist => "the watch's version expired at once".to_owned(),
+                Ended::Failed(why) => why,
+            };
+            failures += 1;
+            if failures == 1 {
+                warn!(lease = %self.config.lease_name, error = %why, "cannot watch the Lease; going on with reads, and trying again");
             }
-            tokio::time::sleep(self.config.retry_period).await;
+            tokio::time::sleep(self.config.retry_period * failures.min(8)).await;
         }
+    }
+
+    /// One watch of the Lease from `version`, until it ends.
+    async fn follow(&self, params: &WatchParams, version: String) -> Ended {
+        let events = match self.api.watch(params, &version).await {
+            Ok(events) => events,
+            Err(e) => return Ended::Failed(e.to_string()),
+        };
+        tokio::pin!(events);
+        let mut last = version;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                    last = lease.metadata.resource_version.clone().unwrap_or(last);
+                    self.seen(&lease);
+                }
+                Ok(WatchEvent::Deleted(lease)) => {
+                    last = lease.metadata.resource_version.clone().unwrap_or(last);
+                    // Nobody holds what is not there: try now.
+                    let gone = Observed {
+                        holder: None,
+                        renew_time: None,
+                        transitions: 0,
+                        lease_secs: 0,
+                    };
+                    *self.observed.lock() = Some((gone, Instant::now()));
+                    self.observed_changed.notify_one();
+                }
+                Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
+                Ok(WatchEvent::Error(e)) if e.code == 410 => return Ended::Relist,
+                Ok(WatchEvent::Error(e)) => return Ended::Failed(e.message),
+                Err(e) => return Ended::Failed(e.to_string()),
+            }
+        }
+        Ended::Resume(last)
+    }
+
+    /// Records `lease` as seen now (see [`observe`](Self::observe)) and
+    /// tells the campaign.
+    fn seen(&self, lease: &Lease) {
+        self.observe(&lease.spec.clone().unwrap_or_default());
+        self.observed_changed.notify_one();
     }
 
     /// Gives the lease up (client-go's ReleaseOnCancel): nobody holds it, and
@@ -582,6 +637,16 @@ impl LeaderElector {
 fn lease_seconds(d: Duration) -> i32 {
     let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+/// How one watch of the Lease ended.
+enum Ended {
+    /// The server ended it: go on from this version.
+    Resume(String),
+    /// Its version expired (410): list again.
+    Relist,
+    /// It failed, for this reason.
+    Failed(String),
 }
 
 /// How long after a lease's expiry (as this candidate counts it) it tries:

@@ -173,11 +173,19 @@ impl<K> ControllerOptions<K> {
     /// Whether every object of the informers' first list is reconciled
     /// (default: yes, at low priority, behind live changes). With `false`
     /// only what changes after a cache's first list is: no burst of every
-    /// cached key when the process starts or a standby takes over, and
-    /// nothing for an object that did not change. Only for a controller
-    /// whose objects its previous leader is known to have reconciled: the
-    /// keys a dead leader had queued or was retrying are not reconciled
-    /// again until they change (or a resync, if the informers have one).
+    /// cached key when the process starts or a standby takes over. Only for
+    /// a controller whose objects its previous leader is known to have
+    /// reconciled, for what is not reconciled until it changes again (or a
+    /// resync, if the informers have one):
+    /// - what a dead leader had queued, was retrying or had scheduled with
+    ///   `Action::RequeueAfter` (periodic reconciles stop with it);
+    /// - what changed while no replica ran (a restart of a single replica,
+    ///   a `Recreate` rollout): those changes arrive in the first list;
+    /// - on an informer already running, what it replays to a controller
+    ///   that registers late, which it marks as its initial list.
+    ///
+    /// A sharded controller ([`ring`](Self::ring)) reconciles every key of
+    /// a slot it takes, so [`Controller::new`] refuses `false` with a ring.
     #[must_use]
     pub fn reconcile_initial_list(mut self, reconcile: bool) -> Self {
         self.reconcile_initial_list = reconcile;

@@ -71,6 +71,12 @@ impl<K: Object + Clone> Controller<K> {
         if let Some(elector) = &options.leader_election {
             elector.config().validate()?;
         }
+        if options.ring.is_some() && !options.reconcile_initial_list {
+            return Err(ControllerError::InvalidOptions(format!(
+                "controller {name:?}: sharded over a ring and reconcile_initial_list(false): a replica \
+                 reconciles every key of a slot it takes, so there is no initial list to skip"
+            )));
+        }
         if options.ring.is_some() && options.leader_election.is_some() {
             return Err(ControllerError::InvalidOptions(format!(
                 "controller {name:?}: sharded over a ring and leader-elected: choose one"

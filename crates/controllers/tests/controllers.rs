@@ -500,6 +500,67 @@ async fn leader_among(replicas: &[Option<Replica>]) -> usize {
     index.unwrap()
 }
 
+/// A standby follows the Lease with a watch while it waits: it sees a new
+/// holder, then a release, as they are written (its next read is 40 s or
+/// more away, the lease 3 600 s long), and takes the released lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_sees_lease_changes_as_they_are_written_and_takes_a_released_lease_at_once() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("watched").await.unwrap();
+    let client = env.client().unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let held_by = |holder: Option<&str>| LeaseSpec {
+        holder_identity: holder.map(str::to_owned),
+        lease_duration_seconds: Some(3600),
+        renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        ..LeaseSpec::default()
+    };
+    let mut lease = Lease {
+        metadata: kube_client::api::ObjectMeta {
+            name: Some("watched".into()),
+            ..Default::default()
+        },
+        spec: Some(held_by(Some("a"))),
+    };
+    lease = leases.create(&PostParams::default(), &lease).await.unwrap();
+    let mut config = LeaderElectionConfig::new(&ns, "watched", "standby");
+    (config.lease_duration, config.renew_deadline) =
+        (Duration::from_secs(60), Duration::from_secs(50));
+    config.retry_period = Duration::from_secs(40);
+    let standby = Arc::new(LeaderElector::new(client.clone(), config));
+    let mut leads = standby.subscribe();
+    let _standing_by = tokio::spawn({
+        let standby = Arc::clone(&standby);
+        async move { standby.run(CancellationToken::new()).await }
+    });
+    eventually("the standby read the lease", async || {
+        standby.leader().as_deref() == Some("a")
+    })
+    .await;
+    lease.spec = Some(held_by(Some("b")));
+    lease = leases
+        .replace("watched", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    eventually("the standby saw the new holder", async || {
+        standby.leader().as_deref() == Some("b")
+    })
+    .await;
+    assert!(!standby.is_leader());
+    lease.spec = Some(held_by(None));
+    leases
+        .replace("watched", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), leads.wait_for(|l| *l))
+        .await
+        .expect("the standby waited for its next retry (40 s or more), not for the release it saw")
+        .unwrap();
+    assert_eq!(standby.leader().as_deref(), Some("standby"));
+}
+
 /// A standby whose retry period is far longer than the lease takes a dead
 /// leader's lease when that lease expires, not at its next retry: it waits
 /// for the expiry of the lease it saw (whose renewals it follows with a
@@ -1098,6 +1159,26 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
     .err()
     .expect("a renew deadline equal to the lease is rejected");
     assert!(err.to_string().contains("renew deadline"), "{err}");
+
+    let ring = kinformer_controllers::Ring::new(
+        client.clone(),
+        kinformer_controllers::RingConfig::new(&ns, "ring", "me"),
+    )
+    .unwrap();
+    let err = Controller::new(
+        "ring",
+        informer::<ConfigMap>(&client, &ns),
+        Probe::default(),
+        ControllerOptions::new()
+            .ring(ring)
+            .reconcile_initial_list(false),
+    )
+    .err()
+    .expect("a ring without the initial list is rejected");
+    assert!(
+        err.to_string().contains("reconcile_initial_list(false)"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

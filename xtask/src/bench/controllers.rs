@@ -483,12 +483,23 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let scenario = format!(
         "configmap-hash converging {n} Deployments, each with a stale hash: each system's defaults (kinformer: 2 workers, protobuf; controller-runtime: 1 worker, protobuf; kube-runtime: unbounded concurrency, JSON)"
     );
-    let all = [System::Kinformer, System::ClientGo, System::KubeRuntime];
+    let two_workers = format!(
+        "configmap-hash converging {n} Deployments: controller-runtime with MaxConcurrentReconciles 2, kinformer's default"
+    );
+    let workers: &Vars = &[("MAX_CONCURRENT_RECONCILES", "2")];
+    // Each system with its defaults, then controller-runtime with two
+    // workers (converge only).
+    let all: [(System, &Vars, &str); 4] = [
+        (System::Kinformer, &[], &scenario),
+        (System::ClientGo, &[], &scenario),
+        (System::KubeRuntime, &[], &scenario),
+        (System::ClientGo, workers, &two_workers),
+    ];
     let mut results = Results::default();
     let mut version = 0;
     for round in 0..rounds {
         for i in 0..all.len() {
-            let system = all[(i + round) % all.len()];
+            let (system, env_vars, scenario) = all[(i + round) % all.len()];
             // A new version of every ConfigMap: every hash is stale.
             version += 1;
             let version = version.to_string();
@@ -499,7 +510,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             .await?;
             let (cpu, requests) = (apiserver_cpu_ms(&env), apiserver_requests(&client).await);
             let t = Instant::now();
-            let mut running = Running::start(programs.path(system), &kubeconfig, &[])?;
+            let mut running = Running::start(programs.path(system), &kubeconfig, env_vars)?;
             let deadline = t + Duration::from_secs(900);
             let mut done = HashSet::new();
             while done.len() < n {
@@ -512,19 +523,19 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             let took = t.elapsed();
             let server_ms = apiserver_cpu_ms(&env) - cpu;
             results.add(
-                &scenario,
+                scenario,
                 "the controller's CPU per Deployment, ms",
                 system,
                 running.cpu_ms() / n as f64,
             );
             results.add(
-                &scenario,
+                scenario,
                 "process start to every Deployment patched, s",
                 system,
                 took.as_secs_f64(),
             );
             results.add(
-                &scenario,
+                scenario,
                 "kube-apiserver CPU per Deployment, ms",
                 system,
                 server_ms / n as f64,
@@ -532,10 +543,10 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             if let (Ok(before), Ok(after)) = (requests, apiserver_requests(&client).await) {
                 // Less the one /metrics read of the count itself.
                 let per = (after - before - 1.0) / n as f64;
-                results.add(&scenario, "API requests per Deployment", system, per);
+                results.add(scenario, "API requests per Deployment", system, per);
             }
             if let Some(peak) = rss_mib(running.child.id(), "VmHWM:") {
-                results.add(&scenario, "peak RSS, MiB", system, peak);
+                results.add(scenario, "peak RSS, MiB", system, peak);
             }
             print!(
                 "    round {} {}: converged in {:.1} s",
@@ -544,6 +555,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 took.as_secs_f64()
             );
             let mut first = 0;
+            let rates = if env_vars.is_empty() { rates } else { &[] };
             for &(rate, secs) in rates {
                 let (own, server) = (running.cpu_ms(), apiserver_cpu_ms(&env));
                 let measured = churn(&mut running, &cms, rate, secs, first)
