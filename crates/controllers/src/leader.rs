@@ -293,7 +293,12 @@ impl LeaderElector {
             loop {
                 let sent = Instant::now();
                 let held_by_other = tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    // The attempt cut off may have written the Lease: give
+                    // it back if so, rather than leave it to expire.
+                    _ = shutdown.cancelled() => {
+                        self.release().await;
+                        return;
+                    }
                     never = &mut watching => match never {},
                     attempt = self.attempt(self.config.renew_deadline) => match attempt {
                         Ok(Attempt::Held) => {

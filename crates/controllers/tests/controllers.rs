@@ -16,7 +16,7 @@ use kinformer_envtest::TestEnv;
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, SharedIndexInformer,
 };
-use kinformer_store::namespace_indexers;
+use kinformer_store::{meta_namespace_key, namespace_indexers};
 use kinformer_workqueue::Priority;
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -1762,16 +1762,25 @@ async fn a_standby_takes_over_warm_and_reconciles_a_write_made_after_the_loss_fi
 }
 
 /// With `reconcile_initial_list(false)` a standby queues nothing for the
-/// objects it lists while it waits, and once it leads it reconciles only
-/// what changed after its list: no burst of every cached key.
+/// objects it lists while it waits (its primary's, nor those of what it
+/// `watches`), and once it leads it reconciles only what changed after its
+/// list: no burst of every cached key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_the_changes() {
+    use k8s_openapi::api::core::v1::Secret;
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("no-burst").await.unwrap();
     let client = env.client().unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     for i in 0..10 {
         api.create(&PostParams::default(), &config_map(&format!("k{i:02}")))
+            .await
+            .unwrap();
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(format!("k{i:02}"));
+        secrets
+            .create(&PostParams::default(), &secret)
             .await
             .unwrap();
     }
@@ -1790,6 +1799,7 @@ async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_t
     holder.subscribe().wait_for(|l| *l).await.unwrap();
 
     let log = Arc::new(Mutex::new(Vec::new()));
+    let secret_informer = informer::<Secret>(&client, &ns);
     let informer = informer::<ConfigMap>(&client, &ns);
     let controller = Controller::new(
         "no-burst",
@@ -1803,11 +1813,20 @@ async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_t
             .reconcile_initial_list(false),
     )
     .unwrap();
+    // Each Secret maps to the ConfigMap of its name.
+    let controller = controller
+        .watches(secret_informer.clone(), |secret: &Secret| {
+            meta_namespace_key(secret).into_iter().collect()
+        })
+        .unwrap();
     let queue = controller.queue().clone();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(controller.run(shutdown.clone()));
     eventually("the standby synced", async || {
-        informer.has_synced() && informer.pending_notifications() == 0
+        informer.has_synced()
+            && informer.pending_notifications() == 0
+            && secret_informer.has_synced()
+            && secret_informer.pending_notifications() == 0
     })
     .await;
     assert!(queue.is_empty(), "the initial list was queued");
