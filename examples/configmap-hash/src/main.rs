@@ -3,6 +3,7 @@
 //! Run it against `cargo xtask envtest up` or any cluster (kubeconfig).
 //! With `LEADER_ELECTION_NAMESPACE` set, replicas elect a leader on Lease
 //! `configmap-hash` there; standbys keep their caches synced meanwhile.
+//! With `COMPACT_CACHE=true` (a benchmark setting) both caches are compact.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use kinformer_controllers::{
     Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions, ReconcileError,
 };
 use kinformer_informer::Lister;
+use kinformer_informer::{Compact, SharedInformerFactory}; // bench knob
 
 /// `namespace/name` of each ConfigMap the Deployment's pods use.
 fn configmaps(d: &Deployment) -> Vec<String> {
@@ -82,7 +84,17 @@ async fn main() -> anyhow::Result<()> {
         let election = LeaderElectionConfig::new(&namespace, "configmap-hash", &identity);
         options = options.leader_election(election);
     }
-    let mut manager = Manager::new(client.clone(), options)?;
+    // COMPACT_CACHE=true (for the benchmark: lines marked "bench knob",
+    // which bench/peers/count-lines.sh leaves out) keeps both caches compact.
+    let compact = std::env::var("COMPACT_CACHE").is_ok_and(|v| v == "true"); // bench knob
+    let mut manager = if compact {
+        let factory = SharedInformerFactory::new(client.clone()); // bench knob
+        let factory = factory.compact::<Deployment>(Compact::json()); // bench knob
+        let factory = factory.compact::<ConfigMap>(Compact::json()); // bench knob
+        Manager::with_factory(factory, client.clone(), options)? // bench knob
+    } else {
+        Manager::new(client.clone(), options)?
+    }; // bench knob
     let deployments = manager.factory().informer::<Deployment>();
     deployments.add_index("configmap", configmaps)?;
     let configmaps = manager.factory().informer::<ConfigMap>();

@@ -487,13 +487,18 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         "configmap-hash converging {n} Deployments: controller-runtime with MaxConcurrentReconciles 2, kinformer's default"
     );
     let workers: &Vars = &[("MAX_CONCURRENT_RECONCILES", "2")];
+    let compact_row = format!(
+        "configmap-hash converging {n} Deployments: kinformer with the compact cache (both informers)"
+    );
+    let compact: &Vars = &[("COMPACT_CACHE", "true")];
     // Each system with its defaults, then controller-runtime with two
-    // workers (converge only).
-    let all: [(System, &Vars, &str); 4] = [
+    // workers and kinformer with the compact cache (converge only).
+    let all: [(System, &Vars, &str); 5] = [
         (System::Kinformer, &[], &scenario),
         (System::ClientGo, &[], &scenario),
         (System::KubeRuntime, &[], &scenario),
         (System::ClientGo, workers, &two_workers),
+        (System::Kinformer, compact, &compact_row),
     ];
     let mut results = Results::default();
     let mut version = 0;
@@ -607,17 +612,30 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         ("LEADER_ELECTION_NAMESPACE", ns.as_str()),
         ("ENABLE_WARMUP", "true"),
     ];
+    let compact_election = [
+        ("LEADER_ELECTION_NAMESPACE", ns.as_str()),
+        ("COMPACT_CACHE", "true"),
+    ];
     let standby = format!(
         "failover to a standby replica, {failover_n} Deployments and {n} ConfigMaps: each system's defaults (kinformer's standby syncs its caches; controller-runtime's starts its sources only once leading; kube-runtime's waits for the Lease before it builds its controller)"
     );
     let warm = format!(
         "failover to a standby replica, {failover_n} Deployments and {n} ConfigMaps: controller-runtime with EnableWarmup"
     );
+    let compact_standby = format!(
+        "failover to a standby replica, {failover_n} Deployments and {n} ConfigMaps: kinformer with the compact cache"
+    );
     let fresh = format!(
         "failover to a fresh process started at the kill (no standby), {failover_n} Deployments and {n} ConfigMaps"
     );
-    let runs: [(System, Successor, &Vars, &str); 7] = [
+    let runs: [(System, Successor, &Vars, &str); 8] = [
         (System::Kinformer, Successor::Standby, &election, &standby),
+        (
+            System::Kinformer,
+            Successor::Standby,
+            &compact_election,
+            &compact_standby,
+        ),
         (System::ClientGo, Successor::Standby, &election, &standby),
         (System::ClientGo, Successor::Standby, &warmup, &warm),
         (System::KubeRuntime, Successor::Standby, &election, &standby),
@@ -661,12 +679,11 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 "    failover round {} {} ({}): Lease {lease:.1} s, first patch {first_patch:.1} s, the write {write:.1} s",
                 round + 1,
                 name(system),
-                if successor == Successor::Fresh {
-                    "fresh"
-                } else if env_vars.len() > 1 {
-                    "warmup"
-                } else {
-                    "standby"
+                match (successor, env_vars.get(1).map(|v| v.0)) {
+                    (Successor::Fresh, _) => "fresh",
+                    (_, Some("ENABLE_WARMUP")) => "warmup",
+                    (_, Some("COMPACT_CACHE")) => "compact",
+                    _ => "standby",
                 },
             );
         }
