@@ -45,7 +45,7 @@ enum Task {
         /// Only the out-of-the-box sync rows, 10 000 and 50 000 pods, with more rounds and the server's own floor.
         #[arg(long, conflicts_with = "sharding")]
         defaults: bool,
-        /// Only whole controllers: configmap-hash in kinformer, controller-runtime and kube-runtime converging 10 000 Deployments.
+        /// Only whole controllers: configmap-hash in kinformer, controller-runtime and kube-runtime converging 10 000 Deployments, under churn, and failing over with 50 000 (about 30 minutes; --quick: 10).
         #[arg(long, conflicts_with_all = ["sharding", "defaults"])]
         controllers: bool,
     },
