@@ -571,14 +571,7 @@ impl LeaderElector {
                 Ok(WatchEvent::Deleted(lease)) => {
                     last = lease.metadata.resource_version.clone().unwrap_or(last);
                     // Nobody holds what is not there: try now.
-                    let gone = Observed {
-                        holder: None,
-                        renew_time: None,
-                        transitions: 0,
-                        lease_secs: 0,
-                    };
-                    *self.observed.lock() = Some((gone, Instant::now()));
-                    self.observed_changed.notify_one();
+                    self.seen(&Lease::default());
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
                 Ok(WatchEvent::Error(e)) if e.code == 410 => return Ended::Relist,

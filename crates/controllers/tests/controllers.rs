@@ -500,6 +500,27 @@ async fn leader_among(replicas: &[Option<Replica>]) -> usize {
     index.unwrap()
 }
 
+/// Campaigns as `standby` for `lease`, trying again every 40 s (a 60 s
+/// lease), until the test ends: what it does sooner than 40 s it does on
+/// what its watch of the Lease tells it.
+fn slow_standby(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+) -> (Arc<LeaderElector>, tokio::sync::watch::Receiver<bool>) {
+    let mut config = LeaderElectionConfig::new(ns, lease, "standby");
+    (config.lease_duration, config.renew_deadline) =
+        (Duration::from_secs(60), Duration::from_secs(50));
+    config.retry_period = Duration::from_secs(40);
+    let standby = Arc::new(LeaderElector::new(client.clone(), config));
+    let leads = standby.subscribe();
+    tokio::spawn({
+        let standby = Arc::clone(&standby);
+        async move { standby.run(CancellationToken::new()).await }
+    });
+    (standby, leads)
+}
+
 /// A standby follows the Lease with a watch while it waits: it sees a new
 /// holder, then a release, as they are written (its next read is 40 s or
 /// more away, the lease 3 600 s long), and takes the released lease at once.
@@ -525,16 +546,7 @@ async fn a_standby_sees_lease_changes_as_they_are_written_and_takes_a_released_l
         spec: Some(held_by(Some("a"))),
     };
     lease = leases.create(&PostParams::default(), &lease).await.unwrap();
-    let mut config = LeaderElectionConfig::new(&ns, "watched", "standby");
-    (config.lease_duration, config.renew_deadline) =
-        (Duration::from_secs(60), Duration::from_secs(50));
-    config.retry_period = Duration::from_secs(40);
-    let standby = Arc::new(LeaderElector::new(client.clone(), config));
-    let mut leads = standby.subscribe();
-    let _standing_by = tokio::spawn({
-        let standby = Arc::clone(&standby);
-        async move { standby.run(CancellationToken::new()).await }
-    });
+    let (standby, mut leads) = slow_standby(&client, &ns, "watched");
     eventually("the standby read the lease", async || {
         standby.leader().as_deref() == Some("a")
     })
@@ -581,16 +593,7 @@ async fn a_standby_takes_a_dead_leaders_lease_when_it_expires_not_at_its_next_re
     });
     leader.subscribe().wait_for(|l| *l).await.unwrap();
 
-    let mut standby = LeaderElectionConfig::new(&ns, "expiry", "standby");
-    (standby.lease_duration, standby.renew_deadline) =
-        (Duration::from_secs(60), Duration::from_secs(50));
-    standby.retry_period = Duration::from_secs(40);
-    let standby = Arc::new(LeaderElector::new(client.clone(), standby));
-    let mut standby_leads = standby.subscribe();
-    let _standing_by = tokio::spawn({
-        let standby = Arc::clone(&standby);
-        async move { standby.run(CancellationToken::new()).await }
-    });
+    let (_standby, mut standby_leads) = slow_standby(&client, &ns, "expiry");
     // Dies: no more renewals, and no release.
     leading.abort();
     tokio::time::timeout(Duration::from_secs(20), standby_leads.wait_for(|l| *l))
