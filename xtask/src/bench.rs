@@ -156,7 +156,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     }
 
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
-    let env = TestEnv::start().await?;
+    let env = TestEnv::start_with(settled_env()).await?;
     let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
     let client = env.client()?;
     let all = [System::Kinformer, System::ClientGo, System::KubeRuntime];
@@ -209,6 +209,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 for (arg, scenario, env_vars) in variants {
                     let mut args = vec!["sync", kubeconfig.as_str(), ns.as_str()];
                     args.extend(arg.split_whitespace());
+                    settle(&env, &client).await?;
                     let cpu = apiserver_cpu_ms(&env);
                     let v = harness_env(&harnesses, system, &args, env_vars).await?;
                     let server_ms = apiserver_cpu_ms(&env) - cpu;
@@ -405,6 +406,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         out_of_the_box(
             &harnesses,
             &env,
+            &client,
             &kubeconfig,
             &ns,
             size,
@@ -568,6 +570,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
 async fn out_of_the_box(
     harnesses: &Harnesses,
     env: &TestEnv,
+    client: &Client,
     kubeconfig: &str,
     ns: &str,
     size: usize,
@@ -611,6 +614,7 @@ async fn out_of_the_box(
             for (scenario_arg, extra, rows) in variants {
                 let mut args = vec![scenario_arg, kubeconfig, ns];
                 args.extend(extra.split_whitespace());
+                settle(env, client).await?;
                 let cpu = apiserver_cpu_ms(env);
                 let v = harness(harnesses, system, &args).await?;
                 let server_ms = apiserver_cpu_ms(env) - cpu;
@@ -688,6 +692,47 @@ fn go_build(dir: &Path, out: &Path) -> Result<()> {
         .context("running go build (is Go installed?)")?;
     if !status.success() {
         bail!("building the Go program in {} failed", dir.display());
+    }
+    Ok(())
+}
+
+/// The benchmarks' control plane: envtest's, with Go's profiling endpoints
+/// on, which [`settle`] needs.
+fn settled_env() -> TestEnvOptions {
+    TestEnvOptions::new().apiserver_arg("--profiling=true")
+}
+
+/// Brings kube-apiserver to the same state before every harness run: a
+/// full garbage collection (`/debug/pprof/heap?gc=1` runs Go's
+/// `runtime.GC()` before it answers), then quiet (under 20 ms of its CPU in
+/// 500 ms, twice in a row; at most 60 s).
+///
+/// Without it, the collection of the garbage one run left (a 50 000-Pod
+/// list serialized is hundreds of MB) landed in whichever later run pushed
+/// the server's heap past its target: about a second of server CPU taken
+/// from the two cores the client shares, at random. Measured by hand, 8
+/// alternating 50 000-Pod syncs of kinformer and client-go: without it the
+/// server spent 640-2 590 ms per sync and the syncs took 688-1 674 ms
+/// (kinformer) and 931-1 772 ms (client-go), either one slow when the
+/// collection fell in its run; with it 510-750 ms and 691-762 ms and
+/// 1 017-1 110 ms over 10. Each run's own garbage is collected before the
+/// next and counted in neither's server CPU.
+async fn settle(env: &TestEnv, client: &Client) -> Result<()> {
+    let gc = http::Request::get("/debug/pprof/heap?gc=1&debug=1").body(Vec::new())?;
+    client
+        .request_text(gc)
+        .await
+        .context("asking kube-apiserver for a garbage collection (/debug/pprof/heap?gc=1)")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet = 0;
+    while quiet < 2 && Instant::now() < deadline {
+        let before = apiserver_cpu_ms(env);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        quiet = if apiserver_cpu_ms(env) - before < 20.0 {
+            quiet + 1
+        } else {
+            0
+        };
     }
     Ok(())
 }
@@ -1090,7 +1135,8 @@ fn write_report(
          Command: `cargo xtask bench{}` ({elapsed:.0} s). Machine: {machine}. Server: kube-apiserver {KUBERNETES_VERSION} \
          with etcd on loopback (peak RSS etcd {} MiB, kube-apiserver {} MiB). Every figure is the median of the rounds \
          of one run, each system in a fresh process, the systems alternating; ratios compare medians of that run. \
-         Memory per cached Pod is the RSS growth from before the informer started to 2 s after it synced, divided by \
+         Before every sync the server is settled: a forced garbage collection (`/debug/pprof/heap?gc=1`), then \
+         quiet, so no run pays for garbage an earlier one left. Memory per cached Pod is the RSS growth from before the informer started to 2 s after it synced, divided by \
          the number of Pods; its anonymous part leaves out the program's own code read in from its file during the \
          sync (a fixed cost, not the cache's), and the Rust harnesses split that with glibc's statistics (`mallinfo2`) \
          into live heap and freed heap the allocator kept. Event latency is split where kinformer's Reflector decoded \
@@ -1142,7 +1188,7 @@ pub async fn run_defaults(quick: bool, root: &Path) -> Result<()> {
     let rounds = if quick { 3 } else { 7 };
     let sizes: &[usize] = if quick { &[10_000] } else { &[10_000, 50_000] };
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
-    let env = TestEnv::start().await?;
+    let env = TestEnv::start_with(settled_env()).await?;
     let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
     let client = env.client()?;
     let ns = env.create_namespace("bench-defaults").await?;
@@ -1159,6 +1205,7 @@ pub async fn run_defaults(quick: bool, root: &Path) -> Result<()> {
         out_of_the_box(
             &harnesses,
             &env,
+            &client,
             &kubeconfig,
             &ns,
             size,
@@ -1200,7 +1247,8 @@ pub async fn run_defaults(quick: bool, root: &Path) -> Result<()> {
          the systems rotating; beside them the server's streaming list read by a client that only frames it (the \
          time the server takes to send what every informer here waits for) and kinformer's informer without its \
          factory. CPU is each process's own (user + system) from its informer's start to has_synced, and \
-         kube-apiserver's over the whole run of the harness. Then kinformer and client-go watch the same updates \
+         kube-apiserver's over the whole run of the harness, each run starting on a settled server (a forced \
+         garbage collection, then quiet, so that no run pays for garbage an earlier one left). Then kinformer and client-go watch the same updates \
          at once ({latency_rounds} rounds of {seconds} s, 200 updates/s), and each update's latency in one is \
          set against the same update's in the other.\n\n{table}\n{DEFAULTS_END}\n",
         if quick { " --quick" } else { "" },
@@ -1340,7 +1388,7 @@ pub async fn run_sharding(quick: bool, root: &Path) -> Result<()> {
     println!(
         "\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd, ShardedListAndWatch on)"
     );
-    let env = TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch()).await?;
+    let env = TestEnv::start_with(settled_env().sharded_list_and_watch()).await?;
     let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
     let client = env.client()?;
     let ns = env.create_namespace("bench-shard").await?;
@@ -1365,6 +1413,7 @@ pub async fn run_sharding(quick: bool, root: &Path) -> Result<()> {
     for round in 0..rounds {
         for k in 0..cases.len() {
             let (n, mode) = cases[(k + round) % cases.len()];
+            settle(&env, &client).await?;
             let cpu = apiserver_cpu_ms(&env);
             let count = n.to_string();
             let args: Vec<[String; 6]> = (0..n)
