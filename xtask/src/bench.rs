@@ -926,8 +926,12 @@ async fn latency_together(
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().last().context("no output")?;
-        let by_sent = std::fs::read_to_string(&samples.0)
-            .with_context(|| format!("reading {}", samples.0.display()))?
+        // kube-runtime-peer writes no samples (it is never paired): none.
+        let text = match std::fs::read_to_string(&samples.0) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            read => read.with_context(|| format!("reading {}", samples.0.display()))?,
+        };
+        let by_sent = text
             .lines()
             .filter_map(|l| {
                 let (sent, latency) = l.split_once(' ')?;
@@ -970,6 +974,13 @@ async fn paired_latency(
     )
     .await?;
     let (kin, go) = (&runs[0].1, &runs[1].1);
+    if kin.is_empty() || go.is_empty() {
+        bail!(
+            "no per-update latencies to pair (kinformer wrote {}, client-go {})",
+            kin.len(),
+            go.len()
+        );
+    }
     let both: Vec<(u64, u64)> = kin
         .iter()
         .filter_map(|(sent, &k)| go.get(sent).map(|&g| (k, g)))

@@ -392,6 +392,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 for obj in self.inner.indexer.list() {
                     listener.send(Notification::Add { obj, initial: true });
                 }
+                listener.flush();
             }
             listeners.push(listener);
         }
@@ -629,6 +630,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 if let Some(Err(PopError::Closed)) = popped {
                     break End::Shutdown;
                 }
+                // Notifications go to the handlers in batches while more
+                // deltas wait, at once when none does.
+                if popped.is_some() && inner.fifo.is_empty() {
+                    inner.processor.flush();
+                }
                 if inner.release_after_list {
                     // Lists are counted after their replace: an empty queue
                     // then means every listed object has been applied.
@@ -642,6 +648,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         }
         .instrument(span)
         .await;
+        self.inner.processor.flush();
         self.inner.fifo.close();
         let failure = match end {
             End::Shutdown => {

@@ -2,7 +2,12 @@
 //!
 //! Each listener owns an unbounded channel and a thread that drains it into
 //! its handler: distributing a notification never waits for a handler, so a
-//! slow handler cannot hold up the others or the watch. Its buffer depth is
+//! slow handler cannot hold up the others or the watch. Notifications cross
+//! the channel in batches: the informer gathers them while its queue holds
+//! more deltas and sends them when it has drained it (or [`BATCH`] have
+//! gathered), so an initial list of N objects wakes each handler's thread
+//! about N / [`BATCH`] times instead of N, while a lone watch event is sent
+//! as soon as it is applied. Its buffer depth is
 //! counted so that it can be exported. After a handler panic the thread
 //! waits the handler's `panic_pause` before the next notification, as
 //! client-go's listener is restarted by `wait.Until` a second after a
@@ -63,14 +68,21 @@ pub(crate) struct ListenerState {
     pub pending_initial: AtomicUsize,
     /// Notifications handled.
     pub handled: AtomicU64,
+    /// Batches of notifications sent to the handler's thread.
+    pub batches: AtomicU64,
     /// Handler panics caught.
     pub panics: AtomicU64,
     pub stopped: AtomicBool,
 }
 
+/// The most notifications a listener gathers before sending them on.
+pub(crate) const BATCH: usize = 64;
+
 pub(crate) struct Listener<K> {
     pub id: u64,
-    tx: mpsc::Sender<Notification<K>>,
+    tx: mpsc::Sender<Vec<Notification<K>>>,
+    /// Distributed, counted in the depth, not yet sent (see the module docs).
+    gathered: Mutex<Vec<Notification<K>>>,
     /// Never sent on: dropping the listener (removed, or the informer
     /// stopped) disconnects it, which ends a pause after a handler panic at
     /// once instead of keeping the thread for the rest of the pause.
@@ -87,7 +99,7 @@ impl<K: Object> Listener<K> {
         handler: Arc<dyn ResourceEventHandler<K>>,
         resync_period: Option<Duration>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel::<Notification<K>>();
+        let (tx, rx) = mpsc::channel::<Vec<Notification<K>>>();
         let (wake, woken) = mpsc::channel::<()>();
         let state = Arc::new(ListenerState::default());
         let thread_state = Arc::clone(&state);
@@ -101,6 +113,7 @@ impl<K: Object> Listener<K> {
         Self {
             id,
             tx,
+            gathered: Mutex::new(Vec::new()),
             _wake: wake,
             state,
             resync_period,
@@ -111,19 +124,41 @@ impl<K: Object> Listener<K> {
 }
 
 impl<K> Listener<K> {
+    /// Gathers `n` for the handler; it is sent on by [`Listener::flush`], or
+    /// here once [`BATCH`] have gathered.
     pub(crate) fn send(&self, n: Notification<K>) {
         if let Notification::Add { initial: true, .. } = n {
             self.state.pending_initial.fetch_add(1, Ordering::SeqCst);
         }
         self.state.depth.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(n).is_err() {
-            self.state.depth.fetch_sub(1, Ordering::Relaxed);
+        let mut gathered = self.gathered.lock();
+        gathered.push(n);
+        if gathered.len() >= BATCH {
+            self.send_gathered(&mut gathered);
+        }
+    }
+
+    /// Sends what has gathered to the handler's thread.
+    pub(crate) fn flush(&self) {
+        let mut gathered = self.gathered.lock();
+        if !gathered.is_empty() {
+            self.send_gathered(&mut gathered);
+        }
+    }
+
+    fn send_gathered(&self, gathered: &mut Vec<Notification<K>>) {
+        let batch = std::mem::replace(gathered, Vec::with_capacity(BATCH));
+        let n = batch.len();
+        if self.tx.send(batch).is_err() {
+            self.state.depth.fetch_sub(n, Ordering::Relaxed);
+        } else {
+            self.state.batches.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 fn run_listener<K: Object>(
-    rx: mpsc::Receiver<Notification<K>>,
+    rx: mpsc::Receiver<Vec<Notification<K>>>,
     woken: mpsc::Receiver<()>,
     handler: Arc<dyn ResourceEventHandler<K>>,
     state: Arc<ListenerState>,
@@ -134,7 +169,7 @@ fn run_listener<K: Object>(
         error!(panic = %panic_message(panic.as_ref()), "the event handler's panic_pause panicked; pausing {DEFAULT_PANIC_PAUSE:?} after a panic");
         DEFAULT_PANIC_PAUSE
     });
-    for n in rx {
+    for n in rx.into_iter().flatten() {
         if state.stopped.load(Ordering::SeqCst) {
             return;
         }
@@ -211,7 +246,15 @@ impl<K: Send + Sync + 'static> Processor<K> {
         }
     }
 
-    /// Sends `n` to every listener, or for a resync only to those due one.
+    /// Sends what every listener has gathered on to its handler.
+    pub(crate) fn flush(&self) {
+        for l in self.listeners.read().iter() {
+            l.flush();
+        }
+    }
+
+    /// Gives `n` to every listener, or for a resync only to those due one;
+    /// the caller flushes.
     pub(crate) fn distribute(listeners: &[Listener<K>], n: Notification<K>, sync: bool) {
         let mut targets = listeners
             .iter()
@@ -252,5 +295,72 @@ impl<K> Processor<K> {
         for l in self.listeners.write().drain(..) {
             l.state.stopped.store(true, Ordering::SeqCst);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    /// Records the names it is given, in order.
+    #[derive(Default)]
+    struct Names(Mutex<Vec<String>>);
+
+    impl ResourceEventHandler<ConfigMap> for Names {
+        fn on_add(&self, obj: &Arc<ConfigMap>, _: bool) {
+            self.0
+                .lock()
+                .push(obj.metadata.name.clone().unwrap_or_default());
+        }
+    }
+
+    fn add(name: String) -> Notification<ConfigMap> {
+        Notification::Add {
+            obj: Arc::new(ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            }),
+            initial: true,
+        }
+    }
+
+    /// Waits until only `left` notifications are still to be handled (the
+    /// depth is lowered last, after the handler and the other counters).
+    fn wait_depth(state: &ListenerState, left: usize) {
+        while state.depth.load(Ordering::Acquire) > left {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn notifications_reach_the_handler_in_order_in_batches_and_a_flush_sends_the_rest() {
+        let names = Arc::new(Names::default());
+        let listener = Listener::spawn(1, Arc::clone(&names) as _, None);
+        let count = 3 * BATCH + 5;
+        for i in 0..count {
+            listener.send(add(format!("cm-{i:04}")));
+        }
+        // Three full batches went on by themselves; the last 5 wait.
+        wait_depth(&listener.state, 5);
+        assert_eq!(listener.state.batches.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            listener.state.handled.load(Ordering::SeqCst),
+            3 * BATCH as u64
+        );
+        assert_eq!(listener.state.pending_initial.load(Ordering::SeqCst), 5);
+        listener.flush();
+        wait_depth(&listener.state, 0);
+        assert_eq!(listener.state.batches.load(Ordering::SeqCst), 4);
+        let expected: Vec<String> = (0..count).map(|i| format!("cm-{i:04}")).collect();
+        assert_eq!(*names.0.lock(), expected);
+        // Nothing gathered: a flush sends no empty batch.
+        listener.flush();
+        assert_eq!(listener.state.batches.load(Ordering::SeqCst), 4);
     }
 }
