@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::panics::{AbortOnDrop, panic_message};
-use crate::processor::{Listener, ListenerState, Notification, Processor, unique_id};
+use crate::processor::{BATCH, Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
 use crate::{InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler};
 
@@ -593,6 +593,8 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         // at after each pop and every second (the queue may have drained
         // before the Reflector counted the list).
         let mut released_at = 0;
+        // Pops since the handlers' gathered notifications were last sent.
+        let mut unflushed = 0;
         let mut release_tick = tokio::time::interval(Duration::from_secs(1));
         release_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Declared before the guard, so dropped after it: either way the
@@ -631,9 +633,14 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     break End::Shutdown;
                 }
                 // Notifications go to the handlers in batches while more
-                // deltas wait, at once when none does.
-                if popped.is_some() && inner.fifo.is_empty() {
-                    inner.processor.flush();
+                // deltas wait (at most BATCH pops apart, whoever they
+                // reached), at once when none does.
+                if popped.is_some() {
+                    unflushed += 1;
+                    if unflushed >= BATCH || inner.fifo.is_empty() {
+                        inner.processor.flush();
+                        unflushed = 0;
+                    }
                 }
                 if inner.release_after_list {
                     // Lists are counted after their replace: an empty queue

@@ -4,14 +4,16 @@
 //! its handler: distributing a notification never waits for a handler, so a
 //! slow handler cannot hold up the others or the watch. Notifications cross
 //! the channel in batches: the informer gathers them while its queue holds
-//! more deltas and sends them when it has drained it (or [`BATCH`] have
-//! gathered), so an initial list of N objects wakes each handler's thread
-//! about N / [`BATCH`] times instead of N, while a lone watch event is sent
-//! as soon as it is applied. Its buffer depth is
-//! counted so that it can be exported. After a handler panic the thread
-//! waits the handler's `panic_pause` before the next notification, as
-//! client-go's listener is restarted by `wait.Until` a second after a
-//! panic: a handler that panics on every object cannot keep a core busy.
+//! more deltas and sends them when it has drained it or every [`BATCH`]
+//! pops (a listener also sends its own once [`BATCH`] have gathered), so an
+//! initial list of N objects wakes each handler's thread about N /
+//! [`BATCH`] times instead of N, while a lone watch event is sent as soon as
+//! it is applied. Each listener's depth (gathered and sent, not yet
+//! handled) is counted so that it can be exported. After a handler panic
+//! the thread waits the handler's `panic_pause` before the next
+//! notification, as client-go's listener is restarted by `wait.Until` a
+//! second after a panic: a handler that panics on every object cannot keep
+//! a core busy.
 //!
 //! The listener list sits behind a `RwLock`: delta processing takes it for
 //! reading while it updates the Indexer and distributes, and adding a handler
@@ -333,7 +335,13 @@ mod tests {
     /// Waits until only `left` notifications are still to be handled (the
     /// depth is lowered last, after the handler and the other counters).
     fn wait_depth(state: &ListenerState, left: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while state.depth.load(Ordering::Acquire) > left {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} notifications still to handle after 30 s, waiting for {left}",
+                state.depth.load(Ordering::Acquire)
+            );
             std::thread::yield_now();
         }
     }
