@@ -149,8 +149,10 @@ impl<K> Listener<K> {
     }
 
     fn send_gathered(&self, gathered: &mut Vec<Notification<K>>) {
-        let batch = std::mem::replace(gathered, Vec::with_capacity(BATCH));
-        let n = batch.len();
+        // The next batch is likely the size of this one: a lone watch event
+        // allocates room for one, an initial list for BATCH.
+        let n = gathered.len();
+        let batch = std::mem::replace(gathered, Vec::with_capacity(n));
         if self.tx.send(batch).is_err() {
             self.state.depth.fetch_sub(n, Ordering::Relaxed);
         } else {
