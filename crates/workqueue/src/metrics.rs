@@ -59,8 +59,10 @@ pub trait MetricsProvider: Send + Sync {
         let _ = (name, priority);
         Box::new(Noop)
     }
-    /// Seconds an item of one priority waited between add and get. By
-    /// default none.
+    /// Seconds an item waited at one priority: between add and get, but an
+    /// item raised from `Low` to `High` before it is taken reports its wait at
+    /// `Low` when raised, and its wait at `High` from then (see
+    /// [`Queue`](crate::Queue)). By default none.
     fn new_latency_by_priority_metric(
         &self,
         name: &str,

@@ -158,6 +158,14 @@ impl QueueConfig {
 ///   being the rate at which the workers take items, however many `High`
 ///   items keep arriving. (An item added while it is processed enters the
 ///   queue at `done`.)
+/// - Queue duration by priority (a [`MetricsProvider`]'s
+///   `new_latency_by_priority_metric`) is the time an item waited at each
+///   priority. A raised item reports its wait at `Low` as `Low`'s when it
+///   is raised, and its `High` duration counts from the raise: so the `High`
+///   histogram shows how promptly live changes are handled, even for keys
+///   of a `Low` backlog (an initial list after a restart or a takeover),
+///   and the two histograms' sums add up to that of the queue duration of
+///   all priorities, which counts from the add, as client-go's.
 /// - [`shut_down_with_drain`](Self::shut_down_with_drain) also waits until
 ///   every queued item has been taken and every taken item is done.
 ///
@@ -214,6 +222,9 @@ struct ItemState {
     slot: u64,
     /// When the item was queued (metrics only).
     added: Option<Instant>,
+    /// Since when it has waited at its current priority: the add, or the
+    /// raise (metrics by priority only).
+    at_priority_since: Option<Instant>,
     /// When a worker took the item (metrics only).
     started: Option<Instant>,
 }
@@ -643,6 +654,14 @@ impl<T: QueueItem> Shared<T> {
                     }
                     let was = entry.priority;
                     entry.priority = priority;
+                    // The wait so far was at the old priority (see `Queue`).
+                    if let Some(m) = metrics
+                        && let Some(since) = entry.at_priority_since
+                    {
+                        let now = Instant::now();
+                        m.latency_at(was).observe((now - since).as_secs_f64());
+                        entry.at_priority_since = Some(now);
+                    }
                     // Being processed: `done` queues it at the new priority.
                     if entry.processing {
                         return;
@@ -664,7 +683,9 @@ impl<T: QueueItem> Shared<T> {
                     m.adds.inc();
                     // Queue latency counts from this add, also for an item
                     // being processed (client-go's `addTimes`).
-                    entry.added = Some(Instant::now());
+                    let now = Instant::now();
+                    entry.added = Some(now);
+                    entry.at_priority_since = Some(now);
                 }
                 // Being processed: `done` queues it again (and counts it in
                 // depth then).
@@ -689,6 +710,7 @@ impl<T: QueueItem> Shared<T> {
                     dirty: true,
                     priority,
                     added,
+                    at_priority_since: added,
                     ..ItemState::default()
                 });
                 key
@@ -716,9 +738,10 @@ impl<T: QueueItem> Shared<T> {
                 m.depth.dec();
                 m.depth_at(priority).dec();
                 if let Some(added) = entry.added.take() {
-                    let waited = (now - added).as_secs_f64();
-                    m.latency.observe(waited);
-                    m.latency_at(priority).observe(waited);
+                    m.latency.observe((now - added).as_secs_f64());
+                }
+                if let Some(since) = entry.at_priority_since.take() {
+                    m.latency_at(priority).observe((now - since).as_secs_f64());
                 }
                 entry.started = Some(now);
             }

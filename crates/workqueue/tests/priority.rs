@@ -195,11 +195,14 @@ async fn with_zero_aging_the_two_priorities_share_the_workers_from_the_start() {
 struct Recorded {
     depth: [i64; 2],
     latency: [Vec<f64>; 2],
+    /// The queue duration of every priority together.
+    total_latency: Vec<f64>,
 }
 
 struct Recorder(Arc<Mutex<Recorded>>);
 struct Depth(Arc<Mutex<Recorded>>, usize);
 struct Latency(Arc<Mutex<Recorded>>, usize);
+struct TotalLatency(Arc<Mutex<Recorded>>);
 struct Nothing;
 
 impl GaugeMetric for Depth {
@@ -213,6 +216,11 @@ impl GaugeMetric for Depth {
 impl HistogramMetric for Latency {
     fn observe(&self, seconds: f64) {
         self.0.lock().latency[self.1].push(seconds);
+    }
+}
+impl HistogramMetric for TotalLatency {
+    fn observe(&self, seconds: f64) {
+        self.0.lock().total_latency.push(seconds);
     }
 }
 impl GaugeMetric for Nothing {
@@ -237,7 +245,7 @@ impl MetricsProvider for Recorder {
         Box::new(Nothing)
     }
     fn new_latency_metric(&self, _: &str) -> Box<dyn HistogramMetric> {
-        Box::new(Nothing)
+        Box::new(TotalLatency(Arc::clone(&self.0)))
     }
     fn new_work_duration_metric(&self, _: &str) -> Box<dyn HistogramMetric> {
         Box::new(Nothing)
@@ -271,9 +279,11 @@ async fn depth_and_latency_are_reported_by_priority() {
     q.add_with_priority("b", Priority::Low);
     q.add("c");
     assert_eq!(rec.lock().depth, [2, 1]);
-    // Raised: moves from one depth to the other.
+    // Raised: moves from one depth to the other, and its wait at Low (none
+    // here) is reported as Low's.
     q.add("a");
     assert_eq!(rec.lock().depth, [1, 2]);
+    assert_eq!(rec.lock().latency[0], [0.0]);
     sleep(Duration::from_secs(1)).await;
     for _ in 0..3 {
         let (item, _) = take(&q).await;
@@ -281,8 +291,42 @@ async fn depth_and_latency_are_reported_by_priority() {
     }
     let r = rec.lock();
     assert_eq!(r.depth, [0, 0]);
-    assert_eq!((r.latency[0].len(), r.latency[1].len()), (1, 2));
-    assert!(r.latency[0][0] >= 1.0);
+    assert_eq!((r.latency[0].len(), r.latency[1].len()), (2, 2));
+    assert_eq!(r.latency[0][1], 1.0, "b");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_raised_key_reports_high_queue_duration_from_the_raise_and_its_low_wait_as_low() {
+    let rec = Arc::new(Mutex::new(Recorded::default()));
+    let q =
+        Queue::with_config(QueueConfig::new().metrics_provider(Arc::new(Recorder(rec.clone()))));
+    // A backlog key (an initial list after a restart) waits 600 s at Low,
+    // then a live change raises it, and a worker takes it 1 s later.
+    q.add_with_priority("backlog", Priority::Low);
+    sleep(Duration::from_secs(600)).await;
+    q.add("backlog");
+    sleep(Duration::from_secs(1)).await;
+    let (item, p) = take(&q).await;
+    assert_eq!((item, p), ("backlog", Priority::High));
+    {
+        let r = rec.lock();
+        assert_eq!(r.latency[1], [1.0], "high: from the raise");
+        assert_eq!(r.latency[0], [600.0], "low: the wait at low, when raised");
+        assert_eq!(r.total_latency, [601.0], "in all: from the first add");
+    }
+
+    // Added at Low while processed, raised 10 s later, queued at `done` 1 s
+    // after that: the same split.
+    q.add_with_priority("backlog", Priority::Low);
+    sleep(Duration::from_secs(10)).await;
+    q.add("backlog");
+    sleep(Duration::from_secs(1)).await;
+    q.done(&item);
+    assert_eq!(take(&q).await, ("backlog", Priority::High));
+    let r = rec.lock();
+    assert_eq!(r.latency[1], [1.0, 1.0]);
+    assert_eq!(r.latency[0], [600.0, 10.0]);
+    assert_eq!(r.total_latency, [601.0, 11.0]);
 }
 
 /// A model of the queue: for each item, whether it is queued (and at which
