@@ -190,7 +190,9 @@ where
     /// recent state). The stream ends when the server ends the watch
     /// (`wp.timeout`); an ERROR event is an `Err` of its `Status` (410
     /// Gone: list again); an object that does not decode is
-    /// [`Error::Undecodable`], and the events after it still come.
+    /// [`Error::Undecodable`], and the events after it still come; a frame
+    /// that cannot be read (over [`MAX_FRAME`](crate::MAX_FRAME), a failed
+    /// read) is the last item, its error.
     pub async fn watch(
         &self,
         wp: &WatchParams,
