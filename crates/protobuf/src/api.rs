@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use futures::stream::BoxStream;
 use kube_client::api::{GetParams, ListParams, WatchParams};
-use kube_client::core::{ListMeta, ObjectList, Request, TypeMeta, WatchEvent};
+use kube_client::core::{ObjectList, Request, TypeMeta, WatchEvent};
 use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 
@@ -177,11 +177,7 @@ where
                 api_version: self.kind.api_version.to_owned(),
                 kind: format!("{}List", self.kind.kind),
             },
-            metadata: ListMeta {
-                resource_version: list.resource_version,
-                continue_: list.continue_token,
-                ..ListMeta::default()
-            },
+            metadata: list.metadata,
             items,
         })
     }

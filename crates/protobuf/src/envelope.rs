@@ -2,6 +2,8 @@
 //! `runtime.Unknown` envelope that names its kind, a list's items, and a
 //! watch event's type and object.
 
+use k8s_openapi::DeepMerge;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::de::DeserializeOwned;
 
 use super::decode::{Fields, ProtobufError, Raw, from_message, from_typed_object, go_lossy_utf8};
@@ -162,53 +164,49 @@ pub(crate) fn list<K: DeserializeOwned>(
             expected.api_version, envelope.api_version, envelope.kind
         ));
     }
-    // The items' message, as the list's own schema says.
-    let item_message = MESSAGES
-        .get(usize::from(expected.list))
-        .and_then(|l| l.fields.iter().find(|f| f.number == 2))
-        .and_then(|f| match f.ty {
-            Ty::Message(m) => Some(m),
-            _ => None,
-        })
-        .map_or_else(
-            || err(format!("{list_name} has no items in the schema")),
-            Ok,
-        )?;
-    let mut out = crate::ProtobufList {
-        resource_version: None,
-        continue_token: None,
-        shard_selector: None,
-        items: Vec::new(),
+    // The metadata's and the items' messages, as the list's own schema says.
+    let field_message = |number: u32, what: &str| {
+        MESSAGES
+            .get(usize::from(expected.list))
+            .and_then(|l| l.fields.iter().find(|f| f.number == number))
+            .and_then(|f| match f.ty {
+                Ty::Message(m) => Some(m),
+                _ => None,
+            })
+            .map_or_else(
+                || err(format!("{list_name} has no {what} in the schema")),
+                Ok,
+            )
     };
+    let meta_message = field_message(1, "metadata")?;
+    let item_message = field_message(2, "items")?;
+    let mut metadata = ListMeta::default();
+    let mut items = Vec::new();
     for field in Fields::new(envelope.raw) {
         match field? {
-            // ListMeta: {2: resourceVersion, 3: continue, 5: shardInfo {1: selector}}.
+            // Decoded whole, as JSON would be: every field kube-client
+            // reads (`remainingItemCount`, `shardInfo`, ...). A repeated
+            // message merges into the one before, as in protobuf.
             (1, Raw::Bytes(meta)) => {
-                for f in Fields::new(meta) {
-                    match f? {
-                        (2, Raw::Bytes(rv)) => out.resource_version = Some(text(rv)?.to_owned()),
-                        (3, Raw::Bytes(c)) if !c.is_empty() => {
-                            out.continue_token = Some(text(c)?.to_owned())
-                        }
-                        (5, Raw::Bytes(info)) => {
-                            for f in Fields::new(info) {
-                                if let (1, Raw::Bytes(sel)) = f? {
-                                    out.shard_selector = Some(text(sel)?.to_owned());
-                                }
-                            }
-                        }
-                        _ => {}
-                    }
-                }
+                metadata.merge_from(from_message::<ListMeta>(meta_message, meta)?);
             }
-            (2, Raw::Bytes(item)) => out.items.push(
+            (2, Raw::Bytes(item)) => items.push(
                 from_typed_object(item_message, item, drop_managed_fields, type_meta(expected))
                     .map_err(|e| crate::Undecodable::new(object_key(item), e)),
             ),
             _ => {}
         }
     }
-    Ok(out)
+    Ok(crate::ProtobufList {
+        resource_version: metadata.resource_version.clone(),
+        continue_token: metadata.continue_.clone(),
+        shard_selector: metadata
+            .shard_info
+            .as_ref()
+            .map(|info| info.selector.clone()),
+        metadata,
+        items,
+    })
 }
 
 /// A watch event: its type and its object's envelope.

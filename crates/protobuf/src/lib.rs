@@ -63,6 +63,7 @@ mod schema;
 mod transport;
 mod watch;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube_client::Resource;
 use serde::de::DeserializeOwned;
 
@@ -131,6 +132,10 @@ pub fn decode<K: Resource + DeserializeOwned + 'static>(
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct ProtobufList<K> {
+    /// The list's metadata whole, as kube-client reads it from JSON
+    /// (`remainingItemCount` included); the three fields below are taken
+    /// from it.
+    pub metadata: ListMeta,
     /// `metadata.resourceVersion`: where a watch of the list starts.
     pub resource_version: Option<String>,
     /// `metadata.continue`: the token of the next page, if any.
@@ -199,5 +204,38 @@ mod tests {
         let e = decode_list::<Pod>(&body, &(), false).unwrap_err();
         assert!(e.to_string().contains("expected a v1 PodList"), "{e}");
         assert!(e.to_string().contains("ServiceList"), "{e}");
+    }
+
+    /// A length-delimited protobuf field (of fewer than 128 bytes).
+    fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
+        [&[number << 3 | 2, bytes.len() as u8][..], bytes].concat()
+    }
+
+    #[test]
+    fn a_lists_metadata_is_decoded_whole_remaining_item_count_included() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+
+        // ListMeta{resourceVersion: "42", continue: "", remainingItemCount: 3},
+        // then a second ListMeta that protobuf merges into the first.
+        let meta = [field(2, b"42"), field(3, b""), vec![4 << 3, 3]].concat();
+        let more_meta = [field(3, b"next")].concat();
+        let item = field(1, &field(1, b"a"));
+        let list = [field(1, &meta), field(2, &item), field(1, &more_meta)].concat();
+        let type_meta = [field(1, b"v1"), field(2, b"ConfigMapList")].concat();
+        let body = [&b"k8s\0"[..], &field(1, &type_meta), &field(2, &list)].concat();
+
+        let list = decode_list::<ConfigMap>(&body, &(), false).unwrap();
+        assert_eq!(
+            list.metadata,
+            ListMeta {
+                resource_version: Some("42".into()),
+                continue_: Some("next".into()),
+                remaining_item_count: Some(3),
+                ..ListMeta::default()
+            }
+        );
+        assert_eq!(list.resource_version.as_deref(), Some("42"));
+        assert_eq!(list.continue_token.as_deref(), Some("next"));
+        assert_eq!(list.items.len(), 1);
     }
 }

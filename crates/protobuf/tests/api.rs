@@ -11,7 +11,7 @@ use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_protobuf::{Error, ProtobufApi};
 use kube_client::api::{Api, DeleteParams, ListParams, PatchParams, PostParams, WatchParams};
 use kube_client::core::{
-    ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta, WatchEvent,
+    ApiResource, DynamicObject, GroupVersionKind, ListMeta, PartialObjectMeta, WatchEvent,
 };
 
 fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -75,6 +75,51 @@ async fn get_and_list_in_protobuf_equal_kube_clients_json() {
     assert_eq!(names, ["a", "b", "c"]);
     let meta = metas.get("a").await.unwrap();
     assert_eq!(meta.metadata.uid, whole.metadata.uid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_in_protobuf_says_how_many_items_remain_as_kube_clients_json_does() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("pb-remaining").await.unwrap();
+    let client = env.client().unwrap();
+    let json: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for name in ["a", "b", "c", "d", "e"] {
+        json.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let pb = ProtobufApi::<ConfigMap>::namespaced(client.clone(), &ns).unwrap();
+    let metas = ProtobufApi::<PartialObjectMeta<ConfigMap>>::namespaced(client, &ns).unwrap();
+
+    let lp = ListParams::default().limit(2);
+    let expected = json.list(&lp).await.unwrap().metadata;
+    assert_eq!(expected.remaining_item_count, Some(3));
+    for listed in [
+        pb.list(&lp).await.unwrap().metadata,
+        metas.list(&lp).await.unwrap().metadata,
+    ] {
+        assert_eq!(
+            listed.remaining_item_count, expected.remaining_item_count,
+            "{listed:?}"
+        );
+        // The same otherwise, but for where each list was read.
+        let strip = |m: &ListMeta| ListMeta {
+            continue_: m.continue_.as_ref().map(|_| "a token".into()),
+            resource_version: m.resource_version.as_ref().map(|_| "a version".into()),
+            ..m.clone()
+        };
+        assert_eq!(strip(&listed), strip(&expected));
+    }
+
+    // The last page has none left, as in JSON (no count, not zero).
+    let token = pb.list(&lp).await.unwrap().metadata.continue_.unwrap();
+    let last = pb
+        .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(last.items.len(), 3);
+    assert_eq!(last.metadata.remaining_item_count, None);
+    assert_eq!(last.metadata.continue_, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
