@@ -16,6 +16,38 @@
 //! `renew_deadline` it gives up leadership. On shutdown it releases the lease
 //! so a standby can take over at once. Writes use the lease's
 //! resourceVersion, so two candidates can never both win.
+//!
+//! # A deleted Lease is still held
+//!
+//! A Lease that disappears (`kubectl delete lease`, a namespace clean-up, a
+//! backup restore) is treated by every candidate that saw it as held by its
+//! last holder for a whole `lease_duration` from the moment the candidate
+//! learnt it was gone (its watch's DELETED event, a list without it, or a
+//! read answered 404), measured on the candidate's own clock. The leader
+//! itself re-creates it at its next renewal and goes on leading. Without
+//! this, a standby that saw the deletion on its watch created a fresh Lease
+//! within milliseconds and led while the old leader, which had not yet
+//! tried to renew, still worked: two leaders for up to a retry period.
+//! Counting from the deletion rather than from the last renewal seen also
+//! covers a candidate that cannot watch: the holder's last renewal was
+//! written before the deletion, so its lease is over before the candidate
+//! takes it, whatever renewals the candidate missed.
+//!
+//! What no candidate can know is a holder it never saw: a process started
+//! after the Lease was deleted creates it at once, as with client-go; the
+//! old leader finds the new holder at its next renewal (within
+//! `retry_period`).
+//!
+//! # When work may go on
+//!
+//! [`LeaderElector::may_work`] is true only while the last successful
+//! renewal is recent: its send time plus `lease_duration`, less a margin of
+//! half the gap between lease duration and renew deadline. Another
+//! candidate may take the lease only after it has seen the same record
+//! unchanged (or the Lease gone) for `lease_duration` on its own clock,
+//! which starts after that send: so no instant exists at which two
+//! candidates' `may_work` are both true, whatever the two hosts' clocks
+//! read. A release makes `may_work` false before it is written.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -193,6 +225,21 @@ struct Observed {
     transitions: i32,
     /// The lease duration the record states, in seconds.
     lease_secs: u64,
+    /// The Lease was found deleted: this is its last record, held by its
+    /// holder for `lease_secs` from when the deletion was seen.
+    gone: bool,
+}
+
+impl Observed {
+    fn of(spec: &LeaseSpec, own_secs: i32) -> Self {
+        Self {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            lease_secs: spec.lease_duration_seconds.unwrap_or(own_secs).max(0) as u64,
+            gone: false,
+        }
+    }
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -410,6 +457,18 @@ impl LeaderElector {
         let me = &self.config.identity;
         let duration_secs = lease_seconds(self.config.lease_duration);
         let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+            // Gone: held by its last holder until a lease duration after we
+            // learnt so (see the module docs); the leader re-creates it.
+            let last = self.observe_gone();
+            if let Some((record, at)) = &last
+                && record.holder.as_ref().is_some_and(|h| h != me)
+                && at.elapsed() <= Duration::from_secs(record.lease_secs)
+            {
+                return Ok(Attempt::Other);
+            }
+            let transitions = last.map_or(0, |(record, _)| {
+                record.transitions + i32::from(record.holder.as_ref() != Some(me))
+            });
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.config.lease_name.clone()),
@@ -421,7 +480,7 @@ impl LeaderElector {
                     lease_duration_seconds: Some(duration_secs),
                     acquire_time: Some(MicroTime(now)),
                     renew_time: Some(MicroTime(now)),
-                    lease_transitions: Some(0),
+                    lease_transitions: Some(transitions),
                     ..LeaseSpec::default()
                 }),
             };
@@ -459,7 +518,10 @@ impl LeaderElector {
                 self.observe(&written.spec.unwrap_or_default());
                 Ok(Attempt::Held)
             }
-            Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
+            // 404: deleted since we read it; read again at the next try.
+            Err(kube_client::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                Ok(Attempt::Conflict)
+            }
             Err(e) => Err(e),
         }
     }
@@ -468,13 +530,20 @@ impl LeaderElector {
     /// already seen: that keeps its first sighting. Returns the record and
     /// when it was first seen.
     fn observe(&self, spec: &LeaseSpec) -> (Observed, Instant) {
-        let own = lease_seconds(self.config.lease_duration);
-        let observed = Observed {
-            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew_time: spec.renew_time.as_ref().map(|t| t.0),
-            transitions: spec.lease_transitions.unwrap_or(0),
-            lease_secs: spec.lease_duration_seconds.unwrap_or(own).max(0) as u64,
-        };
+        self.record(Observed::of(
+            spec,
+            lease_seconds(self.config.lease_duration),
+        ))
+    }
+
+    /// Records that the Lease is gone: its last record, if any was seen,
+    /// marked gone, first seen now unless its deletion was seen before.
+    fn observe_gone(&self) -> Option<(Observed, Instant)> {
+        let last = self.observed.lock().as_ref()?.0.clone();
+        Some(self.record(Observed { gone: true, ..last }))
+    }
+
+    fn record(&self, observed: Observed) -> (Observed, Instant) {
         let mut seen = self.observed.lock();
         match &*seen {
             Some((record, at)) if *record == observed => (observed, *at),
@@ -487,8 +556,9 @@ impl LeaderElector {
     }
 
     /// When the lease last seen may be taken: at once if it names nobody,
-    /// else just after its duration since it was first seen. `None` if no
-    /// lease has been seen or it names this candidate.
+    /// else just after its duration since it was first seen (or, for a
+    /// deleted Lease, since its deletion was seen). `None` if no lease has
+    /// been seen or it names this candidate.
     fn expiry(&self) -> Option<Instant> {
         let seen = self.observed.lock();
         let (observed, at) = seen.as_ref()?;
@@ -517,6 +587,9 @@ impl LeaderElector {
                 Some(version) => self.follow(&params, version).await,
                 None => match self.api.list(&ListParams::default().fields(&fields)).await {
                     Ok(list) => {
+                        if list.items.is_empty() {
+                            self.seen_gone();
+                        }
                         for lease in list.items {
                             self.seen(&lease);
                         }
@@ -570,8 +643,10 @@ impl LeaderElector {
                 }
                 Ok(WatchEvent::Deleted(lease)) => {
                     last = lease.metadata.resource_version.clone().unwrap_or(last);
-                    // Nobody holds what is not there: try now.
-                    self.seen(&Lease::default());
+                    // Its last state, in case a renewal was missed; still
+                    // held by that holder (see the module docs).
+                    self.observe(&lease.spec.unwrap_or_default());
+                    self.seen_gone();
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
                 Ok(WatchEvent::Error(e)) if e.code == 410 => return Ended::Relist,
@@ -589,6 +664,13 @@ impl LeaderElector {
         self.observed_changed.notify_one();
     }
 
+    /// Records the Lease as gone (see [`observe_gone`](Self::observe_gone))
+    /// and tells the campaign.
+    fn seen_gone(&self) {
+        self.observe_gone();
+        self.observed_changed.notify_one();
+    }
+
     /// Gives the lease up (client-go's ReleaseOnCancel): nobody holds it, and
     /// it expires in a second. Bounded by the renew deadline, so a server
     /// that does not answer cannot hold shutdown up.
@@ -602,15 +684,30 @@ impl LeaderElector {
     }
 
     async fn try_release(&self) {
+        // A renewal cut off by the shutdown may land between our read and
+        // our write (409): read again, a few times.
+        for _ in 0..3 {
+            if !self.try_release_once().await {
+                return;
+            }
+        }
+        warn!(lease = %self.config.lease_name, "could not release the lease: it kept changing; it expires instead");
+    }
+
+    /// One read and release; whether it lost a race and may be tried again.
+    async fn try_release_once(&self) -> bool {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.lease_name).await else {
-            return;
+            return false;
         };
         let Some(spec) = lease.spec.as_mut() else {
-            return;
+            return false;
         };
         if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
-            return;
+            return false;
         }
+        // Work stops before the lease is offered: a standby may take it the
+        // moment the write lands, before its answer reaches us.
+        *self.valid_until.lock() = Some(Instant::now());
         let now = MicroTime(Timestamp::now());
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
@@ -621,11 +718,17 @@ impl LeaderElector {
             .replace(&self.config.lease_name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => {
-                *self.valid_until.lock() = Some(Instant::now());
+            Ok(written) => {
+                // As client-go, the release is what this candidate last saw.
+                self.observe(&written.spec.unwrap_or_default());
                 info!(lease = %self.config.lease_name, "released the lease");
+                false
             }
-            Err(e) => warn!(error = %e, "could not release the lease"),
+            Err(kube_client::Error::Api(s)) if s.code == 409 => true,
+            Err(e) => {
+                warn!(error = %e, "could not release the lease; it expires instead");
+                false
+            }
         }
     }
 }

@@ -181,6 +181,7 @@ pub struct Metrics {
     reconcile_errors: Family<ControllerLabel, Counter>,
     reconcile_panics: Family<ControllerLabel, Counter>,
     terminal_errors: Family<ControllerLabel, Counter>,
+    dropped_keys: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
     shards: Arc<ShardCollector>,
@@ -214,6 +215,7 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_panics: Family::default(),
             terminal_errors: Family::default(),
+            dropped_keys: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
             shards: Arc::default(),
@@ -290,6 +292,11 @@ impl Metrics {
             "controller_runtime_terminal_reconcile_errors",
             "Total number of terminal reconciliation errors per controller",
             m.terminal_errors.clone(),
+        );
+        registry.register(
+            "kinformer_controller_dropped_keys",
+            "Keys given up after the retry limit the controller was given (ControllerOptions::max_retries), per controller",
+            m.dropped_keys.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_time_seconds",
@@ -403,6 +410,14 @@ impl Metrics {
 
     pub(crate) fn terminal_error(&self, controller: &str) {
         self.terminal_errors
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn dropped_key(&self, controller: &str) {
+        self.dropped_keys
             .get_or_create(&ControllerLabel {
                 controller: controller.to_owned(),
             })

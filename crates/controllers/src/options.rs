@@ -48,7 +48,8 @@ impl<K> Copy for Event<'_, K> {}
 
 pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
 
-/// How a [`Controller`] runs. Defaults: 2 workers, 5 retries, recover from
+/// How a [`Controller`] runs. Defaults: 2 workers, a failing key retried
+/// until it succeeds (backoff 5 ms doubling up to 1 000 s), recover from
 /// panics, 30 s to drain on shutdown, 1 s of grace after a lost lease, no
 /// reconcile timeout, no leader election, no metrics.
 ///
@@ -72,8 +73,9 @@ pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>
 pub struct ControllerOptions<K> {
     /// Concurrent reconciles (distinct keys).
     pub workers: usize,
-    /// Retries of a failing key before it is dropped.
-    pub max_retries: u32,
+    /// Retries of a failing key before it is dropped; `None` (the default):
+    /// until it succeeds or returns a terminal error.
+    pub max_retries: Option<u32>,
     /// What a panic in reconcile does.
     pub panic_policy: PanicPolicy,
     /// How long shutdown works queued and in-flight keys.
@@ -105,7 +107,7 @@ impl<K> Default for ControllerOptions<K> {
     fn default() -> Self {
         Self {
             workers: 2,
-            max_retries: 5,
+            max_retries: None,
             panic_policy: PanicPolicy::Recover,
             drain_timeout: Duration::from_secs(30),
             lost_leadership_grace: Duration::from_secs(1),
@@ -131,17 +133,26 @@ impl<K> ControllerOptions<K> {
         self.workers = n;
         self
     }
-    /// Retries before a key is dropped.
+    /// Drop a failing key after `n` retries (the seed controllers' `--max-retries 5`).
+    ///
+    /// A dropped key is logged at error level with its last error and
+    /// counted in `kinformer_controller_dropped_keys_total`; it is
+    /// reconciled again only when its object (or an owned or watched one)
+    /// next changes, or at a resync. Without a limit (the default, as
+    /// controller-runtime) a failing key is retried with backoff (5 ms
+    /// doubling, capped at 1 000 s, at most 10 retries a second across the
+    /// controller after a burst of 100) until it succeeds or returns a
+    /// terminal error ([`TerminalError`](crate::TerminalError)).
     #[must_use]
     pub fn max_retries(mut self, n: u32) -> Self {
-        self.max_retries = n;
+        self.max_retries = Some(n);
         self
     }
-    /// Retry a failing key for ever, with backoff (controller-runtime's
-    /// default; the seeds drop a key after 5).
+    /// Retry a failing key until it succeeds or fails terminally (the
+    /// default): undoes [`max_retries`](Self::max_retries).
     #[must_use]
     pub fn retry_forever(mut self) -> Self {
-        self.max_retries = u32::MAX;
+        self.max_retries = None;
         self
     }
     /// What a panic in reconcile does.

@@ -3,8 +3,11 @@
 //!
 //! The worker loop is client-go's: `get` a key, reconcile it, `done` it. On
 //! success the key's failures are forgotten; on error (or a caught panic) it
-//! is re-added with per-item backoff while it has been retried fewer than
-//! `max_retries` times, then dropped with a log line naming it and its error.
+//! is re-added with per-item backoff (5 ms doubling, capped at 1 000 s, as
+//! controller-runtime) until it succeeds or fails terminally. With a
+//! `max_retries` limit set it is dropped after that many retries, with a log
+//! line naming it and its last error, counted in
+//! `kinformer_controller_dropped_keys_total`.
 //! The workqueue guarantees that no key is reconciled by two workers at once.
 
 use std::sync::Arc;

@@ -23,7 +23,8 @@ pub(crate) struct Worker {
     pub(crate) name: String,
     pub(crate) queue: RateLimitingQueue<String>,
     pub(crate) reconciler: Arc<dyn Reconciler>,
-    pub(crate) max_retries: u32,
+    /// `None`: retried until it succeeds or fails terminally.
+    pub(crate) max_retries: Option<u32>,
     pub(crate) panic_policy: PanicPolicy,
     pub(crate) reconcile_timeout: Option<Duration>,
     pub(crate) metrics: Option<Arc<Metrics>>,
@@ -246,13 +247,16 @@ impl Worker {
 
     pub(crate) fn retry_or_drop(&self, key: String, error: String, priority: Priority) -> Settled {
         let retries = self.queue.num_requeues(&key);
-        if retries < self.max_retries {
+        if self.max_retries.is_none_or(|max| retries < max) {
             warn!(key = %key, retries, error = %error, "reconcile failed; retrying with backoff");
             self.reasons.scheduled(&key, Reason::Retry);
             self.queue.add_rate_limited_with_priority(key, priority);
             Settled::No
         } else {
-            error!(key = %key, retries, error = %error, "dropping the key after too many failed reconciles");
+            error!(key = %key, retries, error = %error, "dropping the key: it failed as many times as the controller's max_retries allows; it is reconciled again when its object next changes");
+            if let Some(m) = &self.metrics {
+                m.dropped_key(&self.name);
+            }
             self.queue.forget(&key);
             Settled::Yes
         }

@@ -194,6 +194,8 @@ struct Probe {
     overlaps: AtomicUsize,
     panic_for: Option<String>,
     fail_for: Option<String>,
+    /// `fail_for` fails only its first this many reconciles (0: all).
+    fail_first: usize,
     delay: Duration,
 }
 
@@ -208,10 +210,13 @@ impl Reconciler for Probe {
             tokio::time::sleep(self.delay).await;
             self.in_flight.lock().remove(key);
             let name = key.split('/').nth(1).unwrap_or(key);
+            let call = self.calls.lock()[key];
             if self.panic_for.as_deref() == Some(name) {
                 panic!("probe panics for {key}");
             }
-            if self.fail_for.as_deref() == Some(name) {
+            if self.fail_for.as_deref() == Some(name)
+                && (self.fail_first == 0 || call <= self.fail_first)
+            {
                 return Err(format!("probe fails for {key}").into());
             }
             Ok(Action::Done)
@@ -284,6 +289,53 @@ async fn a_panicking_key_is_retried_up_to_the_limit_while_other_keys_go_on() {
     );
     assert!(
         text.contains("workqueue_retries_total{name=\"probe\"} 6"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kinformer_controller_dropped_keys_total{controller=\"probe\"} 2"),
+        "{text}"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// With the default options a failing key is retried with backoff until it
+/// succeeds, as controller-runtime does: a key failing its first 8
+/// reconciles (a server restart, say) is reconciled a 9th time and
+/// succeeds. Before the fix the default gave it up after 5 retries, 155 ms
+/// after its first failure, until its object next changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_failing_key_is_retried_with_backoff_until_it_succeeds() {
+    let (client, ns) = setup("retry-default").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let probe = Arc::new(Probe {
+        fail_for: Some("flaky".into()),
+        fail_first: 8,
+        ..Probe::default()
+    });
+    let metrics = Metrics::new();
+    let controller = Controller::new(
+        "probe",
+        informer::<ConfigMap>(&client, &ns),
+        Arc::clone(&probe),
+        ControllerOptions::new().metrics(Arc::clone(&metrics)),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    api.create(&PostParams::default(), &config_map("flaky"))
+        .await
+        .unwrap();
+    eventually("the 9th reconcile, which succeeds", async || {
+        metrics.encode().contains(
+            "controller_runtime_reconcile_total{controller=\"probe\",result=\"success\"} 1",
+        )
+    })
+    .await;
+    assert_eq!(probe.calls("flaky", &ns), 9);
+    let text = metrics.encode();
+    assert!(
+        !text.contains("kinformer_controller_dropped_keys_total{"),
         "{text}"
     );
     shutdown.cancel();
@@ -604,13 +656,266 @@ async fn a_standby_takes_a_dead_leaders_lease_when_it_expires_not_at_its_next_re
         .unwrap();
 }
 
+/// Samples two candidates' `may_work()` every millisecond until `stop`:
+/// how many samples found both true.
+fn double_work(
+    a: &Arc<LeaderElector>,
+    b: &Arc<LeaderElector>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<usize> {
+    let (a, b, stop) = (Arc::clone(a), Arc::clone(b), stop.clone());
+    tokio::spawn(async move {
+        let mut both = 0;
+        while !stop.is_cancelled() {
+            both += usize::from(a.may_work() && b.may_work());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        both
+    })
+}
+
+/// Whether `elector` ever leads, until the test ends.
+fn ever_leads(elector: &LeaderElector) -> Arc<std::sync::atomic::AtomicBool> {
+    let led = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut leads = elector.subscribe();
+    tokio::spawn({
+        let led = Arc::clone(&led);
+        async move {
+            if leads.wait_for(|l| *l).await.is_ok() {
+                led.store(true, Ordering::SeqCst);
+            }
+        }
+    });
+    led
+}
+
+fn candidate(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+    id: &str,
+    (lease_ms, renew_ms, retry_ms): (u64, u64, u64),
+) -> Arc<LeaderElector> {
+    let mut config = LeaderElectionConfig::new(ns, lease, id);
+    config.lease_duration = Duration::from_millis(lease_ms);
+    config.renew_deadline = Duration::from_millis(renew_ms);
+    config.retry_period = Duration::from_millis(retry_ms);
+    let elector = Arc::new(LeaderElector::new(client.clone(), config));
+    tokio::spawn({
+        let elector = Arc::clone(&elector);
+        async move { elector.run(CancellationToken::new()).await }
+    });
+    elector
+}
+
+/// A Lease deleted under its leader (`kubectl delete lease`), then deleted
+/// again and restored from a backup, stays with that leader: the leader
+/// re-creates it at its next renewal, and a standby that saw the deletion
+/// on its watch treats it as held instead of creating it at once. The two
+/// are never both allowed to work. Before the fix the standby led within
+/// milliseconds of the deletion, beside the leader, until the leader's next
+/// renewal (up to its 2 s retry period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_stays_with_its_leader_and_a_watching_standby_never_works_beside_it() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (client, ns) = setup("deleted-lease").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let timings = (15_000, 10_000, 2_000); // client-go's
+    let leader = candidate(&client, &ns, "deleted", "leader", timings);
+    leader.subscribe().wait_for(|l| *l).await.unwrap();
+    let standby = candidate(&client, &ns, "deleted", "standby", timings);
+    let standby_led = ever_leads(&standby);
+    eventually("the standby saw the leader", async || {
+        standby.leader().as_deref() == Some("leader")
+    })
+    .await;
+    let stop = CancellationToken::new();
+    let both = double_work(&leader, &standby, &stop);
+    let holder = async |leases: &Api<Lease>| {
+        leases
+            .get_opt("deleted")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+
+    // Deleted: the leader re-creates it.
+    let backup = leases.get("deleted").await.unwrap();
+    leases
+        .delete("deleted", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the leader re-created the Lease", async || {
+        holder(&leases).await.as_deref() == Some("leader")
+    })
+    .await;
+
+    // Deleted and at once restored from a backup: the leader renews it.
+    leases
+        .delete("deleted", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut restored = backup.clone();
+    restored.metadata = kube_client::api::ObjectMeta {
+        name: backup.metadata.name.clone(),
+        ..Default::default()
+    };
+    leases
+        .create(&PostParams::default(), &restored)
+        .await
+        .unwrap();
+    let stale = backup.spec.as_ref().and_then(|s| s.renew_time.clone());
+    eventually("the leader renewed the restored Lease", async || {
+        let lease = leases.get("deleted").await.unwrap();
+        let spec = lease.spec.unwrap_or_default();
+        spec.holder_identity.as_deref() == Some("leader") && spec.renew_time != stale
+    })
+    .await;
+
+    stop.cancel();
+    let both = both.await.unwrap();
+    assert_eq!(both, 0, "ms sampled with both candidates allowed to work");
+    assert!(
+        !standby_led.load(Ordering::SeqCst),
+        "the standby led while the leader was renewing"
+    );
+    assert!(leader.is_leader() && leader.may_work());
+}
+
+/// A leader cut off from the server while its Lease is deleted cannot
+/// re-create it; a standby that saw the deletion takes over only once the
+/// old leader's lease is over (a lease duration after the deletion), never
+/// while the old leader may still work. Before the fix it took the lease at
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_a_deleted_lease_only_after_the_cut_off_leader_stopped_working() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("cut-deleted").await.unwrap();
+    let client = env.client().unwrap();
+    let proxy = kinformer_envtest::Proxy::start(env.api_port())
+        .await
+        .unwrap();
+    let timings = (3_000, 2_000, 500);
+    let leader = candidate(
+        &env.client_via(proxy.port()).unwrap(),
+        &ns,
+        "cut",
+        "leader",
+        timings,
+    );
+    leader.subscribe().wait_for(|l| *l).await.unwrap();
+    let standby = candidate(&client, &ns, "cut", "standby", timings);
+    eventually("the standby saw the leader", async || {
+        standby.leader().as_deref() == Some("leader")
+    })
+    .await;
+    let stop = CancellationToken::new();
+    let both = double_work(&leader, &standby, &stop);
+
+    proxy.blackhole(true);
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .delete("cut", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        standby.subscribe().wait_for(|l| *l),
+    )
+    .await
+    .expect("the standby takes the deleted lease once it is over")
+    .unwrap();
+    // The direct proof, whatever the sampling: the standby's acquiring write
+    // was sent after the old leader's last safe instant.
+    let acquired = standby.lease_valid_until().unwrap() - Duration::from_millis(timings.0);
+    let old_safe = leader.safe_until().unwrap();
+    stop.cancel();
+    let both = both.await.unwrap();
+    assert!(
+        acquired >= old_safe,
+        "the standby acquired {:?} before the old leader's lease was safely over",
+        old_safe - acquired
+    );
+    assert_eq!(both, 0, "ms sampled with both candidates allowed to work");
+}
+
+/// A Lease renewed by a host whose clock is an hour ahead or behind is
+/// timed on the candidate's own clock: it is taken no sooner than its
+/// duration after the candidate first saw it, and not an hour late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_written_by_a_host_whose_clock_differs_is_timed_on_the_candidates_own_clock() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let (client, ns) = setup("skewed").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    for (name, skew) in [("ahead", 3600), ("behind", -3600)] {
+        let written = tokio::time::Instant::now();
+        let renewed = k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew))
+            .unwrap();
+        let lease = Lease {
+            metadata: kube_client::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("other-host".into()),
+                lease_duration_seconds: Some(2),
+                renew_time: Some(MicroTime(renewed)),
+                acquire_time: Some(MicroTime(renewed)),
+                ..LeaseSpec::default()
+            }),
+        };
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+        let standby = candidate(&client, &ns, name, "standby", (3_000, 2_000, 500));
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            standby.subscribe().wait_for(|l| *l),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("a lease renewed {skew} s off was not taken in time"))
+        .unwrap();
+        let acquired = standby.lease_valid_until().unwrap() - Duration::from_secs(3);
+        assert!(
+            acquired >= written + Duration::from_secs(2),
+            "a lease renewed {skew} s off was taken {:?} after it was written",
+            acquired - written
+        );
+    }
+}
+
+/// A candidate that released its lease on shutdown no longer names itself
+/// as the leader (client-go records the release as observed). Before the
+/// fix `leader()` still named it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_released_its_lease_names_no_leader() {
+    let (client, ns) = setup("released").await;
+    let mut config = LeaderElectionConfig::new(&ns, "released", "me");
+    config.retry_period = Duration::from_millis(500);
+    let elector = Arc::new(LeaderElector::new(client, config));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (elector, shutdown) = (Arc::clone(&elector), shutdown.clone());
+        async move { elector.run(shutdown).await }
+    });
+    elector.subscribe().wait_for(|l| *l).await.unwrap();
+    assert_eq!(elector.leader().as_deref(), Some("me"));
+    shutdown.cancel();
+    run.await.unwrap();
+    assert!(!elector.may_work());
+    assert_eq!(elector.leader(), None, "the release was not recorded");
+}
+
 /// Two replicas under a steady write load hand leadership over twice: once
 /// when the leader gets SIGTERM (it drains, then releases the lease), once
 /// when the leader is cut off from the server until its lease expires (it
-/// stops taking keys and aborts its in-flight reconciles in time). No key is
+/// stops taking keys and aborts its in-flight reconciles in time). Then the
+/// Lease is deleted under the leader, and deleted and restored from a
+/// backup, while another replica waits: leadership stays put. No key is
 /// ever reconciled by two replicas at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leadership_hands_over_on_sigterm_and_on_a_cut_off_leader_without_overlapping_reconciles() {
+async fn leadership_hands_over_on_sigterm_on_a_cut_off_leader_and_survives_lease_deletion_without_overlapping_reconciles()
+ {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("handover").await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(env.client().unwrap(), &ns);
@@ -692,15 +997,73 @@ async fn leadership_hands_over_on_sigterm_and_on_a_cut_off_leader_without_overla
     })
     .await;
 
+    // (c) The Lease is deleted in the middle of leadership, then deleted
+    // and at once restored from a backup, while a fourth replica waits:
+    // the leader keeps it, and the two are never both allowed to work.
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(env.client().unwrap(), &ns);
+    replicas.push(Some(replica(env, &ns, 3, &log).await));
+    let (leading, waiting) = (
+        Arc::clone(&replicas[2].as_ref().unwrap().elector),
+        Arc::clone(&replicas[3].as_ref().unwrap().elector),
+    );
+    eventually("the fourth replica saw the leader", async || {
+        waiting.leader().as_deref() == Some("replica-2")
+    })
+    .await;
+    let stop_sampling = CancellationToken::new();
+    let both = double_work(&leading, &waiting, &stop_sampling);
+    for restore in [false, true] {
+        let backup = leases.get("handover").await.unwrap();
+        leases
+            .delete("handover", &DeleteParams::default())
+            .await
+            .unwrap();
+        if restore {
+            let mut restored = backup.clone();
+            restored.metadata = kube_client::api::ObjectMeta {
+                name: backup.metadata.name.clone(),
+                ..Default::default()
+            };
+            leases
+                .create(&PostParams::default(), &restored)
+                .await
+                .unwrap();
+        }
+        let before = reconciles_of(&log, 2);
+        eventually("the leader renewed the Lease again and works", async || {
+            let spec = leases
+                .get_opt("handover")
+                .await
+                .unwrap()
+                .and_then(|l| l.spec)
+                .unwrap_or_default();
+            spec.holder_identity.as_deref() == Some("replica-2")
+                && spec.renew_time != backup.spec.as_ref().and_then(|s| s.renew_time.clone())
+                && reconciles_of(&log, 2) >= before + 5
+        })
+        .await;
+    }
+    stop_sampling.cancel();
+    assert_eq!(
+        both.await.unwrap(),
+        0,
+        "ms sampled with two replicas allowed to work"
+    );
+    assert!(leading.is_leader() && !waiting.is_leader());
+    assert_eq!(reconciles_of(&log, 3), 0, "the waiting replica reconciled");
+
     load_stop.cancel();
     load.await.unwrap();
-    let last = replicas[2].take().unwrap();
-    last.shutdown.cancel();
-    last.task.await.unwrap().unwrap();
+    for last in [3, 2] {
+        let last = replicas[last].take().unwrap();
+        last.shutdown.cancel();
+        last.task.await.unwrap().unwrap();
+    }
     let overlapping = overlaps(&log);
     let total = log.lock().len();
     eprintln!(
-        "handover: 2 handovers, {total} reconciles, {} overlapping",
+        "handover: 2 handovers, 2 Lease deletions, {total} reconciles, {} overlapping",
         overlapping.len()
     );
     assert!(
