@@ -13,8 +13,24 @@
 //! the object within one interval, not only when the process stops (client-go
 //! writes such counts every 30 minutes). [`EventRecorder::flush`] writes
 //! what is still unwritten at once (a [`Manager`](crate::Manager) calls it
-//! on shutdown). An Event older than `series_window` (6 min, client-go's)
-//! starts afresh.
+//! on shutdown).
+//!
+//! # A series ends with its window, and its count adds up
+//!
+//! A series takes occurrences for `series_window` (6 min, client-go's)
+//! from its first; the first occurrence after that creates a new Event.
+//! The ended series keeps its place until its last write: the occurrences
+//! it counted and has not written go out when its next write is due (one
+//! interval after the previous, or the back-off below), and that write is
+//! its last. So the counts of the Events of one event add up to the
+//! occurrences published (a Warning every 10 s for 13 min: Events counting
+//! 36, 36 and 6), unless a last write fails: then the series is given up,
+//! its unwritten occurrences are counted in
+//! [`EventRecorder::dropped_occurrences`] and logged with the error, and
+//! nothing is retried. (client-go ends a series 6 min after its *last*
+//! occurrence, so that a steady repeat stays on one Event for ever, and
+//! forgets a final write that fails; here a series is split every window,
+//! which is what bounds its writes.)
 //!
 //! # Writes per series are bounded whatever the server answers
 //!
@@ -30,11 +46,17 @@
 //!   `series_interval × 2ⁿ` later, capped at 10 × `series_interval`
 //!   (2×, 4×, 8×, 10×, 10×, ...; with the default 30 s: 1, 2, 4, 5, 5 min).
 //!   The cap keeps a series whose writes start to succeed again (RBAC
-//!   fixed) from staying silent for long; with the 6 min window, a series
-//!   whose updates are all refused costs its create and about three updates
-//!   before it starts afresh. A failed write is not retried within itself
-//!   (client-go retries transport errors 12 times, 10 s apart, in the
-//!   background): the next due write is the retry.
+//!   fixed) from staying silent for long. A failed write is not retried
+//!   within itself (client-go retries transport errors 12 times, 10 s
+//!   apart, in the background): the next due write is the retry.
+//! - **At most ⌈window / interval⌉ + 1 writes per series**, 13 with the
+//!   defaults: its writes start at least one interval apart and all but the
+//!   last start within its window (the create and 11 updates in 6 min),
+//!   then the last one. Each write is one request, or two when an update
+//!   finds the Event deleted and creates it again; each
+//!   [`flush`](EventRecorder::flush) call adds at most one. A series whose
+//!   updates are all refused makes 5 with the defaults: the create, updates
+//!   at 30 s, 90 s and 210 s, the last at 450 s, then it is given up.
 //! - **A failed create keeps its series.** The occurrences are counted and
 //!   the next due write creates the Event (with the count so far), instead
 //!   of the very next occurrence creating again.
@@ -43,15 +65,36 @@
 //!   the Event again, same name, with the series in it, within the same
 //!   write, as client-go's `recordEvent` does on a NotFound patch. A create
 //!   answered 409 AlreadyExists (an earlier create whose answer was lost)
-//!   counts as the Event existing; the count goes out with the next update.
+//!   counts as the Event existing; the count goes out with the next update
+//!   (for a last write: is counted as dropped, its count being unknown).
 //! - **`flush` writes each unwritten series at most once per call**, due or
 //!   not (it is the last chance on shutdown), and waits for a write in
-//!   flight to end instead of sending a second one beside it.
+//!   flight to end instead of sending a second one beside it. For a series
+//!   past its window, that write is its last.
 //!
-//! [`EventRecorder::writes`] counts every request sent, refused or not.
+//! # Memory per recorder is bounded
+//!
+//! A recorder holds at most 4096 series (client-go's `EventCorrelator`
+//! keeps as many), each with at most one timer task. A series is forgotten
+//! once its last write has ended: with the defaults, at most 6 min + 5 min
+//! of back-off after its first occurrence, plus the time its writes take
+//! (the recorder sets them no deadline: the client's timeouts apply). One
+//! with nothing left to write is forgotten when its event occurs again, or
+//! by a sweep that a new event makes at most once a window. A new event
+//! that finds the recorder full makes it forget the least recently seen
+//! series without a write in flight, one with nothing unwritten first; the
+//! occurrences that series had not written are counted as dropped. If all
+//! 4096 have a write in flight, the new occurrence itself is dropped and
+//! counted.
+//!
+//! [`EventRecorder::writes`] counts every request sent, refused or not;
+//! [`EventRecorder::dropped_occurrences`] every occurrence counted and never
+//! written, also exported as `kinformer_event_dropped_occurrences_total`
+//! by [`EventRecorder::export_metrics`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -61,13 +104,20 @@ use k8s_openapi::jiff::Timestamp;
 use kube_client::Client;
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::warn;
+
+use crate::Metrics;
 
 /// The back-off after failed writes stops growing at this many series
 /// intervals; see the module docs.
 const MAX_BACKOFF_INTERVALS: u32 = 10;
+
+/// The series a recorder holds at most; see the module docs.
+const MAX_SERIES: usize = 4096;
 
 /// `Normal` or `Warning`, the two types the API accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,11 +149,15 @@ struct EventKey {
 
 #[derive(Debug)]
 struct Series {
+    /// Tells this series from a later one of the same event.
+    id: u64,
     /// The Event as first created (no series), to create it again if it is
-    /// gone. Its metadata names it on the server; the name is unique per
-    /// series (it carries the first occurrence's time in nanoseconds).
+    /// gone. Its metadata names it on the server.
     event: Event,
     first_seen: Instant,
+    /// The latest occurrence: the least recently seen series is the first
+    /// forgotten when the recorder is full.
+    last_seen: Instant,
     /// Occurrences so far, the first included.
     count: i32,
     /// Occurrences the server knows of.
@@ -115,34 +169,89 @@ struct Series {
     in_flight: bool,
     /// Consecutive failed writes.
     failures: u32,
-    /// The earliest time of the next write from `publish`.
+    /// The earliest time of the next write, but for `flush`.
     next_write: Instant,
-    /// A timer will write the occurrences counted since the last write
-    /// once `next_write` comes.
-    timer: bool,
+    /// The task that writes the unwritten occurrences once `next_write`
+    /// comes; ended with the series.
+    timer: Option<AbortHandle>,
 }
 
 impl Series {
-    fn name(&self) -> &str {
-        self.event.metadata.name.as_deref().unwrap_or_default()
+    /// Occurrences counted and not written yet.
+    fn unwritten(&self) -> i32 {
+        self.count.saturating_sub(self.written).max(0)
+    }
+
+    /// Whether its window is over: it takes no more occurrences, and its
+    /// next write is its last.
+    fn ended(&self, window: Duration, now: Instant) -> bool {
+        now.duration_since(self.first_seen) >= window
     }
 
     /// Marks a write in flight and returns what it is to send.
-    fn claim(&mut self) -> Claim {
+    fn claim(&mut self, last: bool) -> Claim {
         self.in_flight = true;
         Claim {
+            id: self.id,
             event: self.event.clone(),
             count: self.count,
             created: self.created,
+            last,
         }
+    }
+}
+
+impl Drop for Series {
+    fn drop(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            timer.abort();
+        }
+    }
+}
+
+/// The series a recorder holds.
+#[derive(Debug)]
+struct Book {
+    /// The series taking occurrences, one per event (some of them past
+    /// their window, until their event occurs again).
+    open: HashMap<EventKey, Series>,
+    /// Series past their window that a later series of their event has
+    /// replaced, kept for their last write, by id.
+    ended: HashMap<u64, (EventKey, Series)>,
+    next_id: u64,
+    /// When series past their window were last forgotten.
+    swept: Instant,
+}
+
+impl Book {
+    fn len(&self) -> usize {
+        self.open.len() + self.ended.len()
+    }
+
+    /// The series `id` of the event `key`.
+    fn get_mut(&mut self, key: &EventKey, id: u64) -> Option<&mut Series> {
+        if self.open.get(key).is_some_and(|s| s.id == id) {
+            return self.open.get_mut(key);
+        }
+        self.ended.get_mut(&id).map(|(_, s)| s)
+    }
+
+    fn remove(&mut self, key: &EventKey, id: u64) -> Option<Series> {
+        if self.open.get(key).is_some_and(|s| s.id == id) {
+            return self.open.remove(key);
+        }
+        self.ended.remove(&id).map(|(_, s)| s)
     }
 }
 
 /// What one write sends: taken under the lock, sent without it.
 struct Claim {
+    id: u64,
     event: Event,
     count: i32,
     created: bool,
+    /// The series' last write: it is forgotten once this ends.
+    last: bool,
 }
 
 impl Claim {
@@ -168,6 +277,16 @@ enum Outcome {
     Failed { gone: bool },
 }
 
+/// What follows a write, for its log line.
+#[derive(Debug, Clone, Copy)]
+enum Next {
+    /// The next write is due in this long.
+    WriteIn(Duration),
+    /// The series is over: forgotten with this many occurrences unwritten
+    /// (counted as dropped).
+    Forgotten { dropped: i32 },
+}
+
 /// Publishes Events for one controller instance; see the module docs.
 pub struct EventRecorder {
     /// Shared with the timers of series waiting for their interval.
@@ -179,10 +298,15 @@ struct Recorder {
     reporting_controller: String,
     reporting_instance: String,
     /// In nanoseconds (settable through a shared recorder).
-    series_interval: std::sync::atomic::AtomicU64,
-    series_window: Duration,
-    series: Mutex<HashMap<EventKey, Series>>,
-    writes: std::sync::atomic::AtomicU64,
+    series_interval: AtomicU64,
+    /// In nanoseconds.
+    series_window: AtomicU64,
+    book: Mutex<Book>,
+    writes: AtomicU64,
+    /// Changed with the book locked, so that `export_metrics` counts each
+    /// drop once.
+    dropped: AtomicU64,
+    dropped_metric: OnceLock<Counter>,
     /// Bumped whenever a write ends, so that `flush` can wait for a write
     /// in flight without polling (a watch: a receiver taken before looking
     /// at the series sees an end that happens after the look).
@@ -205,30 +329,39 @@ impl std::fmt::Debug for EventRecorder {
 struct InFlight<'a> {
     recorder: &'a Arc<Recorder>,
     key: &'a EventKey,
-    name: &'a str,
-    count: i32,
+    claim: &'a Claim,
     settled: bool,
 }
 
 impl InFlight<'_> {
-    fn settle(&mut self, outcome: Outcome) -> Duration {
+    fn settle(&mut self, outcome: Outcome) -> Next {
         self.settled = true;
-        self.recorder
-            .settle(self.key, self.name, self.count, outcome)
+        self.recorder.settle(self.key, self.claim, outcome)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.settled {
-            self.recorder.settle(
-                self.key,
-                self.name,
-                self.count,
-                Outcome::Failed { gone: false },
-            );
+            let next = self
+                .recorder
+                .settle(self.key, self.claim, Outcome::Failed { gone: false });
+            if let Next::Forgotten { dropped } = next
+                && dropped > 0
+            {
+                warn!(
+                    event = %self.claim.name(),
+                    dropped,
+                    "the last write of an event series was cancelled; giving up its count"
+                );
+            }
         }
     }
+}
+
+/// Nanoseconds as an atomic holds them.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl EventRecorder {
@@ -240,10 +373,17 @@ impl EventRecorder {
                 client,
                 reporting_controller: controller.to_owned(),
                 reporting_instance: instance.to_owned(),
-                series_interval: std::sync::atomic::AtomicU64::new(30_000_000_000),
-                series_window: Duration::from_secs(6 * 60),
-                series: Mutex::new(HashMap::new()),
-                writes: std::sync::atomic::AtomicU64::new(0),
+                series_interval: AtomicU64::new(nanos(Duration::from_secs(30))),
+                series_window: AtomicU64::new(nanos(Duration::from_secs(6 * 60))),
+                book: Mutex::new(Book {
+                    open: HashMap::new(),
+                    ended: HashMap::new(),
+                    next_id: 0,
+                    swept: Instant::now(),
+                }),
+                writes: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                dropped_metric: OnceLock::new(),
                 settled: watch::Sender::new(0),
             }),
         }
@@ -253,17 +393,56 @@ impl EventRecorder {
     /// also the unit of the back-off after failed writes (module docs).
     #[must_use]
     pub fn series_interval(self, interval: Duration) -> Self {
-        let nanos = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         self.inner
             .series_interval
-            .store(nanos, std::sync::atomic::Ordering::Relaxed);
+            .store(nanos(interval), Ordering::Relaxed);
+        self
+    }
+
+    /// How long a series takes occurrences after its first (6 min by
+    /// default, client-go's); the next occurrence creates a new Event
+    /// (module docs).
+    #[must_use]
+    pub fn series_window(self, window: Duration) -> Self {
+        self.inner
+            .series_window
+            .store(nanos(window), Ordering::Relaxed);
         self
     }
 
     /// Requests sent to the server so far (creates and series updates),
     /// whether they succeeded or not.
     pub fn writes(&self) -> u64 {
-        self.inner.writes.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.writes.load(Ordering::Relaxed)
+    }
+
+    /// Occurrences counted and never written so far: those of a series
+    /// whose last write failed, or that was forgotten to make room (module
+    /// docs).
+    pub fn dropped_occurrences(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Exports [`dropped_occurrences`](Self::dropped_occurrences) in
+    /// `metrics` as `kinformer_event_dropped_occurrences_total`, labelled
+    /// with the reporting controller (recorders of one controller add up).
+    /// Once per recorder: later calls do nothing.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
+    /// use kinformer_controllers::{Manager, ManagerOptions};
+    /// let manager = Manager::new(client, ManagerOptions::new())?;
+    /// let events = manager.event_recorder("example.com/website");
+    /// events.export_metrics(manager.metrics());
+    /// # Ok(()) }
+    /// ```
+    pub fn export_metrics(&self, metrics: &Metrics) {
+        let counter = metrics.event_dropped_occurrences(&self.inner.reporting_controller);
+        // Locked, so that no drop is counted between the two lines.
+        let _book = self.inner.book.lock();
+        if self.inner.dropped_metric.set(counter.clone()).is_ok() {
+            counter.inc_by(self.dropped_occurrences());
+        }
     }
 
     /// Records one occurrence of an event about `regarding`, which must name
@@ -294,7 +473,27 @@ impl EventRecorder {
     }
 }
 
+/// How room was made for a new series, for the log.
+enum Room {
+    Free,
+    /// A series was forgotten with this many unwritten occurrences.
+    Forgot {
+        name: String,
+        dropped: i32,
+    },
+    /// Every series has a write in flight: the new occurrence is dropped.
+    Full,
+}
+
 impl Recorder {
+    fn interval(&self) -> Duration {
+        Duration::from_nanos(self.series_interval.load(Ordering::Relaxed))
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_nanos(self.series_window.load(Ordering::Relaxed))
+    }
+
     async fn publish(
         self: &Arc<Self>,
         regarding: &ObjectReference,
@@ -315,17 +514,22 @@ impl Recorder {
             action: action.to_owned(),
             note: note.to_owned(),
         };
-        let now = Instant::now();
-        let claim = {
-            let mut series = self.series.lock();
-            // Forget series past the window, so the map cannot grow for ever;
-            // not one with a write in flight, whose end must find it (and a
-            // new series beside it would be a second write in flight).
-            let window = self.series_window;
-            series.retain(|_, s| s.in_flight || now.duration_since(s.first_seen) < window);
-            match series.get_mut(&key) {
+        let (now, window) = (Instant::now(), self.window());
+        let (claim, room) = {
+            let mut book = self.book.lock();
+            // A series past its window takes no more occurrences; kept
+            // aside if it still has its last write to make.
+            if book.open.get(&key).is_some_and(|s| s.ended(window, now))
+                && let Some(mut ended) = book.open.remove(&key)
+                && (ended.in_flight || ended.unwritten() > 0)
+            {
+                self.set_timer(&key, &mut ended);
+                book.ended.insert(ended.id, (key.clone(), ended));
+            }
+            match book.open.get_mut(&key) {
                 Some(s) => {
                     s.count = s.count.saturating_add(1);
+                    s.last_seen = now;
                     if s.in_flight {
                         // Its end sets the timer if this goes unwritten.
                         return Ok(());
@@ -334,51 +538,129 @@ impl Recorder {
                         self.set_timer(&key, s);
                         return Ok(());
                     }
-                    s.claim()
+                    (s.claim(false), Room::Free)
                 }
                 None => {
+                    let room = self.make_room(&mut book, window, now);
+                    if let Room::Full = room {
+                        self.count_dropped(1);
+                        drop(book);
+                        warn!(
+                            reason,
+                            series = MAX_SERIES,
+                            "dropping an event occurrence: every event series held has a write in flight"
+                        );
+                        return Ok(());
+                    }
                     // Claimed (in flight) before the create is sent, so that
                     // a concurrent occurrence counts into this series instead
                     // of creating a second Event.
+                    let id = book.next_id;
+                    book.next_id += 1;
                     let mut s = Series {
+                        id,
                         event: self.new_event(regarding, type_, reason, action, note),
                         first_seen: now,
+                        last_seen: now,
                         count: 1,
                         written: 0,
                         created: false,
                         in_flight: false,
                         failures: 0,
                         next_write: now,
-                        timer: false,
+                        timer: None,
                     };
-                    let claim = s.claim();
-                    series.insert(key.clone(), s);
-                    claim
+                    let claim = s.claim(s.ended(window, now));
+                    book.open.insert(key.clone(), s);
+                    (claim, room)
                 }
             }
         };
+        if let Room::Forgot { name, dropped } = room
+            && dropped > 0
+        {
+            warn!(
+                event = %name,
+                dropped,
+                series = MAX_SERIES,
+                "forgetting an event series with unwritten occurrences: the recorder is full"
+            );
+        }
         self.write(&key, claim).await
     }
 
-    async fn flush(self: &Arc<Self>) -> Result<(), kube_client::Error> {
-        let pending: Vec<EventKey> = self
-            .series
-            .lock()
+    /// Before a new series is added: forgets the series past their window
+    /// with nothing left to write (once a window, or when full) and, if the
+    /// book is still full, the least recently seen series without a write
+    /// in flight, one with nothing unwritten first. Linear in the series
+    /// held when it sweeps; a new series goes with a create request anyway.
+    fn make_room(&self, book: &mut Book, window: Duration, now: Instant) -> Room {
+        if book.len() >= MAX_SERIES || now.duration_since(book.swept) >= window {
+            book.open
+                .retain(|_, s| s.in_flight || s.unwritten() > 0 || !s.ended(window, now));
+            book.swept = now;
+        }
+        if book.len() < MAX_SERIES {
+            return Room::Free;
+        }
+        let open = book
+            .open
             .iter()
-            .filter(|(_, s)| s.count > s.written)
-            .map(|(k, _)| k.clone())
-            .collect();
+            .map(|(key, s)| (s, Some(key)))
+            .chain(book.ended.values().map(|(_, s)| (s, None)));
+        let victim = open
+            .filter(|(s, _)| !s.in_flight)
+            .min_by_key(|(s, _)| (s.unwritten() > 0, s.last_seen))
+            .map(|(s, key)| (s.id, key.cloned()));
+        let forgotten = match victim {
+            Some((_, Some(key))) => book.open.remove(&key),
+            Some((id, None)) => book.ended.remove(&id).map(|(_, s)| s),
+            None => return Room::Full,
+        };
+        let Some(s) = forgotten else {
+            return Room::Full;
+        };
+        let dropped = s.unwritten();
+        self.count_dropped(dropped);
+        Room::Forgot {
+            name: s.event.metadata.name.clone().unwrap_or_default(),
+            dropped,
+        }
+    }
+
+    /// Counts occurrences never written; called with the book locked.
+    fn count_dropped(&self, n: i32) {
+        let n = u64::try_from(n).unwrap_or_default();
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        if let Some(counter) = self.dropped_metric.get() {
+            counter.inc_by(n);
+        }
+    }
+
+    async fn flush(self: &Arc<Self>) -> Result<(), kube_client::Error> {
+        let pending: Vec<(EventKey, u64)> = {
+            let book = self.book.lock();
+            let open = book.open.iter();
+            open.chain(book.ended.values().map(|(k, s)| (k, s)))
+                .filter(|(_, s)| s.unwritten() > 0)
+                .map(|(k, s)| (k.clone(), s.id))
+                .collect()
+        };
+        let window = self.window();
         let mut first_error = None;
-        for key in pending {
+        for (key, id) in pending {
             let claim = loop {
                 // Taken before looking, so that a write ending after the
                 // look still wakes us.
                 let mut ended = self.settled.subscribe();
                 {
-                    let mut series = self.series.lock();
-                    match series.get_mut(&key) {
-                        Some(s) if s.count > s.written && !s.in_flight => break Some(s.claim()),
+                    let mut book = self.book.lock();
+                    match book.get_mut(&key, id) {
                         Some(s) if s.in_flight => {}
+                        Some(s) if s.unwritten() > 0 => {
+                            let last = s.ended(window, Instant::now());
+                            break Some(s.claim(last));
+                        }
                         _ => break None,
                     }
                 }
@@ -435,38 +717,41 @@ impl Recorder {
     /// occurrences when its next write is due (outside a Tokio runtime,
     /// they wait for the next occurrence or `flush`).
     fn set_timer(self: &Arc<Self>, key: &EventKey, s: &mut Series) {
-        if s.timer || s.count <= s.written {
+        if s.timer.is_some() || s.in_flight || s.unwritten() == 0 {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        s.timer = true;
-        let (recorder, key, due) = (Arc::clone(self), key.clone(), s.next_write);
-        runtime.spawn(async move { recorder.on_timer(key, due).await });
+        let (recorder, key, id, due) = (Arc::clone(self), key.clone(), s.id, s.next_write);
+        let task = runtime.spawn(async move { recorder.on_timer(key, id, due).await });
+        s.timer = Some(task.abort_handle());
     }
 
     /// A series' timer: writes what is unwritten once due, unless a write
-    /// is in flight (its end sets the timer again if needed).
-    async fn on_timer(self: Arc<Self>, key: EventKey, mut due: Instant) {
+    /// is in flight (its end sets the timer again if needed). Aborted when
+    /// its series is forgotten.
+    async fn on_timer(self: Arc<Self>, key: EventKey, id: u64, mut due: Instant) {
         loop {
             tokio::time::sleep_until(due).await;
             let claim = {
-                let mut series = self.series.lock();
-                let Some(s) = series.get_mut(&key) else {
+                let mut book = self.book.lock();
+                let Some(s) = book.get_mut(&key, id) else {
                     return;
                 };
-                if s.in_flight || s.count <= s.written {
-                    s.timer = false;
+                if s.in_flight || s.unwritten() == 0 {
+                    s.timer = None;
                     return;
                 }
-                if Instant::now() < s.next_write {
-                    // A failed write pushed it back.
+                let now = Instant::now();
+                if now < s.next_write {
+                    // A write since the timer was set pushed it back.
                     due = s.next_write;
                     continue;
                 }
-                s.timer = false;
-                s.claim()
+                s.timer = None;
+                let last = s.ended(self.window(), now);
+                s.claim(last)
             };
             // A failure is logged by `write`; the next write is the retry.
             let _ = self.write(&key, claim).await;
@@ -483,8 +768,7 @@ impl Recorder {
         let mut flight = InFlight {
             recorder: self,
             key,
-            name: claim.name(),
-            count: claim.count,
+            claim: &claim,
             settled: false,
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), claim.namespace());
@@ -506,15 +790,29 @@ impl Recorder {
                 Err(e) => (Outcome::Failed { gone: false }, Err(e)),
             }
         };
-        let next_in = flight.settle(outcome);
-        if let Err(e) = &result {
-            warn!(
+        match (flight.settle(outcome), &result) {
+            (Next::WriteIn(next_in), Err(e)) => warn!(
                 event = %claim.name(),
                 count = claim.count,
                 error = %e,
                 next_attempt_in = ?next_in,
                 "cannot write the event"
-            );
+            ),
+            (Next::Forgotten { dropped }, Err(e)) if dropped > 0 => warn!(
+                event = %claim.name(),
+                count = claim.count,
+                dropped,
+                error = %e,
+                "cannot write the last count of an event series; giving it up"
+            ),
+            (Next::Forgotten { dropped }, Ok(())) if dropped > 0 => warn!(
+                event = %claim.name(),
+                count = claim.count,
+                dropped,
+                "the last count of an event series is unknown: its create found the Event \
+                 there already; giving it up"
+            ),
+            _ => {}
         }
         result
     }
@@ -555,25 +853,20 @@ impl Recorder {
         }
     }
 
-    /// Ends the write in flight for the series `key` named `name` (not a
-    /// later series of the same key) and schedules its next write; returns
-    /// how long until then.
-    fn settle(
-        self: &Arc<Self>,
-        key: &EventKey,
-        name: &str,
-        count: i32,
-        outcome: Outcome,
-    ) -> Duration {
-        let delay = {
-            let mut series = self.series.lock();
-            match series.get_mut(key) {
-                Some(s) if s.name() == name => {
+    /// Ends the write in flight `claim` of the series of `key` and schedules
+    /// its next write, or forgets the series: after its last write, or once
+    /// it is past its window with nothing left to write.
+    fn settle(self: &Arc<Self>, key: &EventKey, claim: &Claim, outcome: Outcome) -> Next {
+        let (now, window) = (Instant::now(), self.window());
+        let next = {
+            let mut book = self.book.lock();
+            match book.get_mut(key, claim.id) {
+                Some(s) => {
                     s.in_flight = false;
                     match outcome {
                         Outcome::Written => {
                             s.created = true;
-                            s.written = s.written.max(count);
+                            s.written = s.written.max(claim.count);
                             s.failures = 0;
                         }
                         Outcome::Exists => {
@@ -587,26 +880,29 @@ impl Recorder {
                             s.failures = s.failures.saturating_add(1);
                         }
                     }
-                    let interval = Duration::from_nanos(
-                        self.series_interval
-                            .load(std::sync::atomic::Ordering::Relaxed),
-                    );
-                    let delay = delay_after(interval, s.failures);
-                    s.next_write = Instant::now() + delay;
-                    // Occurrences counted while it was in flight.
-                    self.set_timer(key, s);
-                    delay
+                    let delay = delay_after(self.interval(), s.failures);
+                    s.next_write = now + delay;
+                    if claim.last || (s.ended(window, now) && s.unwritten() == 0) {
+                        let dropped = s.unwritten();
+                        self.count_dropped(dropped);
+                        book.remove(key, claim.id);
+                        Next::Forgotten { dropped }
+                    } else {
+                        // Occurrences counted while it was in flight, or
+                        // the retry of a failed write.
+                        self.set_timer(key, s);
+                        Next::WriteIn(delay)
+                    }
                 }
-                _ => Duration::ZERO,
+                None => Next::Forgotten { dropped: 0 },
             }
         };
         self.settled.send_modify(|n| *n = n.wrapping_add(1));
-        delay
+        next
     }
 
     fn bump_writes(&self) {
-        self.writes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -622,7 +918,385 @@ fn delay_after(interval: Duration, failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::{Method, Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use kube_client::client::Body;
+    use serde_json::{Value, json};
+
     use super::*;
+
+    /// An in-memory events.k8s.io API, so that tests run under paused time:
+    /// stores Events by name, answers creates (409 if the name is taken)
+    /// and merge patches of `series` (404 if the Event is gone), refuses
+    /// with 403 what it is told to, and holds writes while its gate is shut.
+    struct FakeEvents {
+        events: Mutex<BTreeMap<String, Value>>,
+        refuse_create: AtomicBool,
+        refuse_patch: AtomicBool,
+        gate: watch::Sender<bool>,
+        /// Writes received so far.
+        arrived: watch::Sender<usize>,
+        in_flight: AtomicUsize,
+        max_in_flight: AtomicUsize,
+    }
+
+    impl FakeEvents {
+        fn new() -> Arc<Self> {
+            Arc::new(Self {
+                events: Mutex::new(BTreeMap::new()),
+                refuse_create: AtomicBool::new(false),
+                refuse_patch: AtomicBool::new(false),
+                gate: watch::Sender::new(true),
+                arrived: watch::Sender::new(0),
+                in_flight: AtomicUsize::new(0),
+                max_in_flight: AtomicUsize::new(0),
+            })
+        }
+
+        fn recorder(self: &Arc<Self>) -> EventRecorder {
+            let client = Client::new(FakeService(Arc::clone(self)), "default");
+            EventRecorder::new(client, "kinformer.dev/test", "test-0")
+        }
+
+        /// Each stored Event's count (1 without a series), oldest first.
+        fn counts(&self) -> Vec<i32> {
+            let mut events: Vec<(String, i32)> = self
+                .events
+                .lock()
+                .values()
+                .map(|e| {
+                    let count = e["series"]["count"].as_i64().unwrap_or(1);
+                    (e["eventTime"].as_str().unwrap().to_owned(), count as i32)
+                })
+                .collect();
+            events.sort();
+            events.into_iter().map(|(_, count)| count).collect()
+        }
+
+        fn answer(&self, method: &Method, path: &str, body: &[u8]) -> (u16, Value) {
+            let name = path.rsplit('/').next().unwrap_or_default();
+            let refused = |what: &AtomicBool| what.load(Ordering::SeqCst);
+            let mut events = self.events.lock();
+            if *method == Method::POST {
+                let event: Value = serde_json::from_slice(body).unwrap();
+                let name = event["metadata"]["name"].as_str().unwrap().to_owned();
+                if refused(&self.refuse_create) {
+                    return status(403, "Forbidden");
+                }
+                if events.contains_key(&name) {
+                    return status(409, "AlreadyExists");
+                }
+                events.insert(name, event.clone());
+                return (201, event);
+            }
+            if *method == Method::PATCH {
+                if refused(&self.refuse_patch) {
+                    return status(403, "Forbidden");
+                }
+                let patch: Value = serde_json::from_slice(body).unwrap();
+                return match events.get_mut(name) {
+                    Some(event) => {
+                        event["series"] = patch["series"].clone();
+                        (200, event.clone())
+                    }
+                    None => status(404, "NotFound"),
+                };
+            }
+            status(405, "MethodNotAllowed")
+        }
+    }
+
+    fn status(code: u16, reason: &str) -> (u16, Value) {
+        let status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": reason, "reason": reason, "code": code,
+        });
+        (code, status)
+    }
+
+    struct FakeService(Arc<FakeEvents>);
+
+    impl tower_service::Service<Request<Body>> for FakeService {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request<Body>) -> Self::Future {
+            let fake = Arc::clone(&self.0);
+            Box::pin(async move {
+                let (parts, body) = request.into_parts();
+                let body = body.collect().await.unwrap().to_bytes();
+                let now = fake.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                fake.max_in_flight.fetch_max(now, Ordering::SeqCst);
+                fake.arrived.send_modify(|n| *n += 1);
+                let _ = fake.gate.subscribe().wait_for(|open| *open).await;
+                let (code, answer) = fake.answer(&parts.method, parts.uri.path(), &body);
+                fake.in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok(Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(answer.to_string())))
+                    .unwrap())
+            })
+        }
+    }
+
+    fn regarding() -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            namespace: Some("ns".into()),
+            name: Some("cm".into()),
+            uid: Some("uid-1".into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    async fn publish(recorder: &EventRecorder, note: &str) -> Result<(), kube_client::Error> {
+        recorder
+            .publish(&regarding(), EventType::Warning, "SyncFailed", "Sync", note)
+            .await
+    }
+
+    /// Series the recorder holds.
+    fn held(recorder: &EventRecorder) -> usize {
+        recorder.inner.book.lock().len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warning_repeated_past_its_series_window_is_counted_in_full_across_its_events() {
+        // The report: a Warning every 10 s for 13 minutes, default interval
+        // (30 s) and window (6 min): 78 occurrences.
+        let fake = FakeEvents::new();
+        let recorder = fake.recorder();
+        for _ in 0..78 {
+            publish(&recorder, "boom").await.unwrap();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        // The first two series ended at 6 and 12 min; their timers wrote
+        // their final counts, without a flush.
+        assert_eq!(fake.counts()[..2], [36, 36], "{:?}", fake.counts());
+        recorder.flush().await.unwrap();
+        assert_eq!(fake.counts(), [36, 36, 6]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_series_whose_updates_are_refused_is_given_up_after_its_window_with_its_occurrences_counted_as_dropped()
+     {
+        let fake = FakeEvents::new();
+        fake.refuse_patch.store(true, Ordering::SeqCst);
+        let recorder = fake.recorder();
+        publish(&recorder, "boom").await.unwrap();
+        publish(&recorder, "boom").await.unwrap();
+        // Nothing else is published for two hours.
+        tokio::time::sleep(Duration::from_secs(2 * 60 * 60)).await;
+        // The create, updates at 30 s, 90 s and 210 s (back-off 1, 2 and 4
+        // min), and the final one at 450 s, past the 6 min window.
+        assert_eq!(recorder.writes(), 5);
+        assert_eq!(recorder.dropped_occurrences(), 1, "the unwritten second");
+        assert_eq!(held(&recorder), 0, "the series is forgotten");
+        assert_eq!(Arc::strong_count(&recorder.inner), 1, "its timer ended");
+        assert_eq!(fake.counts(), [1]);
+        // Nothing left to write.
+        recorder.flush().await.unwrap();
+        assert_eq!(recorder.writes(), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorder_holds_at_most_4096_series_and_counts_the_occurrences_of_those_it_forgets() {
+        let fake = FakeEvents::new();
+        let recorder = fake.recorder();
+        // 5 000 distinct events within one window, each twice: a create and
+        // an occurrence that waits for the interval.
+        for i in 0..5000 {
+            let note = format!("boom {i}");
+            publish(&recorder, &note).await.unwrap();
+            publish(&recorder, &note).await.unwrap();
+        }
+        assert_eq!(held(&recorder), 4096);
+        // Aborted timers end at the runtime's next turn.
+        tokio::task::yield_now().await;
+        assert!(
+            Arc::strong_count(&recorder.inner) <= 1 + 4096,
+            "one timer at most per series held: {}",
+            Arc::strong_count(&recorder.inner)
+        );
+        recorder.flush().await.unwrap();
+        let written: i32 = fake.counts().iter().sum();
+        assert_eq!(fake.counts().len(), 5000);
+        assert_eq!(
+            u64::try_from(written).unwrap() + recorder.dropped_occurrences(),
+            10_000,
+            "every occurrence written or counted as dropped"
+        );
+        assert_eq!(recorder.dropped_occurrences(), 5000 - 4096);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_series_whose_write_is_held_past_its_window_still_writes_every_occurrence() {
+        let fake = FakeEvents::new();
+        let recorder = Arc::new(fake.recorder());
+        fake.gate.send_replace(false);
+        // The create is held; occurrences meanwhile are only counted.
+        let create = tokio::spawn({
+            let recorder = Arc::clone(&recorder);
+            async move { publish(&recorder, "boom").await }
+        });
+        fake.arrived
+            .subscribe()
+            .wait_for(|n| *n == 1)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            publish(&recorder, "boom").await.unwrap();
+        }
+        // Past the window, with the create still held: a new series, whose
+        // own create is held beside the first.
+        tokio::time::sleep(Duration::from_secs(6 * 60)).await;
+        let second = tokio::spawn({
+            let recorder = Arc::clone(&recorder);
+            async move { publish(&recorder, "boom").await }
+        });
+        fake.arrived
+            .subscribe()
+            .wait_for(|n| *n == 2)
+            .await
+            .unwrap();
+        fake.gate.send_replace(true);
+        create.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        // The first series' last write (its timer's) carries the three.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(fake.counts(), [4, 1]);
+        assert_eq!(recorder.writes(), 3);
+        assert_eq!(
+            fake.max_in_flight.load(Ordering::SeqCst),
+            2,
+            "one per series"
+        );
+        assert_eq!(held(&recorder), 1, "the first series is forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_racing_a_series_timer_waits_for_its_write_and_sends_none_beside_it() {
+        let fake = FakeEvents::new();
+        let recorder = Arc::new(fake.recorder());
+        for _ in 0..3 {
+            publish(&recorder, "boom").await.unwrap();
+        }
+        // The timer's update, due at 30 s, is held.
+        fake.gate.send_replace(false);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        fake.arrived
+            .subscribe()
+            .wait_for(|n| *n == 2)
+            .await
+            .unwrap();
+        publish(&recorder, "boom").await.unwrap();
+        let flush = tokio::spawn({
+            let recorder = Arc::clone(&recorder);
+            async move { recorder.flush().await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(
+            *fake.arrived.borrow(),
+            2,
+            "the flush waits for the held update"
+        );
+        fake.gate.send_replace(true);
+        flush.await.unwrap().unwrap();
+        // The held update wrote 3, the flush the fourth.
+        assert_eq!(fake.counts(), [4]);
+        assert_eq!(recorder.writes(), 3);
+        assert_eq!(fake.max_in_flight.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_series_whose_event_is_deleted_before_its_last_write_creates_it_again_with_the_full_count()
+     {
+        let fake = FakeEvents::new();
+        let recorder = fake.recorder();
+        for _ in 0..3 {
+            publish(&recorder, "boom").await.unwrap();
+        }
+        fake.events.lock().clear();
+        // The window ends; the next occurrence starts a new Event, and the
+        // old series' last write finds its Event gone.
+        tokio::time::sleep(Duration::from_secs(6 * 60)).await;
+        publish(&recorder, "boom").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(fake.counts(), [3, 1]);
+        assert_eq!(recorder.dropped_occurrences(), 0);
+        assert_eq!(recorder.writes(), 4, "create, update (404), create, create");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_series_whose_creates_are_all_refused_is_given_up_with_every_occurrence_counted_as_dropped()
+     {
+        let fake = FakeEvents::new();
+        fake.refuse_create.store(true, Ordering::SeqCst);
+        let recorder = fake.recorder();
+        for _ in 0..100 {
+            let _ = publish(&recorder, "boom").await;
+        }
+        tokio::time::sleep(Duration::from_secs(2 * 60 * 60)).await;
+        // The first create, then at 60 s, 180 s, 420 s (past the window:
+        // the last).
+        assert_eq!(recorder.writes(), 4);
+        assert_eq!(recorder.dropped_occurrences(), 100);
+        assert_eq!(held(&recorder), 0);
+        assert_eq!(Arc::strong_count(&recorder.inner), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_event_finding_every_series_with_a_write_in_flight_is_dropped_and_counted() {
+        let fake = FakeEvents::new();
+        let recorder = Arc::new(fake.recorder());
+        fake.gate.send_replace(false);
+        let mut creates = tokio::task::JoinSet::new();
+        for i in 0..MAX_SERIES {
+            let recorder = Arc::clone(&recorder);
+            creates.spawn(async move { publish(&recorder, &format!("boom {i}")).await });
+        }
+        let mut arrived = fake.arrived.subscribe();
+        arrived.wait_for(|n| *n == MAX_SERIES).await.unwrap();
+        publish(&recorder, "one too many").await.unwrap();
+        assert_eq!(recorder.dropped_occurrences(), 1);
+        assert_eq!(held(&recorder), MAX_SERIES);
+        fake.gate.send_replace(true);
+        while let Some(result) = creates.join_next().await {
+            result.unwrap().unwrap();
+        }
+        assert_eq!(fake.counts().len(), MAX_SERIES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exported_metrics_count_the_drops_before_and_after_the_export() {
+        let fake = FakeEvents::new();
+        fake.refuse_create.store(true, Ordering::SeqCst);
+        let recorder = fake.recorder().series_window(Duration::ZERO);
+        // Each occurrence is a series of its own, whose only write is its
+        // last.
+        let _ = publish(&recorder, "boom").await;
+        let metrics = Metrics::new();
+        recorder.export_metrics(&metrics);
+        let _ = publish(&recorder, "boom").await;
+        assert_eq!(recorder.dropped_occurrences(), 2);
+        let counter = metrics.event_dropped_occurrences("kinformer.dev/test");
+        assert_eq!(counter.get(), 2);
+    }
 
     #[test]
     fn the_wait_after_failures_doubles_per_failure_up_to_ten_intervals() {

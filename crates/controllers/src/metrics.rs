@@ -184,6 +184,7 @@ pub struct Metrics {
     dropped_keys: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
+    event_dropped: Family<ControllerLabel, Counter>,
     shards: Arc<ShardCollector>,
     informers: Arc<InformerCollector>,
     ready: AtomicBool,
@@ -218,6 +219,7 @@ impl Metrics {
             dropped_keys: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
+            event_dropped: Family::default(),
             shards: Arc::default(),
             informers: Arc::default(),
             ready: AtomicBool::new(false),
@@ -310,6 +312,11 @@ impl Metrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
             m.leader.clone(),
         );
+        registry.register(
+            "kinformer_event_dropped_occurrences",
+            "Event occurrences an EventRecorder counted and never wrote (a series' last write failed, or the series was forgotten to make room)",
+            m.event_dropped.clone(),
+        );
         Arc::new(m)
     }
 
@@ -398,6 +405,16 @@ impl Metrics {
                 controller: controller.to_owned(),
             })
             .observe(seconds);
+    }
+
+    /// The counter of [`EventRecorder::dropped_occurrences`](crate::EventRecorder::dropped_occurrences)
+    /// for recorders reporting as `controller`.
+    pub(crate) fn event_dropped_occurrences(&self, controller: &str) -> Counter {
+        self.event_dropped
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .clone()
     }
 
     pub(crate) fn reconcile_error(&self, controller: &str) {

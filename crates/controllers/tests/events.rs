@@ -1,6 +1,7 @@
 //! The EventRecorder against a real kube-apiserver when the server refuses,
 //! loses or is slow with a series' writes: the writes for one series stay
-//! bounded (issue 23, defect 4).
+//! bounded (issue 23, defect 4); a series that ends with its window writes
+//! its last count, or is given up and counted as dropped (issue 36).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -79,42 +80,44 @@ async fn may(admin: &Client, ns: &str, user: &str, verb: &str) -> bool {
         .is_some_and(|s| s.allowed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_series_whose_updates_are_forbidden_gets_a_bounded_number_of_attempts_not_one_per_occurrence()
- {
-    const USER: &str = "kinformer-events-create-only";
-    let (admin, ns) = setup("events-forbidden").await;
-    // RBAC that lets the recorder create Events but not patch them: every
-    // series update is answered 403.
+/// A client acting as `user` (the admin, impersonating), whom RBAC lets
+/// create Events in `ns` but not patch them: every series update is
+/// answered 403.
+async fn create_only_client(admin: &Client, ns: &str, user: &str) -> Client {
     let role: Role = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "events-create-only"},
         "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]
     }))
     .unwrap();
-    Api::<Role>::namespaced(admin.clone(), &ns)
+    Api::<Role>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &role)
         .await
         .unwrap();
     let binding: RoleBinding = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "events-create-only"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "events-create-only"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
     }))
     .unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
     eventually("the binding to reach the authorizer", async || {
-        may(&admin, &ns, USER, "create").await
+        may(admin, ns, user, "create").await
     })
     .await;
-    assert!(!may(&admin, &ns, USER, "patch").await);
-    // The admin, impersonating the user.
+    assert!(!may(admin, ns, user, "patch").await);
     let mut config = TestEnv::shared().await.unwrap().config();
-    config.auth_info.impersonate = Some(USER.to_owned());
-    let client = Client::try_from(config).unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).unwrap()
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_whose_updates_are_forbidden_gets_a_bounded_number_of_attempts_not_one_per_occurrence()
+ {
+    let (admin, ns) = setup("events-forbidden").await;
+    let client = create_only_client(&admin, &ns, "kinformer-events-create-only").await;
     let target = regarding(&admin, &ns, "forbidden").await;
     let interval = Duration::from_secs(1);
     let recorder =
@@ -387,4 +390,79 @@ async fn a_repeated_warning_shows_its_count_within_the_interval_without_a_flush(
     // Nothing more to write: a flush sends nothing.
     recorder.flush().await.unwrap();
     assert_eq!(recorder.writes(), 2);
+}
+
+/// Each Event's count (1 without a series), oldest first.
+fn counts(events: &[Event]) -> Vec<i32> {
+    let mut events: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e.event_time.clone().map(|t| t.0),
+                e.series.as_ref().map_or(1, |s| s.count),
+            )
+        })
+        .collect();
+    events.sort();
+    events.into_iter().map(|(_, count)| count).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_split_at_its_window_writes_its_final_count_so_its_events_add_up_to_every_occurrence()
+ {
+    let (client, ns) = setup("events-window").await;
+    let target = regarding(&client, &ns, "split").await;
+    let window = Duration::from_secs(1);
+    let recorder = EventRecorder::new(client.clone(), "kinformer.dev/test", "test-0")
+        .series_interval(2 * window)
+        .series_window(window);
+    // The create, then three occurrences only counted: the series is next
+    // due after its window.
+    for _ in 0..4 {
+        publish(&recorder, &target).await.unwrap();
+    }
+    assert_eq!(recorder.writes(), 1, "not due: only counted");
+    tokio::time::sleep(window).await;
+    // Past the window: this occurrence starts a new Event.
+    publish(&recorder, &target).await.unwrap();
+    // No flush: the old series' timer writes its final count.
+    eventually("every occurrence counted on the server", async || {
+        counts(&events(&client, &ns).await).iter().sum::<i32>() == 5
+    })
+    .await;
+    assert_eq!(counts(&events(&client, &ns).await), [4, 1]);
+    assert_eq!(recorder.writes(), 3, "two creates and the final update");
+    assert_eq!(recorder.dropped_occurrences(), 0);
+    // The old series is forgotten; the new one has nothing unwritten.
+    recorder.flush().await.unwrap();
+    assert_eq!(recorder.writes(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_whose_final_write_is_refused_is_given_up_and_its_occurrences_counted_as_dropped()
+{
+    let (admin, ns) = setup("events-given-up").await;
+    let client = create_only_client(&admin, &ns, "kinformer-events-given-up").await;
+    let target = regarding(&admin, &ns, "given-up").await;
+    let window = Duration::from_secs(1);
+    let recorder = EventRecorder::new(client, "kinformer.dev/test", "test-0")
+        .series_interval(window)
+        .series_window(window);
+    // The create, then two occurrences only counted; the series' next
+    // write is due when its window ends: its final one, refused.
+    for _ in 0..3 {
+        publish(&recorder, &target).await.unwrap();
+    }
+    eventually("the last write sent", async || recorder.writes() == 2).await;
+    // Given up once that ends: a flush (which waits for it) has nothing to
+    // write.
+    recorder.flush().await.unwrap();
+    assert_eq!(recorder.writes(), 2, "the create and the last update");
+    assert_eq!(recorder.dropped_occurrences(), 2);
+    // Every occurrence is on the server or counted as dropped.
+    assert_eq!(counts(&events(&admin, &ns).await), [1]);
+    // The next occurrence starts a new series.
+    publish(&recorder, &target).await.unwrap();
+    assert_eq!(recorder.writes(), 3);
+    assert_eq!(counts(&events(&admin, &ns).await), [1, 1]);
 }
