@@ -426,15 +426,18 @@ impl EventRecorder {
     /// Exports [`dropped_occurrences`](Self::dropped_occurrences) in
     /// `metrics` as `kinformer_event_dropped_occurrences_total`, labelled
     /// with the reporting controller (recorders of one controller add up).
-    /// Once per recorder: later calls do nothing.
+    /// Once per recorder: later calls do nothing. A
+    /// [`Manager::event_recorder`](crate::Manager::event_recorder) is
+    /// exported already; this is for a recorder made with
+    /// [`new`](Self::new).
     ///
     /// ```no_run
-    /// # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
-    /// use kinformer_controllers::{Manager, ManagerOptions};
-    /// let manager = Manager::new(client, ManagerOptions::new())?;
-    /// let events = manager.event_recorder("example.com/website");
-    /// events.export_metrics(manager.metrics());
-    /// # Ok(()) }
+    /// # fn demo(client: kube_client::Client) {
+    /// use kinformer_controllers::{EventRecorder, Metrics};
+    /// let metrics = Metrics::new();
+    /// let events = EventRecorder::new(client, "example.com/website", "replica-0");
+    /// events.export_metrics(&metrics);
+    /// # }
     /// ```
     pub fn export_metrics(&self, metrics: &Metrics) {
         let counter = metrics.event_dropped_occurrences(&self.inner.reporting_controller);

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kinformer_informer::SharedInformerFactory;
@@ -22,13 +23,15 @@ use crate::{
 };
 
 /// How long a stopping Manager waits for its Event recorders' last writes.
-pub const EVENT_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const EVENT_FLUSH_WAIT: Duration = Duration::from_secs(5);
 
-/// How a [`Manager`] runs. Defaults: no admin server, no leader election.
+/// How a [`Manager`] runs. Defaults: no admin server, no leader election,
+/// every cached object reconciled again every 10 hours
+/// ([`DEFAULT_SYNC_PERIOD`]).
 ///
 /// kubebuilder's scaffold serves metrics on `:8080` and probes on `:8081`;
 /// [`ManagerOptions::kubebuilder`] sets those addresses.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ManagerOptions {
     /// Where `/metrics` is served (`None`: nowhere).
@@ -40,6 +43,24 @@ pub struct ManagerOptions {
     /// reconciles. A controller with an elector of its own in its options
     /// runs that one instead.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// How often [`Manager::new`]'s informers resync, so every controller
+    /// reconciles every cached object again (at low priority, reason
+    /// `resync`); see [`sync_period`](Self::sync_period). `None`: never.
+    pub sync_period: Option<Duration>,
+}
+
+/// controller-runtime's `SyncPeriod` default: 10 hours.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(10 * 60 * 60);
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        Self {
+            metrics_bind_address: None,
+            health_probe_bind_address: None,
+            leader_election: None,
+            sync_period: Some(DEFAULT_SYNC_PERIOD),
+        }
+    }
 }
 
 impl ManagerOptions {
@@ -53,7 +74,7 @@ impl ManagerOptions {
         Self {
             metrics_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
             health_probe_bind_address: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
-            leader_election: None,
+            ..Self::default()
         }
     }
 
@@ -75,6 +96,29 @@ impl ManagerOptions {
     #[must_use]
     pub fn leader_election(mut self, config: LeaderElectionConfig) -> Self {
         self.leader_election = Some(config);
+        self
+    }
+
+    /// Resync [`Manager::new`]'s informers every `period` (at least 1 s),
+    /// so that every controller reconciles every cached object again: the
+    /// safety net for what a reconcile depends on but nothing watches, and
+    /// for keys given up after a [`max_retries`](ControllerOptions::max_retries)
+    /// limit or a terminal error. Default 10 hours, as controller-runtime's
+    /// `SyncPeriod`. Resynced keys are queued at low priority, behind live
+    /// changes. A Manager on a factory of your own
+    /// ([`with_factory`](Manager::with_factory)) resyncs as that factory
+    /// says ([`SharedInformerFactory::default_resync`]).
+    #[must_use]
+    pub fn sync_period(mut self, period: Duration) -> Self {
+        self.sync_period = Some(period);
+        self
+    }
+
+    /// No periodic resync: a key is reconciled only when an object it
+    /// follows changes, on a retry or on a requeue it asked for.
+    #[must_use]
+    pub fn without_sync_period(mut self) -> Self {
+        self.sync_period = None;
         self
     }
 }
@@ -162,12 +206,17 @@ impl std::fmt::Debug for Manager {
 }
 
 impl Manager {
-    /// A Manager whose informers watch every namespace and drop
+    /// A Manager whose informers watch every namespace, resync every
+    /// [`ManagerOptions::sync_period`] (10 hours by default) and drop
     /// `metadata.managedFields` before decoding (see
     /// [`SharedInformerFactory::keep_managed_fields`] and
     /// [`with_factory`](Self::with_factory) to keep them).
     pub fn new(client: Client, options: ManagerOptions) -> Result<Self, ControllerError> {
-        Self::with_factory(SharedInformerFactory::new(client.clone()), client, options)
+        let mut factory = SharedInformerFactory::new(client.clone());
+        if let Some(period) = options.sync_period {
+            factory = factory.default_resync(period);
+        }
+        Self::with_factory(factory, client, options)
     }
 
     /// A Manager on `factory` (one namespace, managedFields kept, a
@@ -212,7 +261,9 @@ impl Manager {
     /// An Event recorder reporting as `controller` (for example
     /// `example.com/website`) from this process ([`identity`](Self::identity)).
     /// The Manager owns it: what its series have not written yet is written
-    /// when the Manager stops, without the user's help.
+    /// when the Manager stops, without the user's help, and the occurrences
+    /// it had to drop are counted on `/metrics`
+    /// (`kinformer_event_dropped_occurrences_total`).
     ///
     /// ```no_run
     /// # async fn demo(client: kube_client::Client) -> Result<(), kinformer_controllers::ControllerError> {
@@ -227,6 +278,7 @@ impl Manager {
             controller,
             &self.identity,
         ));
+        recorder.export_metrics(&self.metrics);
         self.recorders.lock().push(Arc::clone(&recorder));
         recorder
     }

@@ -272,7 +272,7 @@ impl Metrics {
         );
         registry.register(
             "kinformer_workqueue_queue_duration_by_priority_seconds",
-            "How long in seconds an item stays in workqueue before being requested, by priority",
+            "How long in seconds an item stays in workqueue before being requested, by priority (a key raised from low to high: its wait at low as low, its high wait from the raise)",
             m.queue_duration_by_priority.clone(),
         );
         registry.register(

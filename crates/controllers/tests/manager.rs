@@ -515,3 +515,62 @@ async fn the_managers_event_recorder_reports_its_identity_and_is_flushed_when_it
         "written when the Manager stopped"
     );
 }
+
+/// `Manager::new`'s informers resync every `sync_period` (10 hours by
+/// default, as controller-runtime's `SyncPeriod`): an object reconciled
+/// once and never changed again is reconciled again, and again, with
+/// nothing else happening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managers_informers_resync_every_sync_period_so_every_object_is_reconciled_again() {
+    use kinformer_controllers::DEFAULT_SYNC_PERIOD;
+    assert_eq!(ManagerOptions::new().sync_period, Some(DEFAULT_SYNC_PERIOD));
+    assert_eq!(DEFAULT_SYNC_PERIOD, Duration::from_secs(36_000));
+    let (client, ns) = setup("sync-period").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(&PostParams::default(), &config_map("still"))
+        .await
+        .unwrap();
+    let run = async |options: ManagerOptions, until: usize| {
+        let mut manager = Manager::new(client.clone(), options).unwrap();
+        let seen = Seen::default();
+        let controller = manager
+            .controller::<ConfigMap>("resynced")
+            .reconcile(
+                Arc::new((Arc::clone(&seen), ns.clone())),
+                |cm, ctx| async move {
+                    if let Lookup::Found(cm) = &cm
+                        && cm.metadata.namespace.as_deref() == Some(ctx.1.as_str())
+                    {
+                        ctx.0.lock().push(names(&Lookup::Found(Arc::clone(cm))));
+                    }
+                    Ok(Action::Done)
+                },
+            )
+            .unwrap();
+        manager.add(controller);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(manager.run(stop.clone()));
+        eventually("the reconciles", async || seen.lock().len() >= until).await;
+        stop.cancel();
+        task.await.unwrap().unwrap();
+        seen.lock().len()
+    };
+    let reconciles = run(ManagerOptions::new().sync_period(Duration::from_secs(1)), 3).await;
+    assert!(reconciles >= 3);
+}
+
+/// A Manager's Event recorder counts the occurrences it had to drop on the
+/// Manager's `/metrics`, without the user's help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managers_event_recorder_counts_its_dropped_occurrences_on_the_managers_metrics() {
+    let (client, _ns) = setup("event-metrics").await;
+    let manager = Manager::new(client, ManagerOptions::new()).unwrap();
+    let _events = manager.event_recorder("example.com/probe");
+    let text = manager.metrics().encode();
+    assert!(
+        text.contains(
+            "kinformer_event_dropped_occurrences_total{controller=\"example.com/probe\"} 0"
+        ),
+        "{text}"
+    );
+}
