@@ -431,7 +431,11 @@ mod tests {
             .unwrap();
 
         let options = controller.options();
-        assert_eq!((options.workers, options.max_retries), (4, Some(2)), "tuned");
+        assert_eq!(
+            (options.workers, options.max_retries),
+            (4, Some(2)),
+            "tuned"
+        );
         let metrics = options.metrics.as_ref().expect("the Manager's metrics");
         assert!(Arc::ptr_eq(metrics, manager.metrics()));
         let elector = options
