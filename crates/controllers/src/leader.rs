@@ -33,10 +33,17 @@
 //! written before the deletion, so its lease is over before the candidate
 //! takes it, whatever renewals the candidate missed.
 //!
+//! The protection outlasts the records that follow the deletion: a Lease
+//! re-created empty (a manifest applied again) or restored from a backup
+//! naming anyone, this candidate included, is still taken only once the
+//! deleted record's holder is over.
+//!
 //! What no candidate can know is a holder it never saw: a process started
 //! after the Lease was deleted creates it at once, as with client-go; the
 //! old leader finds the new holder at its next renewal (within
-//! `retry_period`).
+//! `retry_period`). A sharded ring's slot campaigns, which start with a new
+//! candidate whenever slots move, take a missing slot Lease as held by
+//! someone unknown for a lease duration instead.
 //!
 //! # When work may go on
 //!
@@ -197,7 +204,7 @@ pub struct LeaderElector {
     config: LeaderElectionConfig,
     leading: watch::Sender<bool>,
     /// The lease record last seen and when (on our clock) it was first seen.
-    observed: Mutex<Option<(Observed, Instant)>>,
+    observed: Mutex<Option<Sighting>>,
     /// Told when the watch of the Lease sees a new record.
     observed_changed: Notify,
     /// While leading: when the last successful renewal was sent, plus the
@@ -206,6 +213,10 @@ pub struct LeaderElector {
     /// Whether cancelling `run` releases the lease (client-go's
     /// ReleaseOnCancel); cleared when work may still be running.
     release_on_cancel: AtomicBool,
+    /// Whether a Lease missing before this candidate ever saw it is held
+    /// by someone unknown for a lease duration (see
+    /// [`presume_missing_lease_held`](Self::presume_missing_lease_held)).
+    presume_missing_held: AtomicBool,
 }
 
 /// What one acquire-or-renew attempt found.
@@ -228,6 +239,38 @@ struct Observed {
     /// The Lease was found deleted: this is its last record, held by its
     /// holder for `lease_secs` from when the deletion was seen.
     gone: bool,
+}
+
+/// A lease record and when this candidate first saw it.
+#[derive(Debug, Clone)]
+struct Sighting {
+    record: Observed,
+    /// When it was first seen, on this candidate's clock.
+    at: Instant,
+    /// A deleted Lease seen before this record still protects its last
+    /// holder until then, whatever this record says (a Lease re-created
+    /// empty by a manifest, a restore of an older record).
+    not_before: Option<Instant>,
+}
+
+impl Sighting {
+    /// Until when someone else holds the lease as far as `me` can tell:
+    /// `None` if it may be taken now (nobody holds it, or `me` does).
+    /// It may be taken strictly after the instant returned.
+    fn taken_until(&self, me: &str) -> Option<Instant> {
+        let held = match self.record.holder.as_deref() {
+            // A record naming this candidate that follows a deletion (a
+            // restore) still waits for the deleted Lease's holder.
+            Some(h) if h == me => return self.not_before,
+            Some(_) => Some(self.at + Duration::from_secs(self.record.lease_secs)),
+            None => None,
+        };
+        held.max(self.not_before)
+    }
+
+    fn may_take(&self, me: &str) -> bool {
+        self.taken_until(me).is_none_or(|t| Instant::now() > t)
+    }
 }
 
 impl Observed {
@@ -262,6 +305,7 @@ impl LeaderElector {
             observed_changed: Notify::new(),
             valid_until: Mutex::new(None),
             release_on_cancel: AtomicBool::new(true),
+            presume_missing_held: AtomicBool::new(false),
         }
     }
 
@@ -299,6 +343,15 @@ impl LeaderElector {
         self.release_on_cancel.store(false, Ordering::SeqCst);
     }
 
+    /// A Lease found missing before this candidate ever saw it is taken
+    /// as held by someone unknown until a lease duration later: for a
+    /// candidate that may campaign for a Lease deleted under a holder it
+    /// never watched (a ring's slot after a rebalance), at the cost of that
+    /// wait when the Lease never existed.
+    pub(crate) fn presume_missing_lease_held(&self) {
+        self.presume_missing_held.store(true, Ordering::SeqCst);
+    }
+
     /// Whether this candidate leads now.
     pub fn is_leader(&self) -> bool {
         *self.leading.borrow()
@@ -324,7 +377,7 @@ impl LeaderElector {
     /// its watch of the Lease. `None` before it has seen the Lease, or when
     /// nobody holds it.
     pub fn leader(&self) -> Option<String> {
-        self.observed.lock().as_ref()?.0.holder.clone()
+        self.observed.lock().as_ref()?.record.holder.clone()
     }
 
     /// Campaigns, then leads, until `shutdown` fires (the lease is then
@@ -459,15 +512,16 @@ impl LeaderElector {
         let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
             // Gone: held by its last holder until a lease duration after we
             // learnt so (see the module docs); the leader re-creates it.
-            let last = self.observe_gone();
-            if let Some((record, at)) = &last
-                && record.holder.as_ref().is_some_and(|h| h != me)
-                && at.elapsed() <= Duration::from_secs(record.lease_secs)
-            {
+            let last = self.observe_gone().or_else(|| {
+                self.presume_missing_held
+                    .load(Ordering::SeqCst)
+                    .then(|| self.presume_held_by_someone())
+            });
+            if last.as_ref().is_some_and(|seen| !seen.may_take(me)) {
                 return Ok(Attempt::Other);
             }
-            let transitions = last.map_or(0, |(record, _)| {
-                record.transitions + i32::from(record.holder.as_ref() != Some(me))
+            let transitions = last.map_or(0, |seen| {
+                seen.record.transitions + i32::from(seen.record.holder.as_ref() != Some(me))
             });
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -494,12 +548,12 @@ impl LeaderElector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let (observed, observed_at) = self.observe(&spec);
-        let held_by_me = observed.holder.as_deref() == Some(me.as_str());
-        let expired = observed_at.elapsed() > Duration::from_secs(observed.lease_secs);
-        if observed.holder.is_some() && !held_by_me && !expired {
+        let seen = self.observe(&spec);
+        let held_by_me = seen.record.holder.as_deref() == Some(me.as_str());
+        if !seen.may_take(me) {
             return Ok(Attempt::Other);
         }
+        let observed = seen.record;
         let mut new_spec = spec;
         if !held_by_me {
             new_spec.acquire_time = Some(MicroTime(now));
@@ -529,7 +583,7 @@ impl LeaderElector {
     /// Records the lease record `spec` as seen now, unless it is the one
     /// already seen: that keeps its first sighting. Returns the record and
     /// when it was first seen.
-    fn observe(&self, spec: &LeaseSpec) -> (Observed, Instant) {
+    fn observe(&self, spec: &LeaseSpec) -> Sighting {
         self.record(Observed::of(
             spec,
             lease_seconds(self.config.lease_duration),
@@ -538,21 +592,51 @@ impl LeaderElector {
 
     /// Records that the Lease is gone: its last record, if any was seen,
     /// marked gone, first seen now unless its deletion was seen before.
-    fn observe_gone(&self) -> Option<(Observed, Instant)> {
-        let last = self.observed.lock().as_ref()?.0.clone();
+    fn observe_gone(&self) -> Option<Sighting> {
+        let last = self.observed.lock().as_ref()?.record.clone();
         Some(self.record(Observed { gone: true, ..last }))
     }
 
-    fn record(&self, observed: Observed) -> (Observed, Instant) {
+    /// Records a missing Lease never seen before as held by someone unknown
+    /// for a lease duration from now.
+    fn presume_held_by_someone(&self) -> Sighting {
+        let now = Instant::now();
+        let sighting = Sighting {
+            record: Observed {
+                holder: None,
+                renew_time: None,
+                transitions: 0,
+                lease_secs: 0,
+                gone: true,
+            },
+            at: now,
+            not_before: Some(now + self.config.lease_duration),
+        };
+        *self.observed.lock() = Some(sighting.clone());
+        sighting
+    }
+
+    fn record(&self, observed: Observed) -> Sighting {
         let mut seen = self.observed.lock();
-        match &*seen {
-            Some((record, at)) if *record == observed => (observed, *at),
-            _ => {
-                let at = Instant::now();
-                *seen = Some((observed.clone(), at));
-                (observed, at)
-            }
+        if let Some(same) = seen.as_ref().filter(|s| s.record == observed) {
+            return same.clone();
         }
+        let now = Instant::now();
+        // A deletion protects its last holder past the records that follow.
+        let not_before = seen.as_ref().and_then(|prev| {
+            let gone = (prev.record.gone
+                && prev.record.holder.as_ref() != Some(&self.config.identity))
+            .then(|| prev.taken_until(&self.config.identity))
+            .flatten();
+            gone.max(prev.not_before).filter(|t| *t > now)
+        });
+        let sighting = Sighting {
+            record: observed,
+            at: now,
+            not_before,
+        };
+        *seen = Some(sighting.clone());
+        sighting
     }
 
     /// When the lease last seen may be taken: at once if it names nobody,
@@ -561,12 +645,12 @@ impl LeaderElector {
     /// been seen or it names this candidate.
     fn expiry(&self) -> Option<Instant> {
         let seen = self.observed.lock();
-        let (observed, at) = seen.as_ref()?;
-        match observed.holder.as_deref() {
-            None => Some(*at),
-            Some(h) if h == self.config.identity => None,
-            // `expired` in try_acquire_or_renew is strictly after.
-            Some(_) => Some(*at + Duration::from_secs(observed.lease_secs) + EXPIRY_MARGIN),
+        let seen = seen.as_ref()?;
+        match seen.taken_until(&self.config.identity) {
+            // `may_take` is strictly after.
+            Some(until) => Some(until + EXPIRY_MARGIN),
+            None if seen.record.holder.is_none() => Some(seen.at),
+            None => None,
         }
     }
 

@@ -154,6 +154,10 @@ pub struct Ring {
     /// Work on the slots may never end (stuck reconciles): on stop, leave
     /// the slot Leases to expire instead of waiting to hand them over.
     abandoned: AtomicBool,
+    /// Whether a look has ended: the slot Leases exist from then on (a
+    /// ring releases them, never deletes them), so one found missing was
+    /// deleted, maybe under a holder still at work.
+    looked: AtomicBool,
 }
 
 type KeyCount = Box<dyn Fn(u32) -> u64 + Send + Sync>;
@@ -233,6 +237,7 @@ impl Ring {
             key_count: Mutex::new(None),
             running: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
+            looked: AtomicBool::new(false),
             states: (0..config.slots).map(|_| SlotState::default()).collect(),
             client,
             membership,
@@ -436,7 +441,9 @@ impl Ring {
                 return;
             }
         };
-        let mine: BTreeSet<u32> = match members.iter().position(|m| *m == self.config.identity) {
+        let position = members.iter().position(|m| *m == self.config.identity);
+        let is_member = position.is_some();
+        let mine: BTreeSet<u32> = match position {
             Some(me) => assign_slots(self.config.slots, &members)
                 .into_iter()
                 .enumerate()
@@ -493,6 +500,9 @@ impl Ring {
             info!(held = ?held, "watching the held slots");
         }
         self.held.send_replace(held);
+        if is_member {
+            self.looked.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Starts campaigning for `slot`'s Lease.
@@ -501,6 +511,14 @@ impl Ring {
             self.client.clone(),
             self.config.slot_election(slot),
         ));
+        // A fresh elector never saw the slot's Lease. After the first look
+        // a missing one was deleted (a clean-up of the ring's Leases, which
+        // also makes the members look gone and so moves slots), and whoever
+        // held it may still work on it until its next renewal: wait a lease
+        // duration before creating it, as for a deletion seen.
+        if self.looked.load(Ordering::SeqCst) {
+            elector.presume_missing_lease_held();
+        }
         let stop = CancellationToken::new();
         let (e, s) = (Arc::clone(&elector), stop.clone());
         let task = tokio::spawn(async move { e.run(s).await });

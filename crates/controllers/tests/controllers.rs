@@ -785,58 +785,82 @@ async fn a_deleted_lease_stays_with_its_leader_and_a_watching_standby_never_work
 /// A leader cut off from the server while its Lease is deleted cannot
 /// re-create it; a standby that saw the deletion takes over only once the
 /// old leader's lease is over (a lease duration after the deletion), never
-/// while the old leader may still work. Before the fix it took the lease at
-/// once.
+/// while the old leader may still work, also when the Lease is at once
+/// re-created empty (a manifest applied again) or with a stranger's record
+/// of one second (a hostile restore). Before the fix the standby took the
+/// deleted lease at once; before the second, it took the empty one at once
+/// and the stranger's after one second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_a_deleted_lease_only_after_the_cut_off_leader_stopped_working() {
-    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     let env = TestEnv::shared().await.unwrap();
-    let ns = env.create_namespace("cut-deleted").await.unwrap();
     let client = env.client().unwrap();
-    let proxy = kinformer_envtest::Proxy::start(env.api_port())
-        .await
-        .unwrap();
-    let timings = (3_000, 2_000, 500);
-    let leader = candidate(
-        &env.client_via(proxy.port()).unwrap(),
-        &ns,
-        "cut",
-        "leader",
-        timings,
-    );
-    leader.subscribe().wait_for(|l| *l).await.unwrap();
-    let standby = candidate(&client, &ns, "cut", "standby", timings);
-    eventually("the standby saw the leader", async || {
-        standby.leader().as_deref() == Some("leader")
-    })
-    .await;
-    let stop = CancellationToken::new();
-    let both = double_work(&leader, &standby, &stop);
+    let stranger = LeaseSpec {
+        holder_identity: Some("stranger".into()),
+        lease_duration_seconds: Some(1),
+        ..LeaseSpec::default()
+    };
+    for recreated in [None, Some(LeaseSpec::default()), Some(stranger)] {
+        let ns = env.create_namespace("cut-deleted").await.unwrap();
+        let proxy = kinformer_envtest::Proxy::start(env.api_port())
+            .await
+            .unwrap();
+        let timings = (3_000, 2_000, 500);
+        let leader = candidate(
+            &env.client_via(proxy.port()).unwrap(),
+            &ns,
+            "cut",
+            "leader",
+            timings,
+        );
+        leader.subscribe().wait_for(|l| *l).await.unwrap();
+        let standby = candidate(&client, &ns, "cut", "standby", timings);
+        eventually("the standby saw the leader", async || {
+            standby.leader().as_deref() == Some("leader")
+        })
+        .await;
+        let stop = CancellationToken::new();
+        let both = double_work(&leader, &standby, &stop);
 
-    proxy.blackhole(true);
-    Api::<Lease>::namespaced(client.clone(), &ns)
-        .delete("cut", &DeleteParams::default())
+        proxy.blackhole(true);
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        leases
+            .delete("cut", &DeleteParams::default())
+            .await
+            .unwrap();
+        if let Some(spec) = &recreated {
+            let lease = Lease {
+                metadata: kube_client::api::ObjectMeta {
+                    name: Some("cut".into()),
+                    ..Default::default()
+                },
+                spec: Some(spec.clone()),
+            };
+            leases.create(&PostParams::default(), &lease).await.unwrap();
+        }
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            standby.subscribe().wait_for(|l| *l),
+        )
         .await
+        .expect("the standby takes the deleted lease once it is over")
         .unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        standby.subscribe().wait_for(|l| *l),
-    )
-    .await
-    .expect("the standby takes the deleted lease once it is over")
-    .unwrap();
-    // The direct proof, whatever the sampling: the standby's acquiring write
-    // was sent after the old leader's last safe instant.
-    let acquired = standby.lease_valid_until().unwrap() - Duration::from_millis(timings.0);
-    let old_safe = leader.safe_until().unwrap();
-    stop.cancel();
-    let both = both.await.unwrap();
-    assert!(
-        acquired >= old_safe,
-        "the standby acquired {:?} before the old leader's lease was safely over",
-        old_safe - acquired
-    );
-    assert_eq!(both, 0, "ms sampled with both candidates allowed to work");
+        // The direct proof, whatever the sampling: the standby's acquiring
+        // write was sent after the old leader's last safe instant.
+        let acquired = standby.lease_valid_until().unwrap() - Duration::from_millis(timings.0);
+        let old_safe = leader.safe_until().unwrap();
+        stop.cancel();
+        let both = both.await.unwrap();
+        assert!(
+            acquired >= old_safe,
+            "re-created as {recreated:?}: the standby acquired {:?} before the old leader's lease was safely over",
+            old_safe - acquired
+        );
+        assert_eq!(
+            both, 0,
+            "re-created as {recreated:?}: ms sampled with both candidates allowed to work"
+        );
+    }
 }
 
 /// A Lease renewed by a host whose clock is an hour ahead or behind is

@@ -409,8 +409,18 @@ async fn a_controller_tuned_with_options_keeps_the_managers_election_and_metrics
         reconciled.lock().is_empty(),
         "no reconcile while another replica leads"
     );
-    // The other replica gives the Lease up: this one takes it and reconciles.
-    leases.delete("tuned", &Default::default()).await.unwrap();
+    // The other replica gives the Lease up (a release, as client-go writes
+    // it): this one takes it and reconciles. (A deleted Lease would stay the
+    // other's for its hour.)
+    let release = serde_json::json!({"spec": {"holderIdentity": null, "leaseDurationSeconds": 1}});
+    leases
+        .patch(
+            "tuned",
+            &kube_client::api::PatchParams::default(),
+            &kube_client::api::Patch::Merge(release),
+        )
+        .await
+        .unwrap();
     eventually("a reconcile", async || !reconciled.lock().is_empty()).await;
     assert!(
         reconciled.lock().iter().all(|&leading| leading),

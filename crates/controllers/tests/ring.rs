@@ -133,6 +133,17 @@ struct Work {
 }
 
 fn start_replica(env: &'static TestEnv, ns: &str, id: &str, log: Arc<Mutex<Vec<Work>>>) -> Replica {
+    start_replica_via(env, ns, id, log, None)
+}
+
+/// As [`start_replica`], talking to the server through `proxy` if given.
+fn start_replica_via(
+    env: &'static TestEnv,
+    ns: &str,
+    id: &str,
+    log: Arc<Mutex<Vec<Work>>>,
+    proxy: Option<u16>,
+) -> Replica {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -146,7 +157,11 @@ fn start_replica(env: &'static TestEnv, ns: &str, id: &str, log: Arc<Mutex<Vec<W
     // The client is made inside the replica's runtime: its tasks die with it.
     let ring = {
         let _inside = runtime.enter();
-        Ring::new(env.client().unwrap(), config).unwrap()
+        let client = match proxy {
+            Some(port) => env.client_via(port).unwrap(),
+            None => env.client().unwrap(),
+        };
+        Ring::new(client, config).unwrap()
     };
     let stop = CancellationToken::new();
     let (r, s) = (Arc::clone(&ring), stop.clone());
@@ -367,4 +382,64 @@ async fn a_shard_the_server_ignores_shows_as_filtered_on_the_client_in_the_metri
     ] {
         assert!(text.contains(&line), "no {line:?} in\n{text}");
     }
+}
+
+/// Every Lease of the namespace deleted at once (`kubectl delete leases
+/// --all`, a clean-up), the ring's slot Leases too, while replica b is cut
+/// off from the server: a sees b's member Lease gone and is assigned b's
+/// slots, but a slot Lease it never saw and finds missing may have been
+/// deleted under a holder still at work, so it waits a lease duration
+/// before creating it. No slot may be worked on by two replicas at any
+/// instant (sampled every millisecond). Before the fix a created b's slot
+/// Leases at once, while b could still work on them for up to 2.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_every_lease_of_the_ring_under_a_cut_off_replica_never_gives_a_slot_two_workers() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::api::{Api, DeleteParams, ListParams};
+
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("ring-deleted").await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let proxy = kinformer_envtest::Proxy::start(env.api_port())
+        .await
+        .unwrap();
+    let mut a = start_replica(env, &ns, "a", Arc::clone(&log));
+    let mut b = start_replica_via(env, &ns, "b", Arc::clone(&log), Some(proxy.port()));
+    settled(&[&a, &b]).await;
+    let (ring_a, ring_b) = (Arc::clone(&a.ring), Arc::clone(&b.ring));
+    let stop = CancellationToken::new();
+    let sampler = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut both = 0usize;
+            while !stop.is_cancelled() {
+                both += (0..SLOTS)
+                    .filter(|&s| ring_a.may_work(s) && ring_b.may_work(s))
+                    .count();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            both
+        }
+    });
+    proxy.blackhole(true);
+    Api::<Lease>::namespaced(env.client().unwrap(), &ns)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    let mut held = a.ring.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        held.wait_for(|h| h.len() == SLOTS as usize),
+    )
+    .await
+    .expect("a takes every slot once b's are over")
+    .unwrap();
+    stop.cancel();
+    assert_eq!(
+        sampler.await.unwrap(),
+        0,
+        "slot-ms sampled with a slot workable by both replicas"
+    );
+    b.kill();
+    a.stop().await;
 }
