@@ -236,6 +236,9 @@ struct Observed {
     transitions: i32,
     /// The lease duration the record states, in seconds.
     lease_secs: u64,
+    /// The Lease object's uid: a Lease deleted and restored with the same
+    /// record between two reads is a new record, first seen at the second.
+    uid: Option<String>,
     /// The Lease was found deleted: this is its last record, held by its
     /// holder for `lease_secs` from when the deletion was seen.
     gone: bool,
@@ -274,8 +277,10 @@ impl Sighting {
 }
 
 impl Observed {
-    fn of(spec: &LeaseSpec, own_secs: i32) -> Self {
+    fn of(lease: &Lease, own_secs: i32) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
         Self {
+            uid: lease.metadata.uid.clone(),
             holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
             renew_time: spec.renew_time.as_ref().map(|t| t.0),
             transitions: spec.lease_transitions.unwrap_or(0),
@@ -540,15 +545,15 @@ impl LeaderElector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(written) => {
-                    self.observe(&written.spec.unwrap_or_default());
+                    self.observe(&written);
                     Ok(Attempt::Held)
                 }
                 Err(kube_client::Error::Api(s)) if s.code == 409 => Ok(Attempt::Conflict),
                 Err(e) => Err(e),
             };
         };
+        let seen = self.observe(&lease);
         let spec = lease.spec.clone().unwrap_or_default();
-        let seen = self.observe(&spec);
         let held_by_me = seen.record.holder.as_deref() == Some(me.as_str());
         if !seen.may_take(me) {
             return Ok(Attempt::Other);
@@ -569,7 +574,7 @@ impl LeaderElector {
             .await
         {
             Ok(written) => {
-                self.observe(&written.spec.unwrap_or_default());
+                self.observe(&written);
                 Ok(Attempt::Held)
             }
             // 404: deleted since we read it; read again at the next try.
@@ -580,20 +585,26 @@ impl LeaderElector {
         }
     }
 
-    /// Records the lease record `spec` as seen now, unless it is the one
+    /// Records the record of `lease` as seen now, unless it is the one
     /// already seen: that keeps its first sighting. Returns the record and
     /// when it was first seen.
-    fn observe(&self, spec: &LeaseSpec) -> Sighting {
+    fn observe(&self, lease: &Lease) -> Sighting {
         self.record(Observed::of(
-            spec,
+            lease,
             lease_seconds(self.config.lease_duration),
         ))
     }
 
     /// Records that the Lease is gone: its last record, if any was seen,
     /// marked gone, first seen now unless its deletion was seen before.
+    /// A Lease last seen free is presumed held by someone unknown instead:
+    /// someone may have taken it since (a candidate that cannot watch sees
+    /// only its own reads).
     fn observe_gone(&self) -> Option<Sighting> {
         let last = self.observed.lock().as_ref()?.record.clone();
+        if last.holder.is_none() && !last.gone {
+            return Some(self.presume_held_by_someone());
+        }
         Some(self.record(Observed { gone: true, ..last }))
     }
 
@@ -607,6 +618,7 @@ impl LeaderElector {
                 renew_time: None,
                 transitions: 0,
                 lease_secs: 0,
+                uid: None,
                 gone: true,
             },
             at: now,
@@ -729,7 +741,7 @@ impl LeaderElector {
                     last = lease.metadata.resource_version.clone().unwrap_or(last);
                     // Its last state, in case a renewal was missed; still
                     // held by that holder (see the module docs).
-                    self.observe(&lease.spec.unwrap_or_default());
+                    self.observe(&lease);
                     self.seen_gone();
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
@@ -744,7 +756,7 @@ impl LeaderElector {
     /// Records `lease` as seen now (see [`observe`](Self::observe)) and
     /// tells the campaign.
     fn seen(&self, lease: &Lease) {
-        self.observe(&lease.spec.clone().unwrap_or_default());
+        self.observe(lease);
         self.observed_changed.notify_one();
     }
 
@@ -804,7 +816,7 @@ impl LeaderElector {
         {
             Ok(written) => {
                 // As client-go, the release is what this candidate last saw.
-                self.observe(&written.spec.unwrap_or_default());
+                self.observe(&written);
                 info!(lease = %self.config.lease_name, "released the lease");
                 false
             }
@@ -897,6 +909,109 @@ mod tests {
         ] {
             let err = bad.validate().unwrap_err().to_string();
             assert!(err.contains(what) && err.contains("ns/lease"), "{err}");
+        }
+    }
+
+    /// A client whose every request is answered 404: the tests below only
+    /// look at what a candidate records.
+    struct Nowhere;
+
+    impl tower_service::Service<http::Request<kube_client::client::Body>> for Nowhere {
+        type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<kube_client::client::Body>) -> Self::Future {
+            let mut answer = http::Response::new(http_body_util::Full::default());
+            *answer.status_mut() = http::StatusCode::NOT_FOUND;
+            std::future::ready(Ok(answer))
+        }
+    }
+
+    fn candidate(identity: &str) -> LeaderElector {
+        let mut config = config(3_000, 2_000, 500);
+        config.identity = identity.into();
+        LeaderElector::new(Client::new(Nowhere, "ns"), config)
+    }
+
+    fn lease(uid: &str, holder: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("lease".into()),
+                uid: Some(uid.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(3),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// A Lease deleted and restored with the very record a candidate saw
+    /// before (a backup) between two of its reads is a new object: its
+    /// duration counts from the second read, not the first, since its
+    /// holder may have renewed in between. Before, the same record kept its
+    /// first sighting.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_restored_with_a_record_seen_before_is_timed_from_when_the_restore_is_seen() {
+        let me = candidate("me");
+        let first = me.observe(&lease("1", Some("other")));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let restored = me.observe(&lease("2", Some("other")));
+        assert!(
+            restored.at > first.at,
+            "the restore kept the first sighting"
+        );
+        assert!(!restored.may_take("me"));
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert!(!restored.may_take("me"), "taken 3.5 s after the first read");
+        // The same object read again keeps its sighting.
+        assert_eq!(me.observe(&lease("2", Some("other"))).at, restored.at);
+    }
+
+    /// A Lease last seen free and then found deleted may have been taken in
+    /// between by someone this candidate did not see (it cannot watch, or
+    /// lost the race to take it): held by someone unknown for a lease
+    /// duration. Before, it was created at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_last_seen_free_then_found_deleted_is_presumed_held_for_a_lease_duration() {
+        let me = candidate("me");
+        me.observe(&lease("1", None));
+        let gone = me.observe_gone().unwrap();
+        assert!(!gone.may_take("me"));
+        tokio::time::advance(Duration::from_millis(2_900)).await;
+        assert!(!me.observe_gone().unwrap().may_take("me"));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(me.observe_gone().unwrap().may_take("me"));
+        assert_eq!(me.leader(), None);
+    }
+
+    /// A deleted Lease protects its holder through what follows: a Lease
+    /// re-created empty, or restored naming this very candidate, is not
+    /// taken before the deleted holder's lease duration from the deletion.
+    #[tokio::test(start_paused = true)]
+    async fn records_that_follow_a_deletion_wait_for_the_deleted_holder() {
+        for (holder, uid) in [(None, "2"), (Some("me"), "3"), (Some("stranger"), "4")] {
+            let me = candidate("me");
+            me.observe(&lease("1", Some("leader")));
+            me.observe_gone();
+            tokio::time::advance(Duration::from_millis(500)).await;
+            let next = me.observe(&lease(uid, holder));
+            assert!(!next.may_take("me"), "{holder:?} taken at once");
+            tokio::time::advance(Duration::from_millis(2_600)).await;
+            assert!(
+                me.observe(&lease(uid, holder)).may_take("me") == (holder != Some("stranger")),
+                "{holder:?}"
+            );
         }
     }
 
