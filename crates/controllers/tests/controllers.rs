@@ -863,6 +863,76 @@ async fn a_standby_takes_a_deleted_lease_only_after_the_cut_off_leader_stopped_w
     }
 }
 
+/// A leader whose renewals the API server refuses (RBAC lets it create and
+/// read the Lease, not update it) stops working within its renew deadline,
+/// before a standby can take the lease: the two are never both allowed to
+/// work, and the refused leader's `run` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_renewals_are_refused_stops_before_a_standby_takes_over() {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let (admin, ns) = setup("refused-renewal").await;
+    let user = "kinformer-lease-no-update";
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lease-no-update"},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "verbs": ["get", "list", "watch", "create"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lease-no-update"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease-no-update"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    eventually("the binding to reach the authorizer", async || {
+        let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+            "spec": {"user": user, "resourceAttributes": {
+                "namespace": ns, "verb": "create", "group": "coordination.k8s.io", "resource": "leases"}}
+        }))
+        .unwrap();
+        Api::<SubjectAccessReview>::all(admin.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.allowed)
+    })
+    .await;
+    let mut config = TestEnv::shared().await.unwrap().config();
+    config.auth_info.impersonate = Some(user.to_owned());
+    let refused = Client::try_from(config).unwrap();
+
+    let timings = (3_000, 2_000, 500);
+    let leader = candidate(&refused, &ns, "refused", "leader", timings);
+    leader.subscribe().wait_for(|l| *l).await.unwrap();
+    let standby = candidate(&admin, &ns, "refused", "standby", timings);
+    let stop = CancellationToken::new();
+    let both = double_work(&leader, &standby, &stop);
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        standby.subscribe().wait_for(|l| *l),
+    )
+    .await
+    .expect("the standby takes the lease its refused leader could not renew")
+    .unwrap();
+    assert!(!leader.is_leader(), "the refused leader still leads");
+    stop.cancel();
+    assert_eq!(
+        both.await.unwrap(),
+        0,
+        "ms sampled with both candidates allowed to work"
+    );
+}
+
 /// A Lease renewed by a host whose clock is an hour ahead or behind is
 /// timed on the candidate's own clock: it is taken no sooner than its
 /// duration after the candidate first saw it, and not an hour late.
