@@ -31,7 +31,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, PopError, Requeue};
-use kinformer_store::{CacheReader, Compact, Indexer, Indexers, KnownObjects, Object, StoreError};
+use kinformer_store::{
+    CacheReader, Compact, Indexer, Indexers, KnownObjects, Object, ObjectOrTombstone, StoreError,
+};
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
@@ -805,7 +807,12 @@ impl<K: Object> Inner<K> {
                     }
                 }
                 DeltaType::Deleted => {
-                    self.indexer.remove_by_key(key);
+                    // A tombstone's state is the last known, not the delete's.
+                    let version = match &delta.object {
+                        ObjectOrTombstone::Object(obj) => obj.resource_version(),
+                        ObjectOrTombstone::Tombstone(_) => None,
+                    };
+                    self.indexer.remove_by_key_at(key, version);
                     Processor::distribute(
                         &listeners,
                         Notification::Delete(delta.object.clone()),

@@ -111,31 +111,6 @@ impl<K> Indexer<K> {
         &self.key_func
     }
 
-    /// Inserts or replaces the object.
-    pub fn add(&self, obj: Arc<K>) -> Result<(), StoreError> {
-        let key = self.key_of(&obj)?;
-        self.store.add(&key, obj)
-    }
-
-    /// Inserts or replaces the object.
-    pub fn update(&self, obj: Arc<K>) -> Result<(), StoreError> {
-        let key = self.key_of(&obj)?;
-        self.store.update(&key, obj)
-    }
-
-    /// Inserts or replaces the object under `key`, which the caller computed
-    /// with this indexer's key function (saves computing it again); says what
-    /// it replaced and which index functions failed for it.
-    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
-        self.store.upsert(key, obj)
-    }
-
-    /// Removes the object with `obj`'s key; returns what was stored.
-    pub fn delete(&self, obj: &K) -> Result<Option<Arc<K>>, StoreError> {
-        let key = self.key_of(obj)?;
-        Ok(self.store.delete(&key))
-    }
-
     /// Removes the object under `key`; returns it.
     pub fn delete_by_key(&self, key: &str) -> Option<Arc<K>> {
         self.store.delete(key)
@@ -145,6 +120,12 @@ impl<K> Indexer<K> {
     /// indexer need not decode it); whether there was one.
     pub fn remove_by_key(&self, key: &str) -> bool {
         self.store.remove(key)
+    }
+
+    /// [`remove_by_key`](Self::remove_by_key), and the store is synced to
+    /// `resource_version` (the deleted object's last) if one is given.
+    pub fn remove_by_key_at(&self, key: &str, resource_version: Option<&str>) -> bool {
+        self.store.remove_at(key, resource_version)
     }
 
     /// The stored object with `obj`'s key.
@@ -178,17 +159,24 @@ impl<K> Indexer<K> {
         self.store.is_empty()
     }
 
-    /// Swaps the whole content for `list` at once. The resource version is
-    /// the list's; the store does not keep it (client-go's does since v0.36,
-    /// for its AtomicFIFO; an informer here reports the Reflector's). An object
-    /// without a key refuses the whole list (the store is left unchanged);
-    /// failing index functions give [`StoreError::Unindexed`] after the swap.
-    pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), StoreError> {
-        let items = list
-            .into_iter()
-            .map(|obj| Ok((self.key_of(&obj)?, obj)))
-            .collect::<Result<Vec<_>, KeyError>>()?;
-        self.store.replace(items)
+    /// The resourceVersion the content was last synced to: that of the last
+    /// object written or deleted through [`update`](Self::update) and the
+    /// like, of the last [`replace`](Self::replace)'s list, or the last
+    /// [`bookmark`](Self::bookmark); `None` before any (client-go's
+    /// `LastStoreSyncResourceVersion`). It moves under the same lock as the
+    /// content: once it is seen at a version, every later read sees that
+    /// version's content or newer. Versions are the server's and meant to
+    /// be compared by it; they grow in the order writes reach the store only
+    /// when they are applied in watch order (client-go gives it only with
+    /// its in-order queue).
+    pub fn last_store_sync_resource_version(&self) -> Option<String> {
+        self.store.last_store_sync_resource_version()
+    }
+
+    /// Records that the content is synced to `resource_version` without an
+    /// object changing (a watch bookmark), as client-go's `Bookmark`.
+    pub fn bookmark(&self, resource_version: &str) {
+        self.store.bookmark(resource_version);
     }
 
     /// Nothing to do for a store held in memory; kept for client-go parity.
@@ -225,6 +213,52 @@ impl<K> Indexer<K> {
     /// The names of the indexes.
     pub fn indexer_names(&self) -> Vec<String> {
         self.store.indexer_names()
+    }
+}
+
+/// Writes that carry objects sync the Indexer to their resourceVersion, as
+/// client-go's store does since v0.36 (`LastStoreSyncResourceVersion`).
+impl<K: Object> Indexer<K> {
+    /// Inserts or replaces the object; the store is synced to its
+    /// resourceVersion.
+    pub fn add(&self, obj: Arc<K>) -> Result<(), StoreError> {
+        self.update(obj)
+    }
+
+    /// Inserts or replaces the object; the store is synced to its
+    /// resourceVersion.
+    pub fn update(&self, obj: Arc<K>) -> Result<(), StoreError> {
+        let key = self.key_of(&obj)?;
+        self.update_by_key(&key, obj).into_result().map(|_| ())
+    }
+
+    /// Inserts or replaces the object under `key`, which the caller computed
+    /// with this indexer's key function (saves computing it again); says what
+    /// it replaced and which index functions failed for it. The store is
+    /// synced to the object's resourceVersion.
+    pub fn update_by_key(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
+        let held = Arc::clone(&obj);
+        self.store.upsert_at(key, obj, held.resource_version())
+    }
+
+    /// Removes the object with `obj`'s key; returns what was stored. The
+    /// store is synced to `obj`'s resourceVersion (a deleted object's last).
+    pub fn delete(&self, obj: &K) -> Result<Option<Arc<K>>, StoreError> {
+        let key = self.key_of(obj)?;
+        Ok(self.store.delete_at(&key, obj.resource_version()))
+    }
+
+    /// Swaps the whole content for `list` at once, and syncs the store to
+    /// the list's `resource_version` in the same step (an empty one leaves
+    /// the version as it was). An object without a key refuses the whole
+    /// list (the store is left unchanged); failing index functions give
+    /// [`StoreError::Unindexed`] after the swap.
+    pub fn replace(&self, list: Vec<Arc<K>>, resource_version: &str) -> Result<(), StoreError> {
+        let items = list
+            .into_iter()
+            .map(|obj| Ok((self.key_of(&obj)?, obj)))
+            .collect::<Result<Vec<_>, KeyError>>()?;
+        self.store.replace_at(items, resource_version)
     }
 }
 

@@ -19,6 +19,14 @@
 //! is taken and decoding after a read lock is released, so the lock is held
 //! no longer than for whole objects; `add_indexers` on a populated compact
 //! store is the exception (it decodes every object under the lock).
+//!
+//! The store also keeps the resourceVersion its content was last synced to
+//! (client-go's `LastStoreSyncResourceVersion`, since v0.36): set by a write
+//! that names one (`*_at`), by [`replace_at`](ThreadSafeStore::replace_at)
+//! and by [`bookmark`](ThreadSafeStore::bookmark), under the same lock as
+//! the content. So once a reader has seen it at or past a version, every
+//! later read sees the content of that version or newer: "has the cache
+//! caught up with my write" is one comparison.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -81,6 +89,10 @@ struct Entry<K> {
 
 struct Inner<K> {
     items: Map<Arc<str>, Entry<K>>,
+    /// The resourceVersion the content was last synced to (client-go's
+    /// `LastStoreSyncResourceVersion`), changed under the same lock as the
+    /// content it describes.
+    resource_version: Option<String>,
     indexers: Vec<(String, IndexFunc<K>)>,
     /// Per index (same order as `indexers`): index value -> keys.
     indices: Vec<Map<Arc<str>, KeySet>>,
@@ -98,6 +110,7 @@ impl<K> ThreadSafeStore<K> {
         Self {
             inner: RwLock::new(Inner {
                 items: Map::default(),
+                resource_version: None,
                 indexers: Vec::new(),
                 indices: Vec::new(),
             }),
@@ -249,8 +262,15 @@ impl<K> ThreadSafeStore<K> {
     /// Inserts or replaces the object under `key`, updating every index;
     /// says what it replaced and which index functions failed for it.
     pub fn upsert(&self, key: &str, obj: Arc<K>) -> Upserted<K> {
+        self.upsert_at(key, obj, None)
+    }
+
+    /// [`upsert`](Self::upsert), and the store is synced to
+    /// `resource_version` (the object's) if one is given.
+    pub fn upsert_at(&self, key: &str, obj: Arc<K>, resource_version: Option<&str>) -> Upserted<K> {
         let mut stored = self.store_form(key, &obj);
         let mut inner = self.inner.write();
+        inner.synced_to(resource_version);
         if let (Some(compact), Stored::Encoded { version, .. }) = (&self.compact, &mut stored) {
             // Versions follow the order writes take the lock in.
             *version = compact.next_version();
@@ -282,7 +302,15 @@ impl<K> ThreadSafeStore<K> {
 
     /// Removes the object under `key` and its index entries; returns it.
     pub fn delete(&self, key: &str) -> Option<Arc<K>> {
+        self.delete_at(key, None)
+    }
+
+    /// [`delete`](Self::delete), and the store is synced to
+    /// `resource_version` (the deleted object's last) if one is given,
+    /// whether or not the key was held.
+    pub fn delete_at(&self, key: &str, resource_version: Option<&str>) -> Option<Arc<K>> {
         let mut inner = self.inner.write();
+        inner.synced_to(resource_version);
         let (key, entry) = self.take(&mut inner, key)?;
         let read = self.read(&key, &entry.obj);
         drop(inner);
@@ -292,7 +320,27 @@ impl<K> ThreadSafeStore<K> {
     /// Removes the object under `key` and its index entries, without handing
     /// it back (a compact store need not decode it); whether there was one.
     pub fn remove(&self, key: &str) -> bool {
-        self.take(&mut self.inner.write(), key).is_some()
+        self.remove_at(key, None)
+    }
+
+    /// [`remove`](Self::remove), and the store is synced to
+    /// `resource_version` if one is given.
+    pub fn remove_at(&self, key: &str, resource_version: Option<&str>) -> bool {
+        let mut inner = self.inner.write();
+        inner.synced_to(resource_version);
+        self.take(&mut inner, key).is_some()
+    }
+
+    /// The resourceVersion the content was last synced to: the last one
+    /// given to a write, a replace or a bookmark; `None` before any.
+    pub fn last_store_sync_resource_version(&self) -> Option<String> {
+        self.inner.read().resource_version.clone()
+    }
+
+    /// Records that the content is synced to `resource_version` with no
+    /// object changed (a watch bookmark).
+    pub fn bookmark(&self, resource_version: &str) {
+        self.inner.write().synced_to(Some(resource_version));
     }
 
     /// Takes `key`'s entry out of the items, its indexes and the decoded cache.
@@ -359,6 +407,22 @@ impl<K> ThreadSafeStore<K> {
     where
         I: IntoIterator<Item = (String, Arc<K>)>,
     {
+        self.replace_synced(items, None)
+    }
+
+    /// [`replace`](Self::replace) with a list at `resource_version`: the
+    /// store is synced to it in the same step as the content is swapped.
+    pub fn replace_at<I>(&self, items: I, resource_version: &str) -> Result<(), StoreError>
+    where
+        I: IntoIterator<Item = (String, Arc<K>)>,
+    {
+        self.replace_synced(items, Some(resource_version))
+    }
+
+    fn replace_synced<I>(&self, items: I, resource_version: Option<&str>) -> Result<(), StoreError>
+    where
+        I: IntoIterator<Item = (String, Arc<K>)>,
+    {
         // Index values are computed before the lock is taken for writing, so
         // readers are blocked only for the swap itself.
         let indexers = self.inner.read().indexers.clone();
@@ -396,9 +460,10 @@ impl<K> ThreadSafeStore<K> {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             drop(entries);
-            return self.replace(items);
+            return self.replace_synced(items, resource_version);
         }
         let old = std::mem::replace(&mut inner.items, entries);
+        inner.synced_to(resource_version);
         inner.indices = indices;
         if let Some(compact) = &self.compact {
             compact.cleared();
@@ -542,6 +607,18 @@ fn compute_index_values<K>(
 }
 
 impl<K> Inner<K> {
+    /// Records the version the content is synced to, if one is given; an
+    /// empty one is none (an object not yet written, a list without one).
+    fn synced_to(&mut self, resource_version: Option<&str>) {
+        let Some(rv) = resource_version.filter(|rv| !rv.is_empty()) else {
+            return;
+        };
+        // Reuses the buffer: no allocation per write once it is long enough.
+        let held = self.resource_version.get_or_insert_with(String::new);
+        held.clear();
+        held.push_str(rv);
+    }
+
     fn index_position(&self, index_name: &str) -> Result<usize, StoreError> {
         self.indexers
             .iter()

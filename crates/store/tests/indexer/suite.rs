@@ -411,3 +411,92 @@ fn concurrent_writers_keep_indexes_consistent_with_items() {
     }
     assert_eq!(indexed, idx.len());
 }
+
+fn at(name: &str, version: Option<&str>) -> Arc<Pod> {
+    let mut p = (*pod("a", name, &[])).clone();
+    p.metadata.resource_version = version.map(str::to_owned);
+    Arc::new(p)
+}
+
+/// client-go's TestThreadSafeStoreRV, through the Indexer: the store keeps
+/// the resourceVersion it was last synced to, from writes that carry
+/// objects, a delete of an object, a replace's list and a bookmark; a write
+/// without a version and a delete by key leave it as it was.
+#[test]
+fn the_store_keeps_the_resource_version_it_was_last_synced_to() {
+    let idx = new_indexer(Indexers::new());
+    assert_eq!(idx.last_store_sync_resource_version(), None, "initial state");
+    let rv = |idx: &Indexer<Pod>| idx.last_store_sync_resource_version();
+    idx.add(at("key1", Some("10"))).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("10"));
+    idx.add(at("key3", Some("10"))).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("10"), "the same version again");
+    idx.add(at("key4", Some("20"))).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("20"));
+    // An earlier object deleted at a newer version.
+    idx.delete(&at("key4", Some("30"))).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("30"), "after the delete");
+    // An object without a version (client-go: a non-meta object).
+    idx.add(at("key5", None)).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("30"), "a write without a version");
+    idx.add(at("key6", Some("40"))).unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("40"));
+    // A delete by key alone (client-go: a nil object).
+    idx.delete_by_key("a/key6");
+    assert!(idx.remove_by_key("a/key5"));
+    assert_eq!(rv(&idx).as_deref(), Some("40"), "a delete by key");
+    assert!(idx.remove_by_key_at("a/key3", Some("45")));
+    assert_eq!(rv(&idx).as_deref(), Some("45"), "a removal naming its version");
+    assert!(idx.update_by_key("a/key9", at("key9", Some("50"))).unindexed.is_empty());
+    assert_eq!(rv(&idx).as_deref(), Some("50"));
+
+    idx.replace(vec![at("key3", Some("40")), at("key2", Some("30"))], "60")
+        .unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("60"), "the list's version");
+    assert_eq!(idx.len(), 2);
+    idx.bookmark("70");
+    assert_eq!(rv(&idx).as_deref(), Some("70"), "a bookmark");
+    idx.replace(vec![], "").unwrap();
+    assert_eq!(rv(&idx).as_deref(), Some("70"), "a list without a version");
+}
+
+/// The version moves under the same lock as the content: a reader that has
+/// seen the store at a version then reads that version's object or a newer
+/// one, never an older (the "caught up with my write" check depends on it).
+#[test]
+fn a_reader_that_saw_a_version_never_reads_older_content_after_it() {
+    let idx = Arc::new(new_indexer(Indexers::new()));
+    idx.add(at("p", Some("0"))).unwrap();
+    let writer = std::thread::spawn({
+        let idx = Arc::clone(&idx);
+        move || {
+            for v in 1..=20_000u32 {
+                idx.update(at("p", Some(&v.to_string()))).unwrap();
+            }
+        }
+    });
+    let mut checked = 0u32;
+    loop {
+        let seen: u32 = idx
+            .last_store_sync_resource_version()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let read: u32 = idx
+            .get_by_key("a/p")
+            .unwrap()
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(read >= seen, "saw the store at {seen}, then read {read}");
+        checked += 1;
+        if seen == 20_000 {
+            break;
+        }
+    }
+    writer.join().unwrap();
+    assert!(checked > 0);
+}
