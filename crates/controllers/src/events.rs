@@ -517,9 +517,12 @@ impl Recorder {
             action: action.to_owned(),
             note: note.to_owned(),
         };
-        let (now, window) = (Instant::now(), self.window());
+        let window = self.window();
         let (claim, room) = {
             let mut book = self.book.lock();
+            // Read under the lock: a timer or flush that claimed a series'
+            // last write at its window's end did so at an earlier instant.
+            let now = Instant::now();
             // A series past its window takes no more occurrences; kept
             // aside if it still has its last write to make.
             if book.open.get(&key).is_some_and(|s| s.ended(window, now))
