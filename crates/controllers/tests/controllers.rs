@@ -23,7 +23,7 @@ use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostPa
 use parking_lot::Mutex;
 
 mod common;
-use common::{config_map, eventually, http_get, setup};
+use common::{client_allowed_only, config_map, eventually, http_get, setup};
 
 fn informer<K>(client: &Client, ns: &str) -> SharedIndexInformer<K>
 where
@@ -869,47 +869,15 @@ async fn a_standby_takes_a_deleted_lease_only_after_the_cut_off_leader_stopped_w
 /// work, and the refused leader's `run` returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_renewals_are_refused_stops_before_a_standby_takes_over() {
-    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     let (admin, ns) = setup("refused-renewal").await;
-    let user = "kinformer-lease-no-update";
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "lease-no-update"},
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                   "verbs": ["get", "list", "watch", "create"]}]
-    }))
-    .unwrap();
-    Api::<Role>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "lease-no-update"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease-no-update"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    eventually("the binding to reach the authorizer", async || {
-        let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
-            "spec": {"user": user, "resourceAttributes": {
-                "namespace": ns, "verb": "create", "group": "coordination.k8s.io", "resource": "leases"}}
-        }))
-        .unwrap();
-        Api::<SubjectAccessReview>::all(admin.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .unwrap()
-            .status
-            .is_some_and(|s| s.allowed)
-    })
+    let refused = client_allowed_only(
+        &admin,
+        &ns,
+        ("lease-no-update", "kinformer-lease-no-update"),
+        ("coordination.k8s.io", "leases"),
+        &["create", "get", "list", "watch"],
+    )
     .await;
-    let mut config = TestEnv::shared().await.unwrap().config();
-    config.auth_info.impersonate = Some(user.to_owned());
-    let refused = Client::try_from(config).unwrap();
 
     let timings = (3_000, 2_000, 500);
     let leader = candidate(&refused, &ns, "refused", "leader", timings);

@@ -13,10 +13,8 @@ use http::{Method, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kinformer_controllers::{EventRecorder, EventType};
 use kinformer_envtest::TestEnv;
 use kube_client::Client;
@@ -24,7 +22,7 @@ use kube_client::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::sync::watch;
 
 mod common;
-use common::{config_map, eventually, setup};
+use common::{client_allowed_only, config_map, eventually, may, setup};
 
 /// A ConfigMap `name` in `ns`, created for real, and a reference to it.
 async fn regarding(client: &Client, ns: &str, name: &str) -> ObjectReference {
@@ -60,57 +58,15 @@ fn is_status(result: &kube_client::Result<()>, code: u16) -> bool {
     matches!(result, Err(kube_client::Error::Api(s)) if s.code == code)
 }
 
-/// Whether `user` may `verb` events.k8s.io events in `ns`, as the API
-/// server's authorizer sees it now.
-async fn may(admin: &Client, ns: &str, user: &str, verb: &str) -> bool {
-    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
-        "spec": {
-            "user": user,
-            "resourceAttributes": {
-                "namespace": ns, "verb": verb, "group": "events.k8s.io", "resource": "events"
-            }
-        }
-    }))
-    .unwrap();
-    Api::<SubjectAccessReview>::all(admin.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .unwrap()
-        .status
-        .is_some_and(|s| s.allowed)
-}
-
 /// A client acting as `user` (the admin, impersonating), whom RBAC lets
 /// create Events in `ns` but not patch them: every series update is
 /// answered 403.
 async fn create_only_client(admin: &Client, ns: &str, user: &str) -> Client {
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "events-create-only"},
-        "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]
-    }))
-    .unwrap();
-    Api::<Role>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "events-create-only"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "events-create-only"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    eventually("the binding to reach the authorizer", async || {
-        may(admin, ns, user, "create").await
-    })
-    .await;
-    assert!(!may(admin, ns, user, "patch").await);
-    let mut config = TestEnv::shared().await.unwrap().config();
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).unwrap()
+    let events = ("events.k8s.io", "events");
+    let client =
+        client_allowed_only(admin, ns, ("events-create-only", user), events, &["create"]).await;
+    assert!(!may(admin, ns, user, events, "patch").await);
+    client
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

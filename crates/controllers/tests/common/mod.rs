@@ -43,3 +43,67 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).await.unwrap();
     out
 }
+
+/// Whether RBAC lets `user` do `verb` on `resource` of API group `group`
+/// in `ns`, as the API server's authorizer says now.
+pub async fn may(
+    admin: &Client,
+    ns: &str,
+    user: &str,
+    (group, resource): (&str, &str),
+    verb: &str,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    use kube_client::api::{Api, PostParams};
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "spec": {"user": user, "resourceAttributes": {
+            "namespace": ns, "verb": verb, "group": group, "resource": resource}}
+    }))
+    .unwrap();
+    Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// A client acting as `user` (the admin, impersonating), whom RBAC lets do
+/// only `verbs` on `resource` of API group `group` in `ns` (a Role and a
+/// binding named `name`), once the authorizer knows it.
+pub async fn client_allowed_only(
+    admin: &Client,
+    ns: &str,
+    (name, user): (&str, &str),
+    (group, resource): (&str, &str),
+    verbs: &[&str],
+) -> Client {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube_client::api::{Api, PostParams};
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": [group], "resources": [resource], "verbs": verbs}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    eventually("the binding to reach the authorizer", async || {
+        may(admin, ns, user, (group, resource), verbs[0]).await
+    })
+    .await;
+    let mut config = TestEnv::shared().await.unwrap().config();
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).unwrap()
+}
