@@ -278,13 +278,18 @@ impl Sighting {
 
 impl Observed {
     fn of(lease: &Lease, own_secs: i32) -> Self {
-        let spec = lease.spec.clone().unwrap_or_default();
+        let spec = lease.spec.as_ref();
         Self {
             uid: lease.metadata.uid.clone(),
-            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew_time: spec.renew_time.as_ref().map(|t| t.0),
-            transitions: spec.lease_transitions.unwrap_or(0),
-            lease_secs: spec.lease_duration_seconds.unwrap_or(own_secs).max(0) as u64,
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+            lease_secs: spec
+                .and_then(|s| s.lease_duration_seconds)
+                .unwrap_or(own_secs)
+                .max(0) as u64,
             gone: false,
         }
     }
@@ -553,7 +558,7 @@ impl LeaderElector {
             };
         };
         let seen = self.observe(&lease);
-        let spec = lease.spec.clone().unwrap_or_default();
+        let spec = lease.spec.take().unwrap_or_default();
         let held_by_me = seen.record.holder.as_deref() == Some(me.as_str());
         if !seen.may_take(me) {
             return Ok(Attempt::Other);

@@ -407,19 +407,13 @@ impl<K> ThreadSafeStore<K> {
     where
         I: IntoIterator<Item = (String, Arc<K>)>,
     {
-        self.replace_synced(items, None)
+        self.replace_at(items, "")
     }
 
     /// [`replace`](Self::replace) with a list at `resource_version`: the
-    /// store is synced to it in the same step as the content is swapped.
+    /// store is synced to it in the same step as the content is swapped (an
+    /// empty one leaves the version as it was).
     pub fn replace_at<I>(&self, items: I, resource_version: &str) -> Result<(), StoreError>
-    where
-        I: IntoIterator<Item = (String, Arc<K>)>,
-    {
-        self.replace_synced(items, Some(resource_version))
-    }
-
-    fn replace_synced<I>(&self, items: I, resource_version: Option<&str>) -> Result<(), StoreError>
     where
         I: IntoIterator<Item = (String, Arc<K>)>,
     {
@@ -460,10 +454,10 @@ impl<K> ThreadSafeStore<K> {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             drop(entries);
-            return self.replace_synced(items, resource_version);
+            return self.replace_at(items, resource_version);
         }
         let old = std::mem::replace(&mut inner.items, entries);
-        inner.synced_to(resource_version);
+        inner.synced_to(Some(resource_version));
         inner.indices = indices;
         if let Some(compact) = &self.compact {
             compact.cleared();
