@@ -210,22 +210,23 @@ fn test(args: &[String]) -> Result<ExitCode> {
     if !status.success() {
         return Ok(ExitCode::FAILURE);
     }
-    // The informer's tests again, on the other queue and the compact cache
-    // (see tests/common).
-    eprintln!("xtask: the informer tests again, on a RealFifo with a compact cache");
-    let status = Command::new(&cargo)
-        .current_dir(workspace_root())
-        .args(["test", "-p", "kinformer-informer", "--tests"])
-        .env("KINFORMER_TEST_FIFO", "real")
-        .env("KINFORMER_TEST_CACHE", "compact")
-        .args(args)
-        .status()
-        .context("running cargo test on a RealFifo")?;
-    Ok(if status.success() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    // The informer's tests again on the other queues (see tests/common),
+    // the plain RealFifo with a compact cache.
+    for (fifo, cache) in [("real", "compact"), ("atomic", "whole")] {
+        eprintln!("xtask: the informer tests again, on the {fifo} queue with a {cache} cache");
+        let status = Command::new(&cargo)
+            .current_dir(workspace_root())
+            .args(["test", "-p", "kinformer-informer", "--tests"])
+            .env("KINFORMER_TEST_FIFO", fifo)
+            .env("KINFORMER_TEST_CACHE", cache)
+            .args(args)
+            .status()
+            .with_context(|| format!("running cargo test on the {fifo} queue"))?;
+        if !status.success() {
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn envtest_up(kubeconfig: Option<PathBuf>) -> Result<ExitCode> {

@@ -5,7 +5,9 @@
 //! default here); [`RealFifo`] is its `the_real_fifo.go`, an ordered log that
 //! hands out every change on its own, in arrival order, with no merging per
 //! key, and on a relist queues the deletions it implies before the listed
-//! objects. Both have the same `has_synced` latch and `is_in_initial_list`;
+//! objects; in its atomic mode (client-go v0.37's `AtomicFIFO`) a relist is
+//! one [`ReplacedAll`] unit a consumer swaps its cache for at once. All have
+//! the same `has_synced` latch and `is_in_initial_list`;
 //! [`InformerQueue`] is either, for a Reflector to feed and an informer to
 //! pop ([`FifoKind`] picks one).
 //!
@@ -70,4 +72,4 @@ pub use delta_fifo::{DeltaFifo, DeltaFifoOptions, DeltaFifoReplace};
 pub use error::{FifoError, PopError, Requeue};
 pub use kinformer_store::{DeletedFinalStateUnknown, ObjectOrTombstone};
 pub use queue::{FifoKind, InformerQueue, QueueReplace};
-pub use real_fifo::{RealFifo, RealFifoOptions, RealFifoReplace};
+pub use real_fifo::{Popped, RealFifo, RealFifoOptions, RealFifoReplace, ReplacedAll};

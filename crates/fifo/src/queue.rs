@@ -5,18 +5,24 @@ use std::sync::Arc;
 use kinformer_store::{KeyFunc, KnownObjects, Object, ObjectOrTombstone};
 
 use crate::{
-    DeltaFifo, DeltaFifoOptions, DeltaFifoReplace, Deltas, FifoError, PopError, RealFifo,
+    DeltaFifo, DeltaFifoOptions, DeltaFifoReplace, Deltas, FifoError, PopError, Popped, RealFifo,
     RealFifoOptions, RealFifoReplace, Requeue,
 };
 
 /// Which queue an informer puts between its Reflector and its cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FifoKind {
     /// [`DeltaFifo`]: the changes of one key merged into one pop (default).
     #[default]
     DeltaFifo,
     /// [`RealFifo`]: every change its own pop, in arrival order.
     RealFifo,
+    /// [`RealFifo`] in its atomic mode ([`RealFifoOptions::atomic`]),
+    /// client-go v0.37's default: every change its own pop in arrival
+    /// order, a relist one unit the consumer swaps its cache for at once, a
+    /// resync one unit, and bookmarks passed on.
+    AtomicFifo,
 }
 
 /// A [`DeltaFifo`] or a [`RealFifo`], shared: the operations a Reflector and
@@ -65,6 +71,12 @@ impl<K: Object> InformerQueue<K> {
                     .key_func(key_func)
                     .known_objects(known),
             ))),
+            FifoKind::AtomicFifo => Self::RealFifo(Arc::new(RealFifo::with_options(
+                RealFifoOptions::new()
+                    .key_func(key_func)
+                    .known_objects(known)
+                    .atomic(),
+            ))),
         }
     }
 }
@@ -74,6 +86,7 @@ impl<K> InformerQueue<K> {
     pub fn kind(&self) -> FifoKind {
         match self {
             Self::DeltaFifo(_) => FifoKind::DeltaFifo,
+            Self::RealFifo(f) if f.is_atomic() => FifoKind::AtomicFifo,
             Self::RealFifo(_) => FifoKind::RealFifo,
         }
     }
@@ -120,7 +133,17 @@ impl<K> InformerQueue<K> {
         }
     }
 
-    /// Queues a `Sync` for every known object with nothing queued.
+    /// Records a watch bookmark: a unit of its own on an atomic RealFifo
+    /// (see [`RealFifo::bookmark`]), nothing on the others.
+    pub fn bookmark(&self, resource_version: &str) {
+        match self {
+            Self::DeltaFifo(_) => {}
+            Self::RealFifo(f) => f.bookmark(resource_version),
+        }
+    }
+
+    /// Queues a `Sync` for every known object with nothing queued (one
+    /// `SyncAll` unit on an atomic RealFifo).
     pub fn resync(&self) -> Result<(), FifoError> {
         match self {
             Self::DeltaFifo(f) => f.resync(),
@@ -141,6 +164,25 @@ impl<K> InformerQueue<K> {
         }
     }
 
+    /// Waits for the next unit and hands it to `process` with
+    /// `is_in_initial_list`: a key's deltas from a DeltaFifo, any unit from
+    /// a RealFifo (see [`RealFifo::pop_unit`]; an atomic one runs `process`
+    /// with the queue unlocked).
+    pub async fn pop_unit<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
+    where
+        F: FnOnce(Popped<'_, K>, bool) -> Result<T, Requeue<E>>,
+    {
+        match self {
+            Self::DeltaFifo(f) => {
+                f.pop_with_key(|key, deltas, initial| {
+                    process(Popped::Deltas { key, deltas }, initial)
+                })
+                .await
+            }
+            Self::RealFifo(f) => f.pop_unit(process).await,
+        }
+    }
+
     /// Closes the queue.
     pub fn close(&self) {
         match self {
@@ -157,7 +199,7 @@ impl<K> InformerQueue<K> {
         }
     }
 
-    /// Pops waiting: keys for a DeltaFifo, entries for a RealFifo.
+    /// Pops waiting: keys for a DeltaFifo, units for a RealFifo.
     pub fn len(&self) -> usize {
         match self {
             Self::DeltaFifo(f) => f.len(),
@@ -181,7 +223,7 @@ pub enum QueueReplace<'a, K> {
     RealFifo(RealFifoReplace<'a, K>),
 }
 
-impl<K> QueueReplace<'_, K> {
+impl<K: Object> QueueReplace<'_, K> {
     /// Hands over the next listed object; an object without a key is
     /// refused with an error naming it, and the replace goes on.
     pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
@@ -200,7 +242,9 @@ impl<K> QueueReplace<'_, K> {
             Self::RealFifo(r) => r.push_all(objs),
         }
     }
+}
 
+impl<K> QueueReplace<'_, K> {
     /// A listed object that could not be read under `key`: no deletion is
     /// inferred for the key, and the version the consumer holds stays (see
     /// [`DeltaFifoReplace::keep`] and [`RealFifoReplace::keep`]).

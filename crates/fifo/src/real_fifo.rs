@@ -5,6 +5,15 @@
 //! order it arrived, and hands them out one by one. Locking and waiting are
 //! the DeltaFifo's: one `parking_lot` mutex, a tokio `Notify` registered
 //! before the queue is looked at.
+//!
+//! In its atomic mode ([`RealFifoOptions::atomic`], client-go v0.37's
+//! `AtomicFIFO`, on by default there) a relist is one unit, a
+//! [`ReplacedAll`] holding the whole list, a resync one `SyncAll` unit, and
+//! a watch bookmark a unit of its own, all popped through
+//! [`RealFifo::pop_unit`] with the queue's lock released while the consumer
+//! works (client-go's `UnlockWhileProcessingFIFO`): the consumer swaps its
+//! whole cache at once and works out the deletions itself, so the queue
+//! consults no known objects.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -28,6 +37,7 @@ type Hasher = foldhash::fast::RandomState;
 pub struct RealFifoOptions<K> {
     key_func: KeyFunc<K>,
     known_objects: Option<Arc<dyn KnownObjects<K>>>,
+    atomic: bool,
 }
 
 impl<K: Object> Default for RealFifoOptions<K> {
@@ -42,6 +52,7 @@ impl<K: Object> RealFifoOptions<K> {
         Self {
             key_func: Arc::new(|obj: &K| meta_namespace_key(obj)),
             known_objects: None,
+            atomic: false,
         }
     }
 }
@@ -55,16 +66,34 @@ impl<K> RealFifoOptions<K> {
     }
 
     /// What the consumer holds: `replace` finds deletions among these keys,
-    /// and `resync` replays them.
+    /// and `resync` replays them. Not consulted in the atomic mode.
     #[must_use]
     pub fn known_objects(mut self, known: Arc<dyn KnownObjects<K>>) -> Self {
         self.known_objects = Some(known);
         self
     }
+
+    /// The atomic mode of client-go v0.37 (`AtomicFIFO` with
+    /// `UnlockWhileProcessingFIFO` and bookmark deltas): a `replace` is
+    /// queued as one [`ReplacedAll`] unit, a `resync` as one `SyncAll`, a
+    /// [`bookmark`](RealFifo::bookmark) as a unit of its own, and
+    /// [`pop_unit`](RealFifo::pop_unit) runs its closure with the queue
+    /// unlocked. Known objects are not consulted for deletions or resyncs
+    /// (the consumer reconciles a `ReplacedAll` against its own store);
+    /// they are only asked for what they hold whole
+    /// ([`KnownObjects::get_shared`]): a listed object handed over through
+    /// [`begin_replace`](RealFifo::begin_replace) at the version held is
+    /// queued as the held one, so a relist holds one copy of what did not
+    /// change rather than two.
+    #[must_use]
+    pub fn atomic(mut self) -> Self {
+        self.atomic = true;
+        self
+    }
 }
 
 /// A queue of every change, in arrival order: client-go's `RealFIFO`, the
-/// default queue of its informers since v0.33.
+/// queue of its informers since v0.33 (GA and locked on in v0.37).
 ///
 /// - Every `add`, `update` and `delete` is its own entry; nothing is merged,
 ///   so a consumer sees each intermediate state, and a delete of a key it
@@ -73,24 +102,133 @@ impl<K> RealFifoOptions<K> {
 ///   [`DeletedFinalStateUnknown`] tombstone for every key the list no longer
 ///   has (among the keys queued, unless their last entry is a delete, and
 ///   among the known objects with nothing queued), then a `Replaced` delta
-///   for every listed object, in list order.
+///   for every listed object, in list order. In the atomic mode it queues
+///   one [`ReplacedAll`] unit instead.
 /// - `resync` queues a `Sync` delta for every known object with nothing
-///   queued.
+///   queued; in the atomic mode one `SyncAll` unit.
 /// - [`has_synced`](Self::has_synced) turns true once the first `replace`
 ///   (or an add, update or delete before it) has arrived and every entry
 ///   queued by then has been popped; `is_in_initial_list` is true for those
 ///   entries.
 /// - `pop` hands out one entry at a time, as a [`Deltas`] of one delta; its
 ///   closure runs while the queue is locked, as the DeltaFifo's does.
+///   [`pop_unit`](Self::pop_unit) hands out any unit; in the atomic mode its
+///   closure runs with the queue unlocked, so the Reflector is never held
+///   up by a consumer applying a whole list.
 pub struct RealFifo<K> {
     inner: Mutex<Inner<K>>,
+    /// Held by the one consumer between taking a unit and putting back
+    /// what it requeues, so that units are processed one at a time and in
+    /// order even when the queue is unlocked meanwhile.
+    consumer: Mutex<()>,
     notify: Notify,
     key_func: KeyFunc<K>,
     known_objects: Option<Arc<dyn KnownObjects<K>>>,
+    atomic: bool,
+}
+
+/// One queued unit.
+enum Item<K> {
+    Delta(Arc<str>, Delta<K>),
+    ReplacedAll(ReplacedAll<K>),
+    SyncAll,
+    Bookmark(String),
+}
+
+impl<K> Item<K> {
+    /// The key of a single object's delta.
+    fn key(&self) -> Option<&Arc<str>> {
+        match self {
+            Self::Delta(key, _) => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// A whole list, queued as one unit by a `replace` in the atomic mode: the
+/// consumer swaps its cache for it at once, then tells of the deletions it
+/// implies and then of the listed objects, in list order (client-go's
+/// `ReplacedAllInfo` and `processReplacedAllInfo`).
+pub struct ReplacedAll<K> {
+    resource_version: String,
+    keys: Vec<Arc<str>>,
+    objects: Vec<Arc<K>>,
+    kept: Kept,
+}
+
+impl<K> fmt::Debug for ReplacedAll<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplacedAll")
+            .field("resource_version", &self.resource_version)
+            .field("objects", &self.objects.len())
+            .field("kept", &self.kept)
+            .finish()
+    }
+}
+
+impl<K> ReplacedAll<K> {
+    /// The version the list was read at.
+    pub fn resource_version(&self) -> &str {
+        &self.resource_version
+    }
+
+    /// The listed objects with their keys, in list order.
+    pub fn objects(&self) -> impl ExactSizeIterator<Item = (&Arc<str>, &Arc<K>)> {
+        self.keys.iter().zip(&self.objects)
+    }
+
+    /// How many objects were listed.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Whether `key`, absent from the objects, must be kept as the consumer
+    /// holds it: the list had an object under it that could not be read
+    /// (or one whose key could not be read either, which keeps every key).
+    pub fn keeps(&self, key: &str) -> bool {
+        self.kept.all || self.kept.keys.iter().any(|k| k.as_ref() == key)
+    }
+
+    /// Whether every key absent from the objects is kept (see
+    /// [`keeps`](Self::keeps)): no deletion can be inferred from this list.
+    pub fn keeps_all(&self) -> bool {
+        self.kept.all
+    }
+
+    /// The keys kept one by one (see [`keeps`](Self::keeps)).
+    pub fn kept_keys(&self) -> impl ExactSizeIterator<Item = &Arc<str>> {
+        self.kept.keys.iter()
+    }
+}
+
+/// One unit handed out by [`RealFifo::pop_unit`] (and
+/// [`InformerQueue::pop_unit`](crate::InformerQueue::pop_unit)).
+#[derive(Debug)]
+pub enum Popped<'a, K> {
+    /// Changes to one object: a single delta from a RealFifo, the merged
+    /// deltas of the key from a DeltaFifo.
+    Deltas {
+        /// The object's key.
+        key: &'a str,
+        /// Its changes, oldest first.
+        deltas: &'a Deltas<K>,
+    },
+    /// A whole list, in the atomic mode.
+    ReplacedAll(&'a ReplacedAll<K>),
+    /// A resync of every object the consumer holds, in the atomic mode.
+    SyncAll,
+    /// A watch bookmark at this version, in the atomic mode: the consumer's
+    /// content is synced to it without an object changing.
+    Bookmark(&'a str),
 }
 
 struct Inner<K> {
-    items: VecDeque<(Arc<str>, Delta<K>)>,
+    items: VecDeque<Item<K>>,
     /// Whether anything (a replace, an add, an update, a delete) has arrived.
     populated: bool,
     /// How many entries queued by the first replace have yet to be popped.
@@ -102,6 +240,7 @@ impl<K> fmt::Debug for RealFifo<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = self.inner.lock();
         f.debug_struct("RealFifo")
+            .field("atomic", &self.atomic)
             .field("queued", &inner.items.len())
             .field("populated", &inner.populated)
             .field("closed", &inner.closed)
@@ -120,6 +259,12 @@ impl<K: Object> RealFifo<K> {
     pub fn new() -> Self {
         Self::with_options(RealFifoOptions::default())
     }
+
+    /// A RealFifo in the atomic mode (see [`RealFifoOptions::atomic`]),
+    /// keying objects by [`meta_namespace_key`].
+    pub fn atomic() -> Self {
+        Self::with_options(RealFifoOptions::default().atomic())
+    }
 }
 
 impl<K> RealFifo<K> {
@@ -132,10 +277,17 @@ impl<K> RealFifo<K> {
                 initial_population_count: 0,
                 closed: false,
             }),
+            consumer: Mutex::new(()),
             notify: Notify::new(),
             key_func: options.key_func,
             known_objects: options.known_objects,
+            atomic: options.atomic,
         }
+    }
+
+    /// Whether this queue is in the atomic mode.
+    pub fn is_atomic(&self) -> bool {
+        self.atomic
     }
 
     /// The key of an object or tombstone.
@@ -168,17 +320,35 @@ impl<K> RealFifo<K> {
         let key: Arc<str> = Arc::from(self.key_of(&delta.object)?);
         let mut inner = self.inner.lock();
         inner.populated = true;
-        self.push(&mut inner, key, delta);
+        self.push(&mut inner, Item::Delta(key, delta));
         Ok(())
+    }
+
+    /// Records a watch bookmark at `resource_version`: in the atomic mode a
+    /// unit of its own, behind everything queued before it, so the consumer
+    /// can mark its content synced to that version once it has applied
+    /// them (a bookmark right behind another replaces it). Otherwise
+    /// nothing, as client-go's RealFIFO without bookmark deltas.
+    pub fn bookmark(&self, resource_version: &str) {
+        if !self.atomic {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if let Some(Item::Bookmark(last)) = inner.items.back_mut() {
+            resource_version.clone_into(last);
+            return;
+        }
+        self.push(&mut inner, Item::Bookmark(resource_version.to_owned()));
     }
 
     /// Records a full list as of `resource_version`: the deletions it
     /// implies first, then a `Replaced` delta per listed object (see the
-    /// type's docs). The first replace also fixes the population that
+    /// type's docs); in the atomic mode one [`ReplacedAll`] unit. The first
+    /// replace also fixes the population that
     /// [`has_synced`](Self::has_synced) waits for: everything queued by then.
     ///
     /// If any object has no key, nothing is queued and the error names it.
-    pub fn replace(&self, list: Vec<Arc<K>>, _resource_version: &str) -> Result<(), FifoError> {
+    pub fn replace(&self, list: Vec<Arc<K>>, resource_version: &str) -> Result<(), FifoError> {
         let keys = list
             .iter()
             .enumerate()
@@ -188,15 +358,16 @@ impl<K> RealFifo<K> {
                     .map_err(|source| FifoError::ReplaceKey { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.replace_keyed(keys, list, &Kept::default());
+        self.replace_keyed(keys, list, Kept::default(), resource_version);
         Ok(())
     }
 
     /// A replace whose objects are handed over one at a time, for a
     /// Reflector reading a list as it arrives. The RealFifo queues the
     /// deletions a list implies *before* its objects (see the type's docs),
-    /// which it can only know once the list is complete: the objects are
-    /// kept until [`finish`](RealFifoReplace::finish) and then queued as
+    /// which it can only know once the list is complete, and in the atomic
+    /// mode the list is one unit: the objects are kept until
+    /// [`finish`](RealFifoReplace::finish) and then queued as
     /// [`replace`](Self::replace) does, so a relist on a RealFifo holds the
     /// whole new list beside the old cache (the DeltaFifo's
     /// [`begin_replace`](crate::DeltaFifo::begin_replace) queues each object
@@ -211,7 +382,25 @@ impl<K> RealFifo<K> {
         }
     }
 
-    fn replace_keyed(&self, keys: Vec<Arc<str>>, list: Vec<Arc<K>>, kept: &Kept) {
+    fn replace_keyed(
+        &self,
+        keys: Vec<Arc<str>>,
+        list: Vec<Arc<K>>,
+        kept: Kept,
+        resource_version: &str,
+    ) {
+        if self.atomic {
+            let mut inner = self.inner.lock();
+            let unit = ReplacedAll {
+                resource_version: resource_version.to_owned(),
+                keys,
+                objects: list,
+                kept,
+            };
+            self.push(&mut inner, Item::ReplacedAll(unit));
+            inner.populate();
+            return;
+        }
         let mut listed: HashSet<&str, Hasher> = keys.iter().map(|k| k.as_ref()).collect();
         listed.extend(kept.keys.iter().map(|k| k.as_ref()));
         let listed = |key: &str| kept.all || listed.contains(key);
@@ -220,14 +409,17 @@ impl<K> RealFifo<K> {
         // The last entry queued for each key, in the order keys first appear.
         let mut last: HashMap<Arc<str>, usize, Hasher> = HashMap::default();
         let mut order: Vec<Arc<str>> = Vec::new();
-        for (i, (key, _)) in inner.items.iter().enumerate() {
+        for (i, item) in inner.items.iter().enumerate() {
+            let Some(key) = item.key() else { continue };
             if last.insert(Arc::clone(key), i).is_none() {
                 order.push(Arc::clone(key));
             }
         }
         let mut gone: Vec<(Arc<str>, Arc<K>)> = Vec::new();
         for key in &order {
-            let (_, delta) = &inner.items[last[key]];
+            let Item::Delta(_, delta) = &inner.items[last[key]] else {
+                continue;
+            };
             if listed(key) || delta.kind == DeltaType::Deleted {
                 continue;
             }
@@ -253,26 +445,36 @@ impl<K> RealFifo<K> {
                 kind: DeltaType::Deleted,
                 object: ObjectOrTombstone::Tombstone(tombstone),
             };
-            self.push(&mut inner, key, delta);
+            self.push(&mut inner, Item::Delta(key, delta));
         }
         for (key, obj) in keys.into_iter().zip(list) {
-            self.push(&mut inner, key, Delta::new(DeltaType::Replaced, obj));
+            self.push(
+                &mut inner,
+                Item::Delta(key, Delta::new(DeltaType::Replaced, obj)),
+            );
         }
-        if !inner.populated {
-            inner.populated = true;
-            inner.initial_population_count = inner.items.len();
-        }
+        inner.populate();
     }
 
     /// Queues a `Sync` delta for every known object that has nothing queued
-    /// (client-go's periodic resync). Does nothing without known objects.
+    /// (client-go's periodic resync); does nothing without known objects.
+    /// In the atomic mode queues one `SyncAll` unit: the consumer replays
+    /// what it holds when it pops it.
     pub fn resync(&self) -> Result<(), FifoError> {
+        if self.atomic {
+            let mut inner = self.inner.lock();
+            self.push(&mut inner, Item::SyncAll);
+            return Ok(());
+        }
         let Some(known) = &self.known_objects else {
             return Ok(());
         };
         let mut inner = self.inner.lock();
-        let queued: HashSet<Arc<str>, Hasher> =
-            inner.items.iter().map(|(k, _)| Arc::clone(k)).collect();
+        let queued: HashSet<Arc<str>, Hasher> = inner
+            .items
+            .iter()
+            .filter_map(|item| item.key().map(Arc::clone))
+            .collect();
         for key in known.list_keys() {
             if queued.contains(key.as_str()) {
                 continue;
@@ -281,7 +483,10 @@ impl<K> RealFifo<K> {
                 continue;
             };
             let key: Arc<str> = Arc::from((self.key_func)(&obj)?);
-            self.push(&mut inner, key, Delta::new(DeltaType::Sync, obj));
+            self.push(
+                &mut inner,
+                Item::Delta(key, Delta::new(DeltaType::Sync, obj)),
+            );
         }
         Ok(())
     }
@@ -294,6 +499,13 @@ impl<K> RealFifo<K> {
     /// head of the queue, so that the order is kept, and `pop` returns
     /// [`PopError::Requeued`]. After [`close`](Self::close), `pop` returns
     /// [`PopError::Closed`] once the queue is empty.
+    ///
+    /// A queue in the atomic mode also holds units that are not one
+    /// object's delta; a consumer of those pops with
+    /// [`pop_unit`](Self::pop_unit). Here a `ReplacedAll` is handed out as
+    /// a `Replaced` delta per listed object (the deletions it implies are
+    /// the consumer's to find), and a `SyncAll` or a bookmark is passed
+    /// over.
     pub async fn pop<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
     where
         F: FnOnce(&Deltas<K>, bool) -> Result<T, Requeue<E>>,
@@ -315,8 +527,16 @@ impl<K> RealFifo<K> {
                 notified.as_mut().enable();
             }
             {
+                let _consumer = self.consumer.lock();
                 let mut inner = self.inner.lock();
-                if let Some((key, delta)) = inner.items.pop_front() {
+                while let Some(item) = inner.items.pop_front() {
+                    let (key, delta) = match item {
+                        Item::Delta(key, delta) => (key, delta),
+                        other => {
+                            inner.expand(other);
+                            continue;
+                        }
+                    };
                     let is_in_initial_list = !inner.has_synced();
                     let Some(process) = process.take() else {
                         unreachable!("process is consumed at most once")
@@ -326,14 +546,74 @@ impl<K> RealFifo<K> {
                         Ok(value) => {
                             // Counted once processed: has_synced cannot turn
                             // true while the last initial entry is handled.
-                            inner.initial_population_count =
-                                inner.initial_population_count.saturating_sub(1);
+                            inner.popped();
                             Ok(value)
                         }
                         Err(Requeue(err)) => {
                             if let Some(delta) = deltas.into_vec().pop() {
-                                inner.items.push_front((key, delta));
+                                inner.items.push_front(Item::Delta(key, delta));
                             }
+                            Err(PopError::Requeued(err))
+                        }
+                    };
+                }
+                if inner.closed {
+                    return Err(PopError::Closed);
+                }
+            }
+            if registered {
+                notified.await;
+            }
+            registered = true;
+        }
+    }
+
+    /// Waits for the next unit of any kind and hands it to `process`
+    /// together with `is_in_initial_list`.
+    ///
+    /// In the atomic mode `process` runs with the queue unlocked, so
+    /// producers go on adding while a whole list is applied (client-go's
+    /// `UnlockWhileProcessingFIFO`); consumers still take units one at a
+    /// time, in order, and [`has_synced`](Self::has_synced) turns true only
+    /// once the last initial unit has been processed. Otherwise it runs
+    /// under the lock, as [`pop`](Self::pop)'s. `Err(Requeue(e))` puts the
+    /// unit back at the head of the queue and gives
+    /// [`PopError::Requeued`]; after [`close`](Self::close), `pop_unit`
+    /// returns [`PopError::Closed`] once the queue is empty.
+    pub async fn pop_unit<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
+    where
+        F: FnOnce(Popped<'_, K>, bool) -> Result<T, Requeue<E>>,
+    {
+        let mut process = Some(process);
+        let mut registered = false;
+        loop {
+            let mut notified = pin!(self.notify.notified());
+            if registered {
+                notified.as_mut().enable();
+            }
+            {
+                let _consumer = self.consumer.lock();
+                let mut inner = self.inner.lock();
+                if let Some(item) = inner.items.pop_front() {
+                    let is_in_initial_list = !inner.has_synced();
+                    let Some(process) = process.take() else {
+                        unreachable!("process is consumed at most once")
+                    };
+                    let (item, result, mut inner) = if self.atomic {
+                        drop(inner);
+                        let (item, result) = run_unit(item, is_in_initial_list, process);
+                        (item, result, self.inner.lock())
+                    } else {
+                        let (item, result) = run_unit(item, is_in_initial_list, process);
+                        (item, result, inner)
+                    };
+                    return match result {
+                        Ok(value) => {
+                            inner.popped();
+                            Ok(value)
+                        }
+                        Err(Requeue(err)) => {
+                            inner.items.push_front(item);
                             Err(PopError::Requeued(err))
                         }
                     };
@@ -367,7 +647,8 @@ impl<K> RealFifo<K> {
         self.inner.lock().has_synced()
     }
 
-    /// The number of entries queued.
+    /// The number of units queued: entries, and in the atomic mode whole
+    /// lists, resyncs and bookmarks, one each.
     pub fn len(&self) -> usize {
         self.inner.lock().items.len()
     }
@@ -378,21 +659,62 @@ impl<K> RealFifo<K> {
     }
 
     /// The keys of the queued entries, in the order they will be popped (a
-    /// key once per entry).
+    /// key once per entry; the objects of a queued `ReplacedAll` are
+    /// listed in list order, a `SyncAll` or bookmark not at all).
     pub fn list_keys(&self) -> Vec<String> {
-        self.inner
-            .lock()
-            .items
-            .iter()
-            .map(|(k, _)| k.to_string())
-            .collect()
+        let inner = self.inner.lock();
+        let mut keys = Vec::new();
+        for item in &inner.items {
+            match item {
+                Item::Delta(key, _) => keys.push(key.to_string()),
+                Item::ReplacedAll(all) => keys.extend(all.keys.iter().map(|k| k.to_string())),
+                Item::SyncAll | Item::Bookmark(_) => {}
+            }
+        }
+        keys
     }
 
-    fn push(&self, inner: &mut Inner<K>, key: Arc<str>, delta: Delta<K>) {
+    fn push(&self, inner: &mut Inner<K>, item: Item<K>) {
         let was_empty = inner.items.is_empty();
-        inner.items.push_back((key, delta));
+        inner.items.push_back(item);
         if was_empty {
             self.notify.notify_waiters();
+        }
+    }
+}
+
+/// Hands `item` to `process` as a [`Popped`], and gives it back (to be
+/// requeued) with the result.
+fn run_unit<K, T, E>(
+    item: Item<K>,
+    is_in_initial_list: bool,
+    process: impl FnOnce(Popped<'_, K>, bool) -> Result<T, Requeue<E>>,
+) -> (Item<K>, Result<T, Requeue<E>>) {
+    match item {
+        Item::Delta(key, delta) => {
+            let deltas = Deltas(vec![delta]);
+            let result = process(
+                Popped::Deltas {
+                    key: &key,
+                    deltas: &deltas,
+                },
+                is_in_initial_list,
+            );
+            let delta = deltas.into_vec().pop();
+            let item = match delta {
+                Some(delta) => Item::Delta(key, delta),
+                None => unreachable!("a delta's Deltas keeps it"),
+            };
+            (item, result)
+        }
+        Item::ReplacedAll(all) => {
+            let result = process(Popped::ReplacedAll(&all), is_in_initial_list);
+            (Item::ReplacedAll(all), result)
+        }
+        Item::SyncAll => (Item::SyncAll, process(Popped::SyncAll, is_in_initial_list)),
+        Item::Bookmark(rv) => {
+            let result = process(Popped::Bookmark(&rv), is_in_initial_list);
+            (Item::Bookmark(rv), result)
         }
     }
 }
@@ -424,15 +746,28 @@ impl<K> fmt::Debug for RealFifoReplace<'_, K> {
     }
 }
 
-impl<K> RealFifoReplace<'_, K> {
+impl<K: Object> RealFifoReplace<'_, K> {
     /// Takes the next listed object. An object without a key is refused
     /// with an error naming it and its position among the objects pushed;
-    /// the replace goes on without it.
+    /// the replace goes on without it. In the atomic mode, an object at the
+    /// version the known objects hold whole is taken as the held one.
     pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
         let index = self.pushed;
         self.pushed += 1;
         let key =
             (self.fifo.key_func)(&obj).map_err(|source| FifoError::ReplaceKey { index, source })?;
+        let obj = match &self.fifo.known_objects {
+            Some(known) if self.fifo.atomic => match known.get_shared(&key) {
+                Some(held)
+                    if held.resource_version().is_some()
+                        && held.resource_version() == obj.resource_version() =>
+                {
+                    held
+                }
+                _ => obj,
+            },
+            _ => obj,
+        };
         self.keys.push(key.into());
         self.list.push(obj);
         Ok(())
@@ -445,7 +780,9 @@ impl<K> RealFifoReplace<'_, K> {
             .filter_map(|obj| self.push(obj).err())
             .collect()
     }
+}
 
+impl<K> RealFifoReplace<'_, K> {
     /// A listed object that could not be read (it did not decode) under
     /// `key`: the key counts as listed, so [`finish`](Self::finish) infers
     /// no deletion for it and the version the consumer holds stays.
@@ -480,13 +817,49 @@ impl<K> RealFifoReplace<'_, K> {
 
     /// The list is complete: queues it as [`RealFifo::replace`] does,
     /// inferring no deletion for the keys [kept](Self::keep).
-    pub fn finish(self, _resource_version: &str) {
-        self.fifo.replace_keyed(self.keys, self.list, &self.kept);
+    pub fn finish(self, resource_version: &str) {
+        self.fifo
+            .replace_keyed(self.keys, self.list, self.kept, resource_version);
     }
 }
 
 impl<K> Inner<K> {
     fn has_synced(&self) -> bool {
         self.populated && self.initial_population_count == 0
+    }
+
+    /// A replace arrived: the first fixes the initial population.
+    fn populate(&mut self) {
+        if !self.populated {
+            self.populated = true;
+            self.initial_population_count = self.items.len();
+        }
+    }
+
+    /// A unit was processed: counted once processed, so `has_synced` cannot
+    /// turn true while the last initial unit is handled.
+    fn popped(&mut self) {
+        self.initial_population_count = self.initial_population_count.saturating_sub(1);
+    }
+
+    /// A unit [`RealFifo::pop`] does not hand out as it is, taken from the
+    /// head: a `ReplacedAll` becomes a `Replaced` delta per object at the
+    /// head (counted in the initial population if it was), anything else
+    /// is passed over.
+    fn expand(&mut self, item: Item<K>) {
+        match item {
+            Item::ReplacedAll(all) => {
+                if self.initial_population_count > 0 {
+                    self.initial_population_count += all.objects.len();
+                }
+                self.popped();
+                for (key, obj) in all.keys.into_iter().zip(all.objects).rev() {
+                    self.items
+                        .push_front(Item::Delta(key, Delta::new(DeltaType::Replaced, obj)));
+                }
+            }
+            Item::Delta(key, delta) => self.items.push_front(Item::Delta(key, delta)),
+            Item::SyncAll | Item::Bookmark(_) => self.popped(),
+        }
     }
 }

@@ -30,9 +30,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, PopError, Requeue};
+use kinformer_fifo::{
+    DeltaType, Deltas, FifoKind, InformerQueue, PopError, Popped, ReplacedAll, Requeue,
+};
 use kinformer_store::{
-    CacheReader, Compact, Indexer, Indexers, KnownObjects, Object, ObjectOrTombstone, StoreError,
+    CacheReader, Compact, DeletedFinalStateUnknown, Indexer, Indexers, KnownObjects, Object,
+    ObjectOrTombstone, StoreError,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
@@ -493,6 +496,21 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.last_sync_rv.read().clone()
     }
 
+    /// The resourceVersion the cache's content is synced to (client-go's
+    /// `LastStoreSyncResourceVersion`): that of the last list, watch event
+    /// or bookmark applied, moved in the same step as the content. Once
+    /// it is seen at or past a version, every later read of the cache sees
+    /// that version's content or newer.
+    ///
+    /// Only an informer whose queue applies changes in watch order and
+    /// relists at once ([`FifoKind::AtomicFifo`]) can say it; `None` on the
+    /// others (a DeltaFifo merges a key's changes and applies keys out of
+    /// watch order, a plain RealFifo applies a relist key by key), and
+    /// before the first list.
+    pub fn last_store_sync_resource_version(&self) -> Option<String> {
+        self.inner.last_store_sync_resource_version()
+    }
+
     /// Adds named indexes to the cache (client-go's `AddIndexers`), typically
     /// before the start: a secondary index that a controller's `watches`
     /// mapper looks owners up in. A name already taken is refused.
@@ -615,13 +633,14 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     _ = shutdown.cancelled() => break End::Shutdown,
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
                     _ = release_tick.tick(), if inner.release_after_list => None,
-                    popped = inner.fifo.pop_with_key(|key, deltas, initial| {
+                    popped = inner.fifo.pop_unit(|unit, initial| {
+                        let what = unit_name(&unit);
                         let applied = catch_unwind(AssertUnwindSafe(|| {
-                            inner.handle_deltas(key, deltas, initial)
+                            inner.handle_unit(unit, initial)
                         }));
                         if let Err(panic) = applied {
                             panicked = Some(format!(
-                                "applying the deltas of {key} to the cache panicked: {}",
+                                "applying {what} to the cache panicked: {}",
                                 panic_message(panic.as_ref())
                             ));
                         }
@@ -755,13 +774,158 @@ impl<K> Inner<K> {
 }
 
 impl<K: kube_client::Resource + Object + Clone> SharedIndexInformer<K> {
-    /// A Lister over the cache.
+    /// A Lister over the cache; it tells the cache's resourceVersion when
+    /// the informer can ([`last_store_sync_resource_version`](Self::last_store_sync_resource_version)).
     pub fn lister(&self) -> Lister<K> {
-        Lister::new(Arc::clone(&self.inner.indexer))
+        Lister::from_informer(Arc::clone(&self.inner.indexer), self.inner.in_order())
+    }
+}
+
+/// What a popped unit is, for a message.
+fn unit_name<K>(unit: &Popped<'_, K>) -> String {
+    match unit {
+        Popped::Deltas { key, .. } => format!("the deltas of {key}"),
+        Popped::ReplacedAll(all) => format!(
+            "a list of {} objects at resourceVersion {}",
+            all.len(),
+            all.resource_version()
+        ),
+        Popped::SyncAll => "a resync".to_owned(),
+        Popped::Bookmark(rv) => format!("a bookmark at resourceVersion {rv}"),
+    }
+}
+
+impl<K> Inner<K> {
+    /// Whether the queue applies changes in watch order and relists at once.
+    fn in_order(&self) -> bool {
+        self.fifo.kind() == FifoKind::AtomicFifo
+    }
+
+    fn last_store_sync_resource_version(&self) -> Option<String> {
+        if self.in_order() {
+            self.indexer.last_store_sync_resource_version()
+        } else {
+            None
+        }
     }
 }
 
 impl<K: Object> Inner<K> {
+    /// Applies one popped unit to the cache and tells the handlers.
+    fn handle_unit(&self, unit: Popped<'_, K>, is_in_initial_list: bool) {
+        match unit {
+            Popped::Deltas { key, deltas } => self.handle_deltas(key, deltas, is_in_initial_list),
+            Popped::ReplacedAll(all) => self.handle_replaced_all(all, is_in_initial_list),
+            Popped::SyncAll => self.handle_sync_all(),
+            Popped::Bookmark(rv) => self.indexer.bookmark(rv),
+        }
+    }
+
+    /// Applies a whole list, as client-go v0.37's `processReplacedAllInfo`:
+    /// the cache is swapped for the list in one step (synced to its
+    /// resourceVersion), then the handlers are told of the deletions it
+    /// implies, then of each listed object in list order (an update when
+    /// the key was cached, an add otherwise). A key the list kept (its
+    /// object could not be read) keeps what the cache holds.
+    fn handle_replaced_all(&self, all: &ReplacedAll<K>, is_in_initial_list: bool) {
+        let listeners = self.processor.listeners.read();
+        let tell = !listeners.is_empty();
+        let listed: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+            all.objects().map(|(key, _)| key.as_ref()).collect();
+        let mut items: Vec<(Arc<str>, Arc<K>)> = Vec::with_capacity(all.len());
+        let mut deletions = Vec::new();
+        for key in self.indexer.list_keys() {
+            if listed.contains(key.as_str()) {
+                continue;
+            }
+            let kept = all.keeps(&key);
+            if !kept && !tell {
+                continue;
+            }
+            // Gone meanwhile: only this task writes the cache, so never.
+            let Some(obj) = self.indexer.get_by_key(&key) else {
+                continue;
+            };
+            if kept {
+                items.push((Arc::from(key), obj));
+            } else {
+                deletions.push(DeletedFinalStateUnknown { key, obj });
+            }
+        }
+        // What each listed key held, read before the swap; only needed to
+        // tell handlers.
+        let previous: Vec<Option<Arc<K>>> = if tell {
+            all.objects()
+                .map(|(key, _)| self.indexer.get_by_key(key))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        items.extend(
+            all.objects()
+                .map(|(key, obj)| (Arc::clone(key), Arc::clone(obj))),
+        );
+        match self.indexer.replace_by_key(items, all.resource_version()) {
+            Ok(()) => {}
+            Err(StoreError::Unindexed(failed)) => {
+                for e in &failed {
+                    self.index_failures.fetch_add(1, Ordering::Relaxed);
+                    error!(key = %e.key, index = %e.index, error = %e.source, "index function failed; the object is cached but left out of the index");
+                }
+            }
+            // replace_by_key computes no key and fails only on indexes.
+            Err(e) => error!(error = %e, "replacing the cache with a list failed"),
+        }
+        for tombstone in deletions {
+            Processor::distribute(
+                &listeners,
+                Notification::Delete(ObjectOrTombstone::Tombstone(tombstone)),
+                false,
+            );
+        }
+        for ((_, obj), old) in all.objects().zip(previous) {
+            let obj = Arc::clone(obj);
+            match old {
+                Some(old) => {
+                    // A relist that brought back the same version is a resync.
+                    let is_sync = old.resource_version() == obj.resource_version();
+                    Processor::distribute(
+                        &listeners,
+                        Notification::Update { old, new: obj },
+                        is_sync,
+                    );
+                }
+                None => Processor::distribute(
+                    &listeners,
+                    Notification::Add {
+                        obj,
+                        initial: is_in_initial_list,
+                    },
+                    false,
+                ),
+            }
+        }
+    }
+
+    /// A resync of everything cached, as client-go v0.37's `SyncAll`: an
+    /// update from each object to itself, for the handlers due a resync.
+    fn handle_sync_all(&self) {
+        let listeners = self.processor.listeners.read();
+        if listeners.is_empty() {
+            return;
+        }
+        for obj in self.indexer.list() {
+            Processor::distribute(
+                &listeners,
+                Notification::Update {
+                    old: Arc::clone(&obj),
+                    new: obj,
+                },
+                true,
+            );
+        }
+    }
+
     /// Applies one key's deltas to the cache and tells the handlers, as
     /// client-go's `processDeltas`.
     fn handle_deltas(&self, key: &str, deltas: &Deltas<K>, is_in_initial_list: bool) {

@@ -29,12 +29,16 @@ use kube_client::core::{Selector, SelectorExt};
 /// ```
 pub struct Lister<K> {
     indexer: Arc<Indexer<K>>,
+    /// Whether the store's resourceVersion means what it says (see
+    /// [`Lister::last_store_sync_resource_version`]).
+    versioned: bool,
 }
 
 impl<K> Clone for Lister<K> {
     fn clone(&self) -> Self {
         Self {
             indexer: Arc::clone(&self.indexer),
+            versioned: self.versioned,
         }
     }
 }
@@ -58,7 +62,31 @@ fn matches<K: Resource>(obj: &K, selector: &Selector) -> bool {
 impl<K: Resource + Send + Sync + 'static> Lister<K> {
     /// A Lister over `indexer`.
     pub fn new(indexer: Arc<Indexer<K>>) -> Self {
-        Self { indexer }
+        Self {
+            indexer,
+            versioned: true,
+        }
+    }
+
+    /// A Lister over an informer's cache, whose resourceVersion is told
+    /// only when the informer applies changes in order and relists at once.
+    pub(crate) fn from_informer(indexer: Arc<Indexer<K>>, versioned: bool) -> Self {
+        Self { indexer, versioned }
+    }
+
+    /// The resourceVersion the cache's content is synced to (client-go's
+    /// `LastStoreSyncResourceVersion`), moved in the same step as the
+    /// content: once it is seen at or past a version, every later read
+    /// through this Lister sees that version's content or newer. `None`
+    /// before anything was synced, and for the Lister of an informer that
+    /// cannot say (see
+    /// [`SharedIndexInformer::last_store_sync_resource_version`](crate::SharedIndexInformer::last_store_sync_resource_version)).
+    pub fn last_store_sync_resource_version(&self) -> Option<String> {
+        if self.versioned {
+            self.indexer.last_store_sync_resource_version()
+        } else {
+            None
+        }
     }
 
     /// Every cached object whose labels match `selector` (all for the empty selector).

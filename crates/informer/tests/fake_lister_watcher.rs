@@ -375,10 +375,10 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
     let _second_watch = h.next_watch().await;
     let seen = log.wait_for(4).await;
     // A DeltaFifo queues the listed keys, then the deletions; a RealFifo
-    // the deletions first (client-go's RealFIFO).
+    // the deletions first (client-go's RealFIFO), as an atomic one tells.
     let relisted = match common::fifo() {
         FifoKind::DeltaFifo => ["update a 1->7", "delete b 2 tombstone"],
-        FifoKind::RealFifo => ["delete b 2 tombstone", "update a 1->7"],
+        _ => ["delete b 2 tombstone", "update a 1->7"],
     };
     assert_eq!(seen[2..], relisted);
     // The relist asked for the last version seen (the bookmark's), not "".
@@ -393,13 +393,23 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
 #[tokio::test]
 async fn with_a_real_fifo_handlers_get_every_change_in_arrival_order_and_a_relists_deletions_first()
 {
+    in_arrival_order_and_a_relists_deletions_first(FifoKind::RealFifo).await;
+}
+
+#[tokio::test]
+async fn with_an_atomic_fifo_handlers_get_every_change_in_arrival_order_and_a_relists_deletions_first()
+ {
+    in_arrival_order_and_a_relists_deletions_first(FifoKind::AtomicFifo).await;
+}
+
+async fn in_arrival_order_and_a_relists_deletions_first(fifo: FifoKind) {
     let mut h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2), cm("c", 3)], 3),
             // c unchanged since its last event: a resync, not an update.
             page(vec![cm("a", 7), cm("c", 6)], 9),
         ],
-        InformerOptions::new().fifo(FifoKind::RealFifo),
+        InformerOptions::new().fifo(fifo),
     );
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
@@ -428,6 +438,173 @@ async fn with_a_real_fifo_handlers_get_every_change_in_arrival_order_and_a_relis
             "update a 5->7",
         ]
     );
+    h.shutdown.cancel();
+}
+
+/// client-go v0.37.2's TestStoreResourceVersion (controller_test.go), on
+/// the informer and its Lister, with bookmarks and a relist.
+#[tokio::test]
+async fn an_atomic_informers_cache_tells_the_version_of_each_list_event_and_bookmark_applied() {
+    let mut h = harness(
+        vec![
+            page(vec![cm("a", 1), cm("b", 2)], 3),
+            page(vec![cm("a", 5)], 12),
+        ],
+        InformerOptions::new().fifo(FifoKind::AtomicFifo),
+    );
+    let log = Log::default();
+    h.informer.add_event_handler(log.handler()).unwrap();
+    let lister = h.informer.lister();
+    assert_eq!(h.informer.last_store_sync_resource_version(), None);
+    h.start();
+    let w = h.next_watch().await;
+    log.wait_for(2).await;
+    assert_eq!(
+        h.informer.last_store_sync_resource_version().as_deref(),
+        Some("3"),
+        "the list's version, not its objects'"
+    );
+    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    log.wait_for(3).await;
+    assert_eq!(
+        lister.last_store_sync_resource_version().as_deref(),
+        Some("5")
+    );
+    w.send(Ok(WatchEvent::Deleted(cm("b", 6)))).unwrap();
+    log.wait_for(4).await;
+    assert_eq!(
+        lister.last_store_sync_resource_version().as_deref(),
+        Some("6")
+    );
+    w.send(Ok(WatchEvent::Bookmark(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "9"}
+        }))
+        .unwrap(),
+    )))
+    .unwrap();
+    assert!(
+        wait_for_store_rv(&lister, "9").await,
+        "a bookmark on a quiet watch advances the store's version"
+    );
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let _w2 = h.next_watch().await;
+    assert!(
+        wait_for_store_rv(&lister, "12").await,
+        "the relist's version"
+    );
+    assert_eq!(
+        log.0.lock().len(),
+        4,
+        "a relist of an unchanged object tells nothing new but a resync"
+    );
+    h.shutdown.cancel();
+}
+
+async fn wait_for_store_rv(lister: &kinformer_informer::Lister<ConfigMap>, rv: &str) -> bool {
+    for _ in 0..500 {
+        if lister.last_store_sync_resource_version().as_deref() == Some(rv) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn only_an_atomic_informer_tells_its_caches_version() {
+    for fifo in [FifoKind::DeltaFifo, FifoKind::RealFifo] {
+        let mut h = harness(
+            vec![page(vec![cm("a", 1)], 3)],
+            InformerOptions::new().fifo(fifo),
+        );
+        h.start();
+        let _w = h.next_watch().await;
+        assert_eq!(h.wait_for_keys(&["ns/a"]).await, ["ns/a"]);
+        assert_eq!(
+            h.informer.last_store_sync_resource_version(),
+            None,
+            "{fifo:?}"
+        );
+        assert_eq!(
+            h.informer.lister().last_store_sync_resource_version(),
+            None,
+            "{fifo:?}"
+        );
+        h.shutdown.cancel();
+    }
+}
+
+/// client-go v0.37's processReplacedAllInfo: the store is replaced before
+/// any handler hears of the relist. Every relist notification a handler
+/// gets finds the whole new list in the cache, never a mix.
+#[tokio::test]
+async fn an_atomic_relist_is_in_the_cache_whole_before_any_handler_hears_of_it() {
+    let first: Vec<ConfigMap> = (0..300).map(|i| cm(&format!("o{i:03}"), 1)).collect();
+    // o000..o099 deleted, o100..o299 updated, n000..n099 new.
+    let second: Vec<ConfigMap> = (100..300)
+        .map(|i| cm(&format!("o{i:03}"), 2))
+        .chain((0..100).map(|i| cm(&format!("n{i:03}"), 2)))
+        .collect();
+    let mut h = harness(
+        vec![page(first, 1), page(second, 2)],
+        InformerOptions::new().fifo(FifoKind::AtomicFifo),
+    );
+    let lister = h.informer.lister();
+    let mixes = Arc::new(Mutex::new(Vec::<String>::new()));
+    let check = {
+        let (lister, mixes) = (lister.clone(), Arc::clone(&mixes));
+        move |what: String| {
+            let cached = lister.list(&Default::default());
+            let new = cached
+                .iter()
+                .filter(|c| c.metadata.resource_version.as_deref() == Some("2"))
+                .count();
+            if new != 300 || cached.len() != 300 {
+                mixes
+                    .lock()
+                    .push(format!("{what}: {new} of {} new", cached.len()));
+            }
+        }
+    };
+    let relisted = Log::default();
+    let (c1, c2, c3) = (check.clone(), check.clone(), check);
+    let (r1, r2, r3) = (relisted.clone(), relisted.clone(), relisted.clone());
+    h.informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_add(move |o: &Arc<ConfigMap>, initial| {
+                    if !initial {
+                        c1(format!("add {:?}", o.metadata.name));
+                        r1.0.lock().push("add".into());
+                    }
+                })
+                .on_update(move |_, new| {
+                    c2(format!("update {:?}", new.metadata.name));
+                    r2.0.lock().push("update".into());
+                })
+                .on_delete(move |o| {
+                    c3(format!("delete {:?}", o.object().metadata.name));
+                    r3.0.lock().push("delete".into());
+                }),
+        )
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    for _ in 0..500 {
+        if h.informer.has_synced() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lister.list(&Default::default()).len(), 300);
+    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    let seen = relisted.wait_for(400).await;
+    assert_eq!(seen.len(), 400);
+    assert!(seen[..100].iter().all(|s| s == "delete"), "deletions first");
+    assert!(seen[100..300].iter().all(|s| s == "update"));
+    assert!(seen[300..].iter().all(|s| s == "add"));
+    assert_eq!(*mixes.lock(), Vec::<String>::new());
     h.shutdown.cancel();
 }
 
@@ -1286,7 +1463,7 @@ async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_o
     let seen: Vec<&String> = seen[2..].iter().filter(|l| !l.contains(" f")).collect();
     let relisted = match common::fifo() {
         FifoKind::DeltaFifo => ["update a 1->7", "delete b 2 tombstone"],
-        FifoKind::RealFifo => ["delete b 2 tombstone", "update a 1->7"],
+        _ => ["delete b 2 tombstone", "update a 1->7"],
     };
     assert_eq!(seen, relisted);
     h.shutdown.cancel();

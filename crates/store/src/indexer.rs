@@ -18,6 +18,14 @@ pub trait KnownObjects<K>: Send + Sync {
     fn list_keys(&self) -> Vec<String>;
     /// The object held under `key`.
     fn get_by_key(&self, key: &str) -> Option<Arc<K>>;
+    /// The object held under `key` when it is held whole, so that sharing
+    /// it costs nothing (a compact store decodes on every read: `None`).
+    /// A queue holding a new list beside the consumer's cache uses it to
+    /// keep one copy of what did not change. `None` by default.
+    fn get_shared(&self, key: &str) -> Option<Arc<K>> {
+        let _ = key;
+        None
+    }
 }
 
 /// A thread-safe, indexed store of `Arc<K>` keyed by a key function: the cache
@@ -262,11 +270,32 @@ impl<K: Object> Indexer<K> {
     }
 }
 
+impl<K> Indexer<K> {
+    /// [`replace`](Self::replace) with the keys the caller computed with
+    /// this indexer's key function (a queue's, saving computing them
+    /// again): swaps the whole content at once and syncs the store to
+    /// `resource_version` in the same step.
+    pub fn replace_by_key(
+        &self,
+        items: Vec<(Arc<str>, Arc<K>)>,
+        resource_version: &str,
+    ) -> Result<(), StoreError> {
+        self.store.replace_at(items, resource_version)
+    }
+}
+
 impl<K: Send + Sync> KnownObjects<K> for Indexer<K> {
     fn list_keys(&self) -> Vec<String> {
         self.store.list_keys()
     }
     fn get_by_key(&self, key: &str) -> Option<Arc<K>> {
         self.store.get(key)
+    }
+    fn get_shared(&self, key: &str) -> Option<Arc<K>> {
+        if self.store.is_compact() {
+            None
+        } else {
+            self.store.get(key)
+        }
     }
 }

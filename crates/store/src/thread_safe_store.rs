@@ -130,6 +130,12 @@ impl<K> ThreadSafeStore<K> {
         store
     }
 
+    /// Whether objects are kept encoded (a store made with
+    /// [`compact`](Self::compact)).
+    pub fn is_compact(&self) -> bool {
+        self.compact.is_some()
+    }
+
     /// What a compact store holds and how its reads went; `None` for a
     /// store of whole objects.
     pub fn compact_stats(&self) -> Option<CompactStats> {
@@ -403,34 +409,46 @@ impl<K> ThreadSafeStore<K> {
     /// When a key appears twice, the later object wins.
     /// [`StoreError::Unindexed`] when index functions failed: the content is
     /// swapped all the same, with those objects missing from those indexes.
-    pub fn replace<I>(&self, items: I) -> Result<(), StoreError>
+    pub fn replace<I, S>(&self, items: I) -> Result<(), StoreError>
     where
-        I: IntoIterator<Item = (String, Arc<K>)>,
+        I: IntoIterator<Item = (S, Arc<K>)>,
+        S: Into<Arc<str>>,
     {
         self.replace_at(items, "")
     }
 
     /// [`replace`](Self::replace) with a list at `resource_version`: the
     /// store is synced to it in the same step as the content is swapped (an
-    /// empty one leaves the version as it was).
-    pub fn replace_at<I>(&self, items: I, resource_version: &str) -> Result<(), StoreError>
+    /// empty one leaves the version as it was). Keys may be given as
+    /// `String`s or as `Arc<str>`s (kept as they are).
+    pub fn replace_at<I, S>(&self, items: I, resource_version: &str) -> Result<(), StoreError>
     where
-        I: IntoIterator<Item = (String, Arc<K>)>,
+        I: IntoIterator<Item = (S, Arc<K>)>,
+        S: Into<Arc<str>>,
     {
+        let items: Vec<(Arc<str>, Arc<K>)> =
+            items.into_iter().map(|(k, o)| (k.into(), o)).collect();
+        self.replace_keyed(items, resource_version)
+    }
+
+    fn replace_keyed(
+        &self,
+        items: Vec<(Arc<str>, Arc<K>)>,
+        resource_version: &str,
+    ) -> Result<(), StoreError> {
         // Index values are computed before the lock is taken for writing, so
         // readers are blocked only for the swap itself.
         let indexers = self.inner.read().indexers.clone();
-        let items: Vec<(String, Arc<K>)> = items.into_iter().collect();
         let mut entries: Map<Arc<str>, Entry<K>> =
             Map::with_capacity_and_hasher(items.len(), Hasher::default());
         let mut unindexed = Vec::new();
         for (key, obj) in &items {
             let (values, failed) = compute_index_values(&indexers, key, obj);
             // A key given twice: only the last object's failures count.
-            unindexed.retain(|e: &IndexError| e.key != *key);
+            unindexed.retain(|e: &IndexError| *e.key != **key);
             unindexed.extend(failed);
             entries.insert(
-                Arc::from(key.as_str()),
+                Arc::clone(key),
                 Entry {
                     obj: self.store_form(key, obj),
                     index_values: values,
@@ -454,7 +472,7 @@ impl<K> ThreadSafeStore<K> {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             drop(entries);
-            return self.replace_at(items, resource_version);
+            return self.replace_keyed(items, resource_version);
         }
         let old = std::mem::replace(&mut inner.items, entries);
         inner.synced_to(Some(resource_version));

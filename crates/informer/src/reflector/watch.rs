@@ -118,7 +118,11 @@ impl<K: Object + Clone> Reflector<K> {
                     }
                 }
                 WatchEvent::Bookmark(bookmark) => {
-                    *self.last_sync_rv.write() = bookmark.metadata.resource_version;
+                    let rv = bookmark.metadata.resource_version;
+                    // Passed on behind the events before it (an atomic
+                    // queue's consumer syncs its cache to it).
+                    self.fifo.bookmark(&rv);
+                    *self.last_sync_rv.write() = rv;
                     continue;
                 }
                 WatchEvent::Error(status) => {

@@ -13,13 +13,16 @@ use kube_client::Resource;
 use kube_client::api::{Api, DeleteParams, PostParams};
 use serde::de::DeserializeOwned;
 
-/// The queue the informers of these tests use: a RealFifo when
-/// `KINFORMER_TEST_FIFO=real` (`cargo xtask test` runs the informer tests
-/// once per queue), otherwise the default DeltaFifo.
+/// The queue the informers of these tests use: `KINFORMER_TEST_FIFO=delta`,
+/// `real` or `atomic` (`cargo xtask test` runs the informer tests once per
+/// queue), otherwise the default.
 pub fn fifo() -> FifoKind {
     match std::env::var("KINFORMER_TEST_FIFO").as_deref() {
+        Ok("delta") => FifoKind::DeltaFifo,
         Ok("real") => FifoKind::RealFifo,
-        _ => FifoKind::DeltaFifo,
+        Ok("atomic") => FifoKind::AtomicFifo,
+        Ok(other) => panic!("KINFORMER_TEST_FIFO={other}: expected delta, real or atomic"),
+        Err(_) => FifoKind::default(),
     }
 }
 
