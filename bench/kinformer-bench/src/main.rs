@@ -331,11 +331,14 @@ async fn real_fifo(n: usize) -> Result<serde_json::Value> {
     )
 }
 
-/// Informer options on the queue `KINFORMER_BENCH_FIFO` names.
+/// Informer options on the queue `KINFORMER_BENCH_FIFO` names (`delta`,
+/// `real` or `atomic`; the default queue when unset).
 fn options<K>() -> InformerOptions<K> {
     let fifo = match std::env::var("KINFORMER_BENCH_FIFO").as_deref() {
+        Ok("delta") => FifoKind::DeltaFifo,
         Ok("real") => FifoKind::RealFifo,
-        _ => FifoKind::DeltaFifo,
+        Ok("atomic") => FifoKind::AtomicFifo,
+        _ => FifoKind::default(),
     };
     InformerOptions::new().fifo(fifo)
 }

@@ -82,9 +82,12 @@ impl<K> RealFifoOptions<K> {
     /// (the consumer reconciles a `ReplacedAll` against its own store);
     /// they are only asked for what they hold whole
     /// ([`KnownObjects::get_shared`]): a listed object handed over through
-    /// [`begin_replace`](RealFifo::begin_replace) at the version held is
-    /// queued as the held one, so a relist holds one copy of what did not
-    /// change rather than two.
+    /// [`begin_replace`](RealFifo::begin_replace) at the version held (same
+    /// uid, same non-empty resourceVersion) is queued as the held one, so a
+    /// relist holds one copy of what did not change rather than two. Give
+    /// no known objects to take every listed object as it came (content the
+    /// server changed without a write, such as new CRD defaults, then
+    /// reaches the cache on a relist, as in client-go).
     #[must_use]
     pub fn atomic(mut self) -> Self {
         self.atomic = true;
@@ -113,8 +116,9 @@ impl<K> RealFifoOptions<K> {
 /// - `pop` hands out one entry at a time, as a [`Deltas`] of one delta; its
 ///   closure runs while the queue is locked, as the DeltaFifo's does.
 ///   [`pop_unit`](Self::pop_unit) hands out any unit; in the atomic mode its
-///   closure runs with the queue unlocked, so the Reflector is never held
-///   up by a consumer applying a whole list.
+///   closure runs with the queue unlocked (while fewer than 2000 units
+///   wait), so the Reflector is not held up by a consumer applying a whole
+///   list, and is once the consumer falls that far behind.
 pub struct RealFifo<K> {
     inner: Mutex<Inner<K>>,
     /// Held by the one consumer between taking a unit and putting back
@@ -191,7 +195,7 @@ impl<K> ReplacedAll<K> {
     /// holds it: the list had an object under it that could not be read
     /// (or one whose key could not be read either, which keeps every key).
     pub fn keeps(&self, key: &str) -> bool {
-        self.kept.all || self.kept.keys.iter().any(|k| k.as_ref() == key)
+        self.kept.all || self.kept.keys.contains(key)
     }
 
     /// Whether every key absent from the objects is kept (see
@@ -200,14 +204,16 @@ impl<K> ReplacedAll<K> {
         self.kept.all
     }
 
-    /// The keys kept one by one (see [`keeps`](Self::keeps)).
+    /// The keys kept one by one (see [`keeps`](Self::keeps)), in no
+    /// particular order.
     pub fn kept_keys(&self) -> impl ExactSizeIterator<Item = &Arc<str>> {
         self.kept.keys.iter()
     }
 }
 
 /// One unit handed out by [`RealFifo::pop_unit`] (and
-/// [`InformerQueue::pop_unit`](crate::InformerQueue::pop_unit)).
+/// [`InformerQueue::pop_unit`](crate::InformerQueue::pop_unit)); it only
+/// borrows, so copying it is free.
 #[derive(Debug)]
 pub enum Popped<'a, K> {
     /// Changes to one object: a single delta from a RealFifo, the merged
@@ -227,8 +233,24 @@ pub enum Popped<'a, K> {
     Bookmark(&'a str),
 }
 
+impl<K> Clone for Popped<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Popped<'_, K> {}
+
+/// A queue at least this long is not unlocked while a unit is processed,
+/// so a consumer that falls behind holds producers back instead of letting
+/// the queue grow without bound (client-go's twice its batch size of 1000).
+const UNLOCKED_BELOW: usize = 2000;
+
 struct Inner<K> {
     items: VecDeque<Item<K>>,
+    /// A unit taken by a consumer and not yet processed (or put back): it
+    /// still counts as queued.
+    in_flight: bool,
     /// Whether anything (a replace, an add, an update, a delete) has arrived.
     populated: bool,
     /// How many entries queued by the first replace have yet to be popped.
@@ -273,6 +295,7 @@ impl<K> RealFifo<K> {
         Self {
             inner: Mutex::new(Inner {
                 items: VecDeque::new(),
+                in_flight: false,
                 populated: false,
                 initial_population_count: 0,
                 closed: false,
@@ -503,9 +526,10 @@ impl<K> RealFifo<K> {
     /// A queue in the atomic mode also holds units that are not one
     /// object's delta; a consumer of those pops with
     /// [`pop_unit`](Self::pop_unit). Here a `ReplacedAll` is handed out as
-    /// a `Replaced` delta per listed object (the deletions it implies are
-    /// the consumer's to find), and a `SyncAll` or a bookmark is passed
-    /// over.
+    /// the non-atomic mode would have queued it when it is popped: a
+    /// tombstone for each key of the known objects the list lacks (none
+    /// without known objects), then a `Replaced` delta per listed object;
+    /// a `SyncAll` or a bookmark is passed over.
     pub async fn pop<T, E, F>(&self, process: F) -> Result<T, PopError<E>>
     where
         F: FnOnce(&Deltas<K>, bool) -> Result<T, Requeue<E>>,
@@ -533,7 +557,7 @@ impl<K> RealFifo<K> {
                     let (key, delta) = match item {
                         Item::Delta(key, delta) => (key, delta),
                         other => {
-                            inner.expand(other);
+                            self.expand(&mut inner, other);
                             continue;
                         }
                     };
@@ -571,9 +595,10 @@ impl<K> RealFifo<K> {
     /// Waits for the next unit of any kind and hands it to `process`
     /// together with `is_in_initial_list`.
     ///
-    /// In the atomic mode `process` runs with the queue unlocked, so
-    /// producers go on adding while a whole list is applied (client-go's
-    /// `UnlockWhileProcessingFIFO`); consumers still take units one at a
+    /// In the atomic mode `process` runs with the queue unlocked while
+    /// fewer than 2000 units wait, so producers go on adding while a whole
+    /// list is applied (client-go's `UnlockWhileProcessingFIFO`, with its
+    /// bound: a consumer that far behind holds producers back); consumers still take units one at a
     /// time, in order, and [`has_synced`](Self::has_synced) turns true only
     /// once the last initial unit has been processed. Otherwise it runs
     /// under the lock, as [`pop`](Self::pop)'s. `Err(Requeue(e))` puts the
@@ -596,10 +621,16 @@ impl<K> RealFifo<K> {
                 let mut inner = self.inner.lock();
                 if let Some(item) = inner.items.pop_front() {
                     let is_in_initial_list = !inner.has_synced();
+                    // Whether this unit is one the first list's population
+                    // counts: a unit taken before that list arrived is not,
+                    // even if it arrives while this one is processed.
+                    let counted = inner.initial_population_count > 0;
                     let Some(process) = process.take() else {
                         unreachable!("process is consumed at most once")
                     };
-                    let (item, result, mut inner) = if self.atomic {
+                    inner.in_flight = true;
+                    let unlock = self.atomic && inner.items.len() < UNLOCKED_BELOW;
+                    let (item, result, mut inner) = if unlock {
                         drop(inner);
                         let (item, result) = run_unit(item, is_in_initial_list, process);
                         (item, result, self.inner.lock())
@@ -607,9 +638,12 @@ impl<K> RealFifo<K> {
                         let (item, result) = run_unit(item, is_in_initial_list, process);
                         (item, result, inner)
                     };
+                    inner.in_flight = false;
                     return match result {
                         Ok(value) => {
-                            inner.popped();
+                            if counted {
+                                inner.popped();
+                            }
                             Ok(value)
                         }
                         Err(Requeue(err)) => {
@@ -648,14 +682,17 @@ impl<K> RealFifo<K> {
     }
 
     /// The number of units queued: entries, and in the atomic mode whole
-    /// lists, resyncs and bookmarks, one each.
+    /// lists, resyncs and bookmarks, one each. A unit a consumer is
+    /// processing counts until it is done, so 0 means everything queued so
+    /// far has been processed.
     pub fn len(&self) -> usize {
-        self.inner.lock().items.len()
+        let inner = self.inner.lock();
+        inner.items.len() + usize::from(inner.in_flight)
     }
 
-    /// Whether nothing is queued.
+    /// Whether nothing is queued or being processed.
     pub fn is_empty(&self) -> bool {
-        self.inner.lock().items.is_empty()
+        self.len() == 0
     }
 
     /// The keys of the queued entries, in the order they will be popped (a
@@ -674,6 +711,56 @@ impl<K> RealFifo<K> {
         keys
     }
 
+    /// A unit [`pop`](Self::pop) does not hand out as it is, taken from
+    /// the head: a `ReplacedAll` becomes, at the head, a tombstone per known
+    /// key it lacks and does not keep, then a `Replaced` delta per object
+    /// (all counted in the initial population if it was); anything else is
+    /// passed over.
+    fn expand(&self, inner: &mut Inner<K>, item: Item<K>) {
+        let all = match item {
+            Item::ReplacedAll(all) => all,
+            Item::Delta(key, delta) => {
+                inner.items.push_front(Item::Delta(key, delta));
+                return;
+            }
+            Item::SyncAll | Item::Bookmark(_) => {
+                inner.popped();
+                return;
+            }
+        };
+        let mut units: Vec<Item<K>> = Vec::new();
+        if let Some(known) = &self.known_objects {
+            let listed: HashSet<&str, Hasher> = all.keys.iter().map(|k| k.as_ref()).collect();
+            for key in known.list_keys() {
+                if listed.contains(key.as_str()) || all.keeps(&key) {
+                    continue;
+                }
+                if let Some(obj) = known.get_by_key(&key) {
+                    let key: Arc<str> = Arc::from(key);
+                    let tombstone = DeletedFinalStateUnknown {
+                        key: key.to_string(),
+                        obj,
+                    };
+                    let delta = Delta {
+                        kind: DeltaType::Deleted,
+                        object: ObjectOrTombstone::Tombstone(tombstone),
+                    };
+                    units.push(Item::Delta(key, delta));
+                }
+            }
+        }
+        for (key, obj) in all.keys.into_iter().zip(all.objects) {
+            units.push(Item::Delta(key, Delta::new(DeltaType::Replaced, obj)));
+        }
+        if inner.initial_population_count > 0 {
+            inner.initial_population_count += units.len();
+        }
+        inner.popped();
+        for unit in units.into_iter().rev() {
+            inner.items.push_front(unit);
+        }
+    }
+
     fn push(&self, inner: &mut Inner<K>, item: Item<K>) {
         let was_empty = inner.items.is_empty();
         inner.items.push_back(item);
@@ -681,6 +768,20 @@ impl<K> RealFifo<K> {
             self.notify.notify_waiters();
         }
     }
+}
+
+/// Whether `held` and `listed` are the same object at the same version: a
+/// non-empty resourceVersion, equal, and equal uids. The server gives one
+/// content per version of an object, except where it changes what it
+/// serves without a write (new CRD defaults or pruning, another conversion,
+/// an upgrade that defaults new fields): those reach an informer only by a
+/// relist, and sharing keeps the held content (as a watch would) until the
+/// object's next write. [`RealFifoOptions::atomic`] says how to turn
+/// sharing off.
+fn same_version<K: Object>(held: &K, listed: &K) -> bool {
+    matches!(held.resource_version(), Some(rv) if !rv.is_empty())
+        && held.resource_version() == listed.resource_version()
+        && held.uid() == listed.uid()
 }
 
 /// Hands `item` to `process` as a [`Popped`], and gives it back (to be
@@ -734,7 +835,7 @@ pub struct RealFifoReplace<'a, K> {
 /// could not be read either: no deletion is inferred for them.
 #[derive(Debug, Default)]
 struct Kept {
-    keys: Vec<Arc<str>>,
+    keys: HashSet<Arc<str>, Hasher>,
     all: bool,
 }
 
@@ -758,12 +859,7 @@ impl<K: Object> RealFifoReplace<'_, K> {
             (self.fifo.key_func)(&obj).map_err(|source| FifoError::ReplaceKey { index, source })?;
         let obj = match &self.fifo.known_objects {
             Some(known) if self.fifo.atomic => match known.get_shared(&key) {
-                Some(held)
-                    if held.resource_version().is_some()
-                        && held.resource_version() == obj.resource_version() =>
-                {
-                    held
-                }
+                Some(held) if same_version(held.as_ref(), obj.as_ref()) => held,
                 _ => obj,
             },
             _ => obj,
@@ -788,7 +884,7 @@ impl<K> RealFifoReplace<'_, K> {
     /// no deletion for it and the version the consumer holds stays.
     /// Nothing is queued for it.
     pub fn keep(&mut self, key: &str) {
-        self.kept.keys.push(Arc::from(key));
+        self.kept.keys.insert(Arc::from(key));
     }
 
     /// A listed object whose key could not be read either: any key might
@@ -840,26 +936,5 @@ impl<K> Inner<K> {
     /// turn true while the last initial unit is handled.
     fn popped(&mut self) {
         self.initial_population_count = self.initial_population_count.saturating_sub(1);
-    }
-
-    /// A unit [`RealFifo::pop`] does not hand out as it is, taken from the
-    /// head: a `ReplacedAll` becomes a `Replaced` delta per object at the
-    /// head (counted in the initial population if it was), anything else
-    /// is passed over.
-    fn expand(&mut self, item: Item<K>) {
-        match item {
-            Item::ReplacedAll(all) => {
-                if self.initial_population_count > 0 {
-                    self.initial_population_count += all.objects.len();
-                }
-                self.popped();
-                for (key, obj) in all.keys.into_iter().zip(all.objects).rev() {
-                    self.items
-                        .push_front(Item::Delta(key, Delta::new(DeltaType::Replaced, obj)));
-                }
-            }
-            Item::Delta(key, delta) => self.items.push_front(Item::Delta(key, delta)),
-            Item::SyncAll | Item::Bookmark(_) => self.popped(),
-        }
     }
 }

@@ -388,3 +388,110 @@ async fn a_compact_store_shares_nothing() {
         "it would decode a copy"
     );
 }
+
+#[tokio::test]
+async fn a_unit_being_processed_still_counts_as_queued() {
+    let fifo = Arc::new(RealFifo::<Pod>::atomic());
+    fifo.replace(vec![pod("a", 1)], "1").unwrap();
+    let watcher = Arc::clone(&fifo);
+    let during = fifo
+        .pop_unit(|_, _| Ok::<_, Requeue<()>>((watcher.len(), watcher.is_empty())))
+        .await
+        .unwrap();
+    assert_eq!(during, (1, false), "0 would say the list is in the cache");
+    assert!(fifo.is_empty());
+}
+
+/// A unit taken before the first list arrived must not use up the list's
+/// count when it is done (found in review).
+#[tokio::test]
+async fn a_unit_processed_while_the_first_list_arrives_does_not_count_towards_it() {
+    let fifo = Arc::new(RealFifo::<Pod>::atomic());
+    fifo.resync().unwrap();
+    let producer = Arc::clone(&fifo);
+    fifo.pop_unit(|_, _| {
+        producer.replace(vec![pod("a", 1)], "1").unwrap();
+        Ok::<_, Requeue<()>>(())
+    })
+    .await
+    .unwrap();
+    assert!(!fifo.has_synced(), "synced before the list was applied");
+    assert_eq!(
+        pop(&fifo).await,
+        ("ReplacedAll 1 [ns/a 1]".to_owned(), true)
+    );
+    assert!(fifo.has_synced());
+}
+
+#[tokio::test]
+async fn only_an_object_at_the_same_non_empty_version_and_uid_is_shared() {
+    let with = |name: &str, rv: &str, uid: Option<&str>| {
+        let mut p = (*pod(name, 0)).clone();
+        p.metadata.resource_version = Some(rv.into());
+        p.metadata.uid = uid.map(str::to_owned);
+        Arc::new(p)
+    };
+    let held = Arc::new(Indexer::<Pod>::new());
+    held.add(with("same", "4", Some("u1"))).unwrap();
+    held.add(with("recreated", "4", Some("u1"))).unwrap();
+    held.add(with("unversioned", "", None)).unwrap();
+    let known: Arc<dyn KnownObjects<Pod>> = held.clone();
+    let fifo = RealFifo::with_options(RealFifoOptions::new().known_objects(known).atomic());
+    let mut replace = fifo.begin_replace();
+    replace.push(with("same", "4", Some("u1"))).unwrap();
+    replace.push(with("recreated", "4", Some("u2"))).unwrap();
+    replace.push(with("unversioned", "", None)).unwrap();
+    replace.finish("5");
+    let shared = fifo
+        .pop_unit(|unit, _| {
+            let Popped::ReplacedAll(all) = unit else {
+                panic!("not a ReplacedAll")
+            };
+            let shared: Vec<bool> = all
+                .objects()
+                .map(|(key, obj)| held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj)))
+                .collect();
+            Ok::<_, Requeue<()>>(shared)
+        })
+        .await
+        .unwrap();
+    assert_eq!(shared, [true, false, false]);
+}
+
+#[tokio::test]
+async fn pop_on_an_atomic_queue_with_known_objects_hands_out_the_deletions_first() {
+    let held = Arc::new(Indexer::<Pod>::new());
+    held.add(pod("gone", 1)).unwrap();
+    held.add(pod("kept", 1)).unwrap();
+    held.add(pod("a", 1)).unwrap();
+    let known: Arc<dyn KnownObjects<Pod>> = held.clone();
+    let fifo = RealFifo::with_options(RealFifoOptions::new().known_objects(known).atomic());
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("a", 2)).unwrap();
+    replace.keep("ns/kept");
+    replace.finish("2");
+    let mut seen = Vec::new();
+    while !fifo.is_empty() {
+        let popped = fifo
+            .pop(|deltas, initial| {
+                let d = deltas.newest().unwrap();
+                Ok::<_, Requeue<()>>((
+                    d.kind,
+                    d.object.object().metadata.name.clone().unwrap(),
+                    d.object.is_tombstone(),
+                    initial,
+                ))
+            })
+            .await
+            .unwrap();
+        seen.push(popped);
+    }
+    assert_eq!(
+        seen,
+        [
+            (DeltaType::Deleted, "gone".to_owned(), true, true),
+            (DeltaType::Replaced, "a".to_owned(), false, true),
+        ]
+    );
+    assert!(fifo.has_synced());
+}

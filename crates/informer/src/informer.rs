@@ -145,6 +145,17 @@ pub struct InformerOptions<K> {
     /// each read that the decoded cache does not serve; see
     /// [`Compact`] for what the store checks.
     pub compact: Option<Compact<K>>,
+    /// On the atomic queue, a relisted object at the version the cache
+    /// holds (same uid, same non-empty resourceVersion) is kept as the
+    /// cached one rather than held twice until the swap, so a relist's
+    /// memory peak stays near the steady state (default `true`; a compact
+    /// cache shares nothing). The server serves one content per version,
+    /// except where it changes what it serves without a write (new CRD
+    /// defaults or pruning, another conversion webhook, an upgrade that
+    /// defaults new fields): with sharing, such content reaches the cache
+    /// at the object's next write, as through a watch; `false` takes it on
+    /// a relist, as client-go does.
+    pub relist_shares_unchanged: bool,
 }
 
 impl<K> Default for InformerOptions<K> {
@@ -155,6 +166,7 @@ impl<K> Default for InformerOptions<K> {
             reflector: ReflectorOptions::default(),
             fifo: FifoKind::default(),
             compact: None,
+            relist_shares_unchanged: true,
         }
     }
 }
@@ -205,6 +217,27 @@ impl<K> InformerOptions<K> {
     pub fn compact(mut self, compact: Compact<K>) -> Self {
         self.compact = Some(compact);
         self
+    }
+
+    /// Whether a relist on the atomic queue shares unchanged objects with
+    /// the cache ([`InformerOptions::relist_shares_unchanged`](Self#structfield.relist_shares_unchanged)).
+    #[must_use]
+    pub fn relist_shares_unchanged(mut self, share: bool) -> Self {
+        self.relist_shares_unchanged = share;
+        self
+    }
+}
+
+/// The cache as the queue's known objects, sharing nothing whole: a
+/// relist on the atomic queue then holds every listed object as it came.
+struct Unshared<K>(Arc<Indexer<K>>);
+
+impl<K: Send + Sync> KnownObjects<K> for Unshared<K> {
+    fn list_keys(&self) -> Vec<String> {
+        self.0.list_keys()
+    }
+    fn get_by_key(&self, key: &str) -> Option<Arc<K>> {
+        self.0.get_by_key(key)
     }
 }
 
@@ -298,7 +331,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
             Some(compact) => Indexer::compact(options.indexers, compact),
             None => Indexer::with_indexers(options.indexers),
         });
-        let known: Arc<dyn KnownObjects<K>> = indexer.clone();
+        let known: Arc<dyn KnownObjects<K>> = if options.relist_shares_unchanged {
+            indexer.clone()
+        } else {
+            Arc::new(Unshared(Arc::clone(&indexer)))
+        };
         let fifo = InformerQueue::new(options.fifo, Arc::clone(indexer.key_func()), known);
         // Zero is "no resync", as client-go's defaultEventHandlerResyncPeriod.
         let default_resync = options
@@ -506,7 +543,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// relists at once ([`FifoKind::AtomicFifo`]) can say it; `None` on the
     /// others (a DeltaFifo merges a key's changes and applies keys out of
     /// watch order, a plain RealFifo applies a relist key by key), and
-    /// before the first list.
+    /// before the first list. (An object of a relist that could not be
+    /// decoded keeps its cached version under the list's: it is counted
+    /// and logged, see [`ReflectorStats`].)
     pub fn last_store_sync_resource_version(&self) -> Option<String> {
         self.inner.last_store_sync_resource_version()
     }
@@ -634,13 +673,17 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
                     _ = release_tick.tick(), if inner.release_after_list => None,
                     popped = inner.fifo.pop_unit(|unit, initial| {
-                        let what = unit_name(&unit);
                         let applied = catch_unwind(AssertUnwindSafe(|| {
                             inner.handle_unit(unit, initial)
                         }));
                         if let Err(panic) = applied {
+                            // Not synced from here on, though the unit
+                            // counts as popped: its change may be half
+                            // applied.
+                            inner.failed.store(true, Ordering::SeqCst);
                             panicked = Some(format!(
-                                "applying {what} to the cache panicked: {}",
+                                "applying {} to the cache panicked: {}",
+                                unit_name(&unit),
                                 panic_message(panic.as_ref())
                             ));
                         }
@@ -826,66 +869,61 @@ impl<K: Object> Inner<K> {
     /// resourceVersion), then the handlers are told of the deletions it
     /// implies, then of each listed object in list order (an update when
     /// the key was cached, an add otherwise). A key the list kept (its
-    /// object could not be read) keeps what the cache holds.
+    /// object could not be read) keeps what the cache holds. What each key
+    /// held is read from the swapped-out content one key at a time.
     fn handle_replaced_all(&self, all: &ReplacedAll<K>, is_in_initial_list: bool) {
         let listeners = self.processor.listeners.read();
-        let tell = !listeners.is_empty();
         let listed: std::collections::HashSet<&str, foldhash::fast::RandomState> =
             all.objects().map(|(key, _)| key.as_ref()).collect();
         let mut items: Vec<(Arc<str>, Arc<K>)> = Vec::with_capacity(all.len());
-        let mut deletions = Vec::new();
-        for key in self.indexer.list_keys() {
+        // Kept keys stay as cached; only this task writes the cache, so
+        // what is read here is what the swap replaces.
+        let kept: Vec<String> = if all.keeps_all() {
+            self.indexer.list_keys()
+        } else {
+            all.kept_keys().map(|k| k.to_string()).collect()
+        };
+        for key in kept {
             if listed.contains(key.as_str()) {
                 continue;
             }
-            let kept = all.keeps(&key);
-            if !kept && !tell {
-                continue;
-            }
-            // Gone meanwhile: only this task writes the cache, so never.
-            let Some(obj) = self.indexer.get_by_key(&key) else {
-                continue;
-            };
-            if kept {
+            if let Some(obj) = self.indexer.get_by_key(&key) {
                 items.push((Arc::from(key), obj));
-            } else {
-                deletions.push(DeletedFinalStateUnknown { key, obj });
             }
         }
-        // What each listed key held, read before the swap; only needed to
-        // tell handlers.
-        let previous: Vec<Option<Arc<K>>> = if tell {
-            all.objects()
-                .map(|(key, _)| self.indexer.get_by_key(key))
-                .collect()
-        } else {
-            Vec::new()
-        };
         items.extend(
             all.objects()
                 .map(|(key, obj)| (Arc::clone(key), Arc::clone(obj))),
         );
-        match self.indexer.replace_by_key(items, all.resource_version()) {
-            Ok(()) => {}
-            Err(StoreError::Unindexed(failed)) => {
-                for e in &failed {
-                    self.index_failures.fetch_add(1, Ordering::Relaxed);
-                    error!(key = %e.key, index = %e.index, error = %e.source, "index function failed; the object is cached but left out of the index");
-                }
-            }
-            // replace_by_key computes no key and fails only on indexes.
-            Err(e) => error!(error = %e, "replacing the cache with a list failed"),
+        let swapped = self.indexer.swap_by_key(items, all.resource_version());
+        for e in &swapped.unindexed {
+            // Stored, and missing from this one index.
+            self.index_failures.fetch_add(1, Ordering::Relaxed);
+            error!(key = %e.key, index = %e.index, error = %e.source, "index function failed; the object is cached but left out of the index");
         }
-        for tombstone in deletions {
+        if listeners.is_empty() {
+            return;
+        }
+        for key in swapped.keys() {
+            if listed.contains(key.as_ref()) || all.keeps(key) {
+                continue;
+            }
+            let Some(obj) = swapped.get(key) else {
+                continue;
+            };
+            let tombstone = DeletedFinalStateUnknown {
+                key: key.to_string(),
+                obj,
+            };
             Processor::distribute(
                 &listeners,
                 Notification::Delete(ObjectOrTombstone::Tombstone(tombstone)),
                 false,
             );
         }
-        for ((_, obj), old) in all.objects().zip(previous) {
+        for (key, obj) in all.objects() {
             let obj = Arc::clone(obj);
-            match old {
+            match swapped.get(key) {
                 Some(old) => {
                     // A relist that brought back the same version is a resync.
                     let is_sync = old.resource_version() == obj.resource_version();

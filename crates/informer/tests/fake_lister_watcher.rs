@@ -608,6 +608,41 @@ async fn an_atomic_relist_is_in_the_cache_whole_before_any_handler_hears_of_it()
     h.shutdown.cancel();
 }
 
+/// What the server serves at one version can change without a write (new
+/// CRD defaults): a relist on the atomic queue keeps the cached content
+/// when it shares unchanged objects (the default), takes the listed one
+/// when told not to (as client-go).
+#[tokio::test]
+async fn a_relist_shares_an_object_at_the_cached_version_unless_told_not_to() {
+    let with_data = |value: &str| {
+        let mut c = cm("a", 1);
+        c.data = Some([("k".to_owned(), value.to_owned())].into());
+        c
+    };
+    for share in [true, false] {
+        let mut h = harness(
+            vec![
+                page(vec![with_data("old")], 1),
+                page(vec![with_data("defaulted")], 2),
+            ],
+            InformerOptions::new()
+                .fifo(FifoKind::AtomicFifo)
+                .relist_shares_unchanged(share),
+        );
+        let lister = h.informer.lister();
+        h.start();
+        let w = h.next_watch().await;
+        assert!(wait_for_store_rv(&lister, "1").await);
+        w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+        let _w2 = h.next_watch().await;
+        assert!(wait_for_store_rv(&lister, "2").await);
+        let cached = lister.get("ns/a").unwrap();
+        let value = cached.data.as_ref().unwrap()["k"].as_str();
+        assert_eq!(value, if share { "old" } else { "defaulted" }, "share: {share}");
+        h.shutdown.cancel();
+    }
+}
+
 #[tokio::test]
 async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
     let mut h = harness(

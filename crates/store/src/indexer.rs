@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::{
-    Compact, CompactStats, Indexers, KeyError, Object, StoreError, ThreadSafeStore, Upserted,
-    meta_namespace_key,
+    Compact, CompactStats, Indexers, KeyError, Object, StoreError, Swapped, ThreadSafeStore,
+    Upserted, meta_namespace_key,
 };
 
 /// Computes an object's key; [`meta_namespace_key`] by default.
@@ -281,6 +281,16 @@ impl<K> Indexer<K> {
         resource_version: &str,
     ) -> Result<(), StoreError> {
         self.store.replace_at(items, resource_version)
+    }
+
+    /// [`replace_by_key`](Self::replace_by_key), giving back what each key
+    /// held before the swap; see [`ThreadSafeStore::swap_at`].
+    pub fn swap_by_key(
+        &self,
+        items: Vec<(Arc<str>, Arc<K>)>,
+        resource_version: &str,
+    ) -> Swapped<'_, K> {
+        self.store.swap_at(items, resource_version)
     }
 }
 

@@ -61,4 +61,4 @@ pub use key::{
 };
 pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
 pub use reader::CacheReader;
-pub use thread_safe_store::{ThreadSafeStore, Upserted};
+pub use thread_safe_store::{Swapped, ThreadSafeStore, Upserted};

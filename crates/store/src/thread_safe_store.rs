@@ -87,6 +87,49 @@ struct Entry<K> {
     index_values: IndexValues,
 }
 
+/// The content a [`ThreadSafeStore::swap_at`] swapped out: what each key
+/// held before the swap, read (and decoded, from a compact store) one key
+/// at a time. Dropping it frees the old content.
+pub struct Swapped<'a, K> {
+    store: &'a ThreadSafeStore<K>,
+    old: Map<Arc<str>, Entry<K>>,
+    /// The indexes new objects were left out of, because their index
+    /// function failed or panicked for them; empty normally.
+    pub unindexed: Vec<IndexError>,
+}
+
+impl<K> Swapped<'_, K> {
+    /// What `key` held before the swap.
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        let (key, entry) = self.old.get_key_value(key)?;
+        self.store.finish(self.store.read(key, &entry.obj))
+    }
+
+    /// The keys held before the swap, in no particular order.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &Arc<str>> {
+        self.old.keys()
+    }
+
+    /// How many keys were held before the swap.
+    pub fn len(&self) -> usize {
+        self.old.len()
+    }
+
+    /// Whether nothing was held before the swap.
+    pub fn is_empty(&self) -> bool {
+        self.old.is_empty()
+    }
+}
+
+impl<K> std::fmt::Debug for Swapped<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Swapped")
+            .field("old", &self.old.len())
+            .field("unindexed", &self.unindexed.len())
+            .finish()
+    }
+}
+
 struct Inner<K> {
     items: Map<Arc<str>, Entry<K>>,
     /// The resourceVersion the content was last synced to (client-go's
@@ -428,14 +471,25 @@ impl<K> ThreadSafeStore<K> {
     {
         let items: Vec<(Arc<str>, Arc<K>)> =
             items.into_iter().map(|(k, o)| (k.into(), o)).collect();
-        self.replace_keyed(items, resource_version)
+        let swapped = self.swap_at(items, resource_version);
+        let unindexed = swapped.unindexed;
+        // The old content is freed with the lock released.
+        drop(swapped.old);
+        if unindexed.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unindexed(unindexed))
+        }
     }
 
-    fn replace_keyed(
+    /// [`replace_at`](Self::replace_at), giving back the content it swapped
+    /// out, to read what each key held before the swap (decoded only when
+    /// read, from a compact store) after readers already see the new one.
+    pub fn swap_at(
         &self,
         items: Vec<(Arc<str>, Arc<K>)>,
         resource_version: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Swapped<'_, K> {
         // Index values are computed before the lock is taken for writing, so
         // readers are blocked only for the swap itself.
         let indexers = self.inner.read().indexers.clone();
@@ -472,7 +526,7 @@ impl<K> ThreadSafeStore<K> {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             drop(entries);
-            return self.replace_keyed(items, resource_version);
+            return self.swap_at(items, resource_version);
         }
         let old = std::mem::replace(&mut inner.items, entries);
         inner.synced_to(Some(resource_version));
@@ -481,12 +535,10 @@ impl<K> ThreadSafeStore<K> {
             compact.cleared();
         }
         drop(inner);
-        // The old content is freed with the lock released.
-        drop(old);
-        if unindexed.is_empty() {
-            Ok(())
-        } else {
-            Err(StoreError::Unindexed(unindexed))
+        Swapped {
+            store: self,
+            old,
+            unindexed,
         }
     }
 
