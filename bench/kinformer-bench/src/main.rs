@@ -12,8 +12,9 @@
 //! The informer scenarios use a RealFifo instead of the default DeltaFifo
 //! when `KINFORMER_BENCH_FIFO=real`, and run every task on one thread when
 //! `KINFORMER_BENCH_RUNTIME=current` (by default on two worker threads).
-//! - `relist KUBECONFIG NAMESPACE`: a synced informer forced to relist by
-//!   a 410 on its watch: peak RSS during the relist against the steady RSS.
+//! - `relist KUBECONFIG NAMESPACE [compact]`: a synced informer forced to
+//!   relist by a 410 on its watch: peak RSS during the relist against the
+//!   steady RSS (`compact`: a compact cache of JSON, no decoded cache).
 //! - `sync KUBECONFIG NAMESPACE [keep-managed-fields] [json] [compact]`:
 //!   informer initial sync of every Pod in NAMESPACE (managedFields stripped
 //!   unless kept; protobuf unless `json`; whole objects unless `compact`, a
@@ -182,7 +183,11 @@ fn main() -> Result<()> {
                 WireFormat::Auto
             },
         )),
-        Some("relist") => rt.block_on(relist(&arg(1)?, &arg(2)?)),
+        Some("relist") => rt.block_on(relist(
+            &arg(1)?,
+            &arg(2)?,
+            args.get(3).is_some_and(|a| a == "compact"),
+        )),
         Some("shard-sync") => rt.block_on(shard_sync(
             &arg(1)?,
             &arg(2)?,
@@ -638,14 +643,18 @@ async fn shard_sync(
 /// Relist peak memory: a synced informer (protobuf, managedFields
 /// dropped) gets a 410 on its watch and relists everything while its cache
 /// is held; the peak RSS during the relist against the steady RSS before.
-async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
+async fn relist(kubeconfig: &str, ns: &str, compact: bool) -> Result<serde_json::Value> {
     let client = client(kubeconfig).await?;
     let gone = Arc::new(tokio::sync::Notify::new());
     let lw = GoneOnDemand {
         inner: ApiListerWatcher::<Pod>::namespaced(client, ns),
         gone: Arc::clone(&gone),
     };
-    let informer = SharedIndexInformer::new(lw, options());
+    let mut options = options();
+    if compact {
+        options = options.compact(Compact::json());
+    }
+    let informer = SharedIndexInformer::new(lw, options);
     informer.add_event_handler(ResourceEventHandlerFuncs::new())?;
     let shutdown = CancellationToken::new();
     let (i, s) = (informer.clone(), shutdown.clone());
@@ -673,7 +682,7 @@ async fn relist(kubeconfig: &str, ns: &str) -> Result<serde_json::Value> {
     let objects = informer.indexer().len();
     shutdown.cancel();
     Ok(
-        serde_json::json!({"system": "kinformer", "scenario": "relist", "pods": objects,
+        serde_json::json!({"system": "kinformer", "scenario": "relist", "pods": objects, "compact": compact,
         "relist_seconds": relist_secs, "steady_rss_bytes": steady_kb * 1024,
         "relist_peak_rss_bytes": peak_kb * 1024, "after_rss_bytes": after_kb * 1024,
         "peak_over_steady": peak_kb as f64 / steady_kb.max(1) as f64}),

@@ -84,7 +84,10 @@ impl<K> RealFifoOptions<K> {
     /// ([`KnownObjects::get_shared`]): a listed object handed over through
     /// [`begin_replace`](RealFifo::begin_replace) at the version held (same
     /// uid, same non-empty resourceVersion) is queued as the held one, so a
-    /// relist holds one copy of what did not change rather than two. Give
+    /// relist holds one copy of what did not change rather than two; one
+    /// they hold at that version but not whole
+    /// ([`KnownObjects::holds_version`], a compact cache) is not kept at
+    /// all, the consumer keeping what it holds. Give
     /// no known objects to take every listed object as it came (content the
     /// server changed without a write, such as new CRD defaults, then
     /// reaches the cache on a relist, as in client-go).
@@ -156,7 +159,8 @@ impl<K> Item<K> {
 pub struct ReplacedAll<K> {
     resource_version: String,
     keys: Vec<Arc<str>>,
-    objects: Vec<Arc<K>>,
+    /// `None`: held by the known objects at the listed version.
+    objects: Vec<Option<Arc<K>>>,
     kept: Kept,
 }
 
@@ -176,9 +180,14 @@ impl<K> ReplacedAll<K> {
         &self.resource_version
     }
 
-    /// The listed objects with their keys, in list order.
-    pub fn objects(&self) -> impl ExactSizeIterator<Item = (&Arc<str>, &Arc<K>)> {
-        self.keys.iter().zip(&self.objects)
+    /// The listed objects with their keys, in list order. `None` for an
+    /// object the known objects hold at the listed version (same uid and
+    /// resourceVersion) but not whole (a compact cache): the queue kept no
+    /// copy of it, and the consumer keeps what it holds.
+    pub fn objects(&self) -> impl ExactSizeIterator<Item = (&Arc<str>, Option<&Arc<K>>)> {
+        self.keys
+            .iter()
+            .zip(self.objects.iter().map(Option::as_ref))
     }
 
     /// How many objects were listed.
@@ -381,6 +390,7 @@ impl<K> RealFifo<K> {
                     .map_err(|source| FifoError::ReplaceKey { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let list = list.into_iter().map(Some).collect();
         self.replace_keyed(keys, list, Kept::default(), resource_version);
         Ok(())
     }
@@ -408,7 +418,7 @@ impl<K> RealFifo<K> {
     fn replace_keyed(
         &self,
         keys: Vec<Arc<str>>,
-        list: Vec<Arc<K>>,
+        list: Vec<Option<Arc<K>>>,
         kept: Kept,
         resource_version: &str,
     ) {
@@ -470,7 +480,9 @@ impl<K> RealFifo<K> {
             };
             self.push(&mut inner, Item::Delta(key, delta));
         }
+        // Every object is whole outside the atomic mode.
         for (key, obj) in keys.into_iter().zip(list) {
+            let Some(obj) = obj else { continue };
             self.push(
                 &mut inner,
                 Item::Delta(key, Delta::new(DeltaType::Replaced, obj)),
@@ -750,7 +762,15 @@ impl<K> RealFifo<K> {
             }
         }
         for (key, obj) in all.keys.into_iter().zip(all.objects) {
-            units.push(Item::Delta(key, Delta::new(DeltaType::Replaced, obj)));
+            // Held, not whole: read from the known objects now.
+            let obj = obj.or_else(|| {
+                self.known_objects
+                    .as_ref()
+                    .and_then(|known| known.get_by_key(&key))
+            });
+            if let Some(obj) = obj {
+                units.push(Item::Delta(key, Delta::new(DeltaType::Replaced, obj)));
+            }
         }
         if inner.initial_population_count > 0 {
             inner.initial_population_count += units.len();
@@ -826,7 +846,7 @@ fn run_unit<K, T, E>(
 pub struct RealFifoReplace<'a, K> {
     fifo: &'a RealFifo<K>,
     keys: Vec<Arc<str>>,
-    list: Vec<Arc<K>>,
+    list: Vec<Option<Arc<K>>>,
     kept: Kept,
     pushed: usize,
 }
@@ -851,7 +871,9 @@ impl<K: Object> RealFifoReplace<'_, K> {
     /// Takes the next listed object. An object without a key is refused
     /// with an error naming it and its position among the objects pushed;
     /// the replace goes on without it. In the atomic mode, an object at the
-    /// version the known objects hold whole is taken as the held one.
+    /// version the known objects hold whole is taken as the held one, and
+    /// one they hold at that version but not whole (a compact cache) is not
+    /// kept at all (see [`ReplacedAll::objects`]).
     pub fn push(&mut self, obj: Arc<K>) -> Result<(), FifoError> {
         let index = self.pushed;
         self.pushed += 1;
@@ -859,10 +881,14 @@ impl<K: Object> RealFifoReplace<'_, K> {
             (self.fifo.key_func)(&obj).map_err(|source| FifoError::ReplaceKey { index, source })?;
         let obj = match &self.fifo.known_objects {
             Some(known) if self.fifo.atomic => match known.get_shared(&key) {
-                Some(held) if same_version(held.as_ref(), obj.as_ref()) => held,
-                _ => obj,
+                Some(held) if same_version(held.as_ref(), obj.as_ref()) => Some(held),
+                Some(_) => Some(obj),
+                None => match obj.resource_version() {
+                    Some(rv) if !rv.is_empty() && known.holds_version(&key, rv, obj.uid()) => None,
+                    _ => Some(obj),
+                },
             },
-            _ => obj,
+            _ => Some(obj),
         };
         self.keys.push(key.into());
         self.list.push(obj);

@@ -38,7 +38,10 @@ fn describe(unit: &Popped<'_, Pod>) -> String {
         Popped::ReplacedAll(all) => {
             let objects: Vec<String> = all
                 .objects()
-                .map(|(key, obj)| format!("{key} {}", rv(obj)))
+                .map(|(key, obj)| match obj {
+                    Some(obj) => format!("{key} {}", rv(obj)),
+                    None => format!("{key} held"),
+                })
                 .collect();
             format!(
                 "ReplacedAll {} [{}]",
@@ -367,7 +370,10 @@ async fn a_relisted_object_at_the_version_held_whole_is_queued_as_the_held_one()
             };
             let shared: Vec<bool> = all
                 .objects()
-                .map(|(key, obj)| held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj)))
+                .map(|(key, obj)| {
+                    let obj = obj.expect("a whole store's objects are shared, not held");
+                    held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj))
+                })
                 .collect();
             Ok::<_, Requeue<()>>(shared)
         })
@@ -449,7 +455,10 @@ async fn only_an_object_at_the_same_non_empty_version_and_uid_is_shared() {
             };
             let shared: Vec<bool> = all
                 .objects()
-                .map(|(key, obj)| held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj)))
+                .map(|(key, obj)| {
+                    let obj = obj.expect("a whole store's objects are shared, not held");
+                    held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj))
+                })
                 .collect();
             Ok::<_, Requeue<()>>(shared)
         })

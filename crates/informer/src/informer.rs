@@ -875,27 +875,22 @@ impl<K: Object> Inner<K> {
         let listeners = self.processor.listeners.read();
         let listed: std::collections::HashSet<&str, foldhash::fast::RandomState> =
             all.objects().map(|(key, _)| key.as_ref()).collect();
-        let mut items: Vec<(Arc<str>, Arc<K>)> = Vec::with_capacity(all.len());
-        // Kept keys stay as cached; only this task writes the cache, so
-        // what is read here is what the swap replaces.
-        let kept: Vec<String> = if all.keeps_all() {
-            self.indexer.list_keys()
-        } else {
-            all.kept_keys().map(|k| k.to_string()).collect()
-        };
-        for key in kept {
-            if listed.contains(key.as_str()) {
-                continue;
-            }
-            if let Some(obj) = self.indexer.get_by_key(&key) {
-                items.push((Arc::from(key), obj));
-            }
-        }
-        items.extend(
-            all.objects()
-                .map(|(key, obj)| (Arc::clone(key), Arc::clone(obj))),
-        );
-        let swapped = self.indexer.swap_by_key(items, all.resource_version());
+        // Held at the listed version (a compact cache's): stays as stored.
+        let held: std::collections::HashSet<&str, foldhash::fast::RandomState> = all
+            .objects()
+            .filter(|(_, obj)| obj.is_none())
+            .map(|(key, _)| key.as_ref())
+            .collect();
+        let items: Vec<(Arc<str>, Arc<K>)> = all
+            .objects()
+            .filter_map(|(key, obj)| Some((Arc::clone(key), Arc::clone(obj?))))
+            .collect();
+        // A key kept (its listed object could not be read) or held stays
+        // as stored, without a decode.
+        let keep = |key: &str| held.contains(key) || (!listed.contains(key) && all.keeps(key));
+        let swapped = self
+            .indexer
+            .swap_by_key(items, &keep, all.resource_version());
         for e in &swapped.unindexed {
             // Stored, and missing from this one index.
             self.index_failures.fetch_add(1, Ordering::Relaxed);
@@ -921,7 +916,19 @@ impl<K: Object> Inner<K> {
                 false,
             );
         }
+        // Only handlers due a resync hear of an unchanged object.
+        let resync_due = Processor::resync_due(&listeners);
         for (key, obj) in all.objects() {
+            let Some(obj) = obj else {
+                if resync_due && let Some(obj) = self.indexer.get_by_key(key) {
+                    let update = Notification::Update {
+                        old: Arc::clone(&obj),
+                        new: obj,
+                    };
+                    Processor::distribute(&listeners, update, true);
+                }
+                continue;
+            };
             let obj = Arc::clone(obj);
             match swapped.get(key) {
                 Some(old) => {
@@ -949,7 +956,7 @@ impl<K: Object> Inner<K> {
     /// update from each object to itself, for the handlers due a resync.
     fn handle_sync_all(&self) {
         let listeners = self.processor.listeners.read();
-        if listeners.is_empty() {
+        if !Processor::resync_due(&listeners) {
             return;
         }
         for obj in self.indexer.list() {

@@ -273,6 +273,14 @@ impl<K: Send + Sync + 'static> Processor<K> {
         }
     }
 
+    /// Whether any of `listeners` is due a resync (would get a resync
+    /// notification).
+    pub(crate) fn resync_due(listeners: &[Listener<K>]) -> bool {
+        listeners
+            .iter()
+            .any(|l| l.resync_due.load(Ordering::Relaxed))
+    }
+
     /// Marks the listeners whose resync period has passed; true if any is due.
     pub(crate) fn should_resync(&self) -> bool {
         let now = Instant::now();

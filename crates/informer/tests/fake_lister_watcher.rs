@@ -638,7 +638,11 @@ async fn a_relist_shares_an_object_at_the_cached_version_unless_told_not_to() {
         assert!(wait_for_store_rv(&lister, "2").await);
         let cached = lister.get("ns/a").unwrap();
         let value = cached.data.as_ref().unwrap()["k"].as_str();
-        assert_eq!(value, if share { "old" } else { "defaulted" }, "share: {share}");
+        assert_eq!(
+            value,
+            if share { "old" } else { "defaulted" },
+            "share: {share}"
+        );
         h.shutdown.cancel();
     }
 }

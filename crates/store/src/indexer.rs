@@ -26,6 +26,14 @@ pub trait KnownObjects<K>: Send + Sync {
         let _ = key;
         None
     }
+    /// Whether the object held under `key` is at `resource_version` with
+    /// `uid`, for a store that does not hold it whole ([`get_shared`](Self::get_shared)
+    /// gives `None`): a queue then need not hold a listed copy of it at
+    /// all. `false` by default.
+    fn holds_version(&self, key: &str, resource_version: &str, uid: Option<&str>) -> bool {
+        let _ = (key, resource_version, uid);
+        false
+    }
 }
 
 /// A thread-safe, indexed store of `Arc<K>` keyed by a key function: the cache
@@ -288,13 +296,14 @@ impl<K> Indexer<K> {
     pub fn swap_by_key(
         &self,
         items: Vec<(Arc<str>, Arc<K>)>,
+        keep: &dyn Fn(&str) -> bool,
         resource_version: &str,
     ) -> Swapped<'_, K> {
-        self.store.swap_at(items, resource_version)
+        self.store.swap_at(items, keep, resource_version)
     }
 }
 
-impl<K: Send + Sync> KnownObjects<K> for Indexer<K> {
+impl<K: Object> KnownObjects<K> for Indexer<K> {
     fn list_keys(&self) -> Vec<String> {
         self.store.list_keys()
     }
@@ -307,5 +316,12 @@ impl<K: Send + Sync> KnownObjects<K> for Indexer<K> {
         } else {
             self.store.get(key)
         }
+    }
+    fn holds_version(&self, key: &str, resource_version: &str, uid: Option<&str>) -> bool {
+        // A compact store decodes it to see (dropped at once).
+        self.store.is_compact()
+            && self.store.get(key).is_some_and(|held| {
+                held.resource_version() == Some(resource_version) && held.uid() == uid
+            })
     }
 }

@@ -471,7 +471,7 @@ impl<K> ThreadSafeStore<K> {
     {
         let items: Vec<(Arc<str>, Arc<K>)> =
             items.into_iter().map(|(k, o)| (k.into(), o)).collect();
-        let swapped = self.swap_at(items, resource_version);
+        let swapped = self.swap_at(items, &|_| false, resource_version);
         let unindexed = swapped.unindexed;
         // The old content is freed with the lock released.
         drop(swapped.old);
@@ -485,9 +485,13 @@ impl<K> ThreadSafeStore<K> {
     /// [`replace_at`](Self::replace_at), giving back the content it swapped
     /// out, to read what each key held before the swap (decoded only when
     /// read, from a compact store) after readers already see the new one.
+    /// A key held before, absent from `items` and for which `keep` is true
+    /// stays as it is held (not decoded, not encoded again, its index
+    /// entries as they were) and is not in the swapped-out content.
     pub fn swap_at(
         &self,
         items: Vec<(Arc<str>, Arc<K>)>,
+        keep: &dyn Fn(&str) -> bool,
         resource_version: &str,
     ) -> Swapped<'_, K> {
         // Index values are computed before the lock is taken for writing, so
@@ -526,9 +530,29 @@ impl<K> ThreadSafeStore<K> {
             // add_indexers ran meanwhile: redo with every index.
             drop(inner);
             drop(entries);
-            return self.swap_at(items, resource_version);
+            return self.swap_at(items, keep, resource_version);
         }
-        let old = std::mem::replace(&mut inner.items, entries);
+        let mut old = std::mem::take(&mut inner.items);
+        let kept: Vec<Arc<str>> = old
+            .keys()
+            .filter(|key| !entries.contains_key(key.as_ref()) && keep(key))
+            .cloned()
+            .collect();
+        for key in kept {
+            let Some((key, entry)) = old.remove_entry(key.as_ref()) else {
+                continue;
+            };
+            for (index, values) in indices.iter_mut().zip(entry.index_values.iter()) {
+                for value in values.iter() {
+                    index
+                        .entry(Arc::clone(value))
+                        .or_default()
+                        .insert(Arc::clone(&key));
+                }
+            }
+            entries.insert(key, entry);
+        }
+        inner.items = entries;
         inner.synced_to(Some(resource_version));
         inner.indices = indices;
         if let Some(compact) = &self.compact {
