@@ -185,9 +185,12 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         for round in 0..sync_rounds {
             for (i, _) in all.iter().enumerate() {
                 let system = all[(i + round) % all.len()];
-                // Kinformer also on a RealFifo (protobuf); client-go's
-                // informers run on its RealFIFO already.
-                let on_real_fifo = format!("{protobuf}, kinformer on a RealFifo");
+                // Kinformer also on the plain RealFifo and on the DeltaFifo
+                // (protobuf); its default queue is client-go's, the atomic
+                // RealFIFO, which client-go v0.37 cannot turn off for a
+                // DeltaFIFO (InOrderInformers is locked on).
+                let on_real_fifo = format!("{protobuf}, kinformer on a plain RealFifo");
+                let on_delta_fifo = format!("{protobuf}, kinformer on a DeltaFifo");
                 // And with a compact cache (JSON bytes, no decoded cache);
                 // then with the memory its decoded list freed kept by glibc
                 // (the cause of most of its RSS, isolated).
@@ -201,6 +204,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                         ("", &protobuf, &[]),
                         ("json", &json, &[]),
                         ("", &on_real_fifo, REAL_FIFO),
+                        ("", &on_delta_fifo, DELTA_FIFO),
                         ("compact", &compact, &[]),
                         ("compact keep-freed", &compact_kept, &[]),
                     ],
@@ -215,7 +219,6 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                     let server_ms = apiserver_cpu_ms(&env) - cpu;
                     let mut rows = vec![scenario.clone()];
                     if system == System::ClientGo && scenario == &protobuf {
-                        rows.push(on_real_fifo.clone());
                         rows.push(compact.clone());
                     }
                     for scenario in &rows {
@@ -454,37 +457,48 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         }
         if size == *sizes.last().unwrap_or(&size) {
             // Relist peak memory (kinformer alone: the peers have no way to
-            // force a 410 from inside their process).
-            let scenario = format!(
-                "relist after a forced 410 Gone, {size} pods cached (kinformer, protobuf, managedFields stripped)"
-            );
-            for _ in 0..sync_rounds {
-                let v =
-                    harness(&harnesses, System::Kinformer, &["relist", &kubeconfig, &ns]).await?;
-                results.add(
-                    &scenario,
-                    "steady RSS, MiB",
-                    System::Kinformer,
-                    num(&v, "steady_rss_bytes")? / 1048576.0,
-                );
-                results.add(
-                    &scenario,
-                    "peak RSS during the relist, MiB",
-                    System::Kinformer,
-                    num(&v, "relist_peak_rss_bytes")? / 1048576.0,
-                );
-                results.add(
-                    &scenario,
-                    "peak ÷ steady",
-                    System::Kinformer,
-                    num(&v, "peak_over_steady")?,
-                );
-                results.add(
-                    &scenario,
-                    "relist, ms",
-                    System::Kinformer,
-                    num(&v, "relist_seconds")? * 1e3,
-                );
+            // force a 410 from inside their process), on each queue, with
+            // whole objects and with a compact cache.
+            let queues: [(&str, EnvVars); 3] = [
+                ("the default atomic queue", NO_ENV),
+                ("a plain RealFifo", REAL_FIFO),
+                ("a DeltaFifo", DELTA_FIFO),
+            ];
+            for (queue, env_vars) in queues {
+                for cache in ["", "compact"] {
+                    let scenario = format!(
+                        "relist after a forced 410 Gone, {size} pods cached (kinformer on {queue}{}, protobuf, managedFields stripped)",
+                        if cache.is_empty() {
+                            ""
+                        } else {
+                            ", compact cache"
+                        }
+                    );
+                    let mut args = vec!["relist", kubeconfig.as_str(), ns.as_str()];
+                    if !cache.is_empty() {
+                        args.push(cache);
+                    }
+                    for _ in 0..sync_rounds {
+                        let v = harness_env(&harnesses, System::Kinformer, &args, env_vars).await?;
+                        for (key, metric, scale) in [
+                            ("steady_rss_bytes", "steady RSS, MiB", 1.0 / 1048576.0),
+                            (
+                                "relist_peak_rss_bytes",
+                                "peak RSS during the relist, MiB",
+                                1.0 / 1048576.0,
+                            ),
+                            ("peak_over_steady", "peak ÷ steady", 1.0),
+                            ("relist_seconds", "relist, ms", 1e3),
+                        ] {
+                            results.add(
+                                &scenario,
+                                metric,
+                                System::Kinformer,
+                                num(&v, key)? * scale,
+                            );
+                        }
+                    }
+                }
             }
         }
         println!(
@@ -502,19 +516,16 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     let lat_ns = env.create_namespace("bench-latency").await?;
     create_pods(&client, &lat_ns, 0..200).await?;
     let scenario = "event latency, API write to handler, 200 updates/s, each peer's default (protobuf; kube-runtime: JSON)";
-    let on_real_fifo = format!("{scenario}, kinformer on a RealFifo");
+    // Every system on its default queue (kinformer's is client-go's, the
+    // atomic RealFIFO); kinformer also on its other two.
+    let on_real_fifo = format!("{scenario}, kinformer on a plain RealFifo");
+    let on_delta_fifo = format!("{scenario}, kinformer on a DeltaFifo");
     let mut runs: Vec<(System, EnvVars, Vec<&str>)> = all
         .iter()
-        .map(|&system| {
-            let mut rows = vec![scenario];
-            if system == System::ClientGo {
-                // client-go's informers run on its RealFIFO already.
-                rows.push(&on_real_fifo);
-            }
-            (system, NO_ENV, rows)
-        })
+        .map(|&system| (system, NO_ENV, vec![scenario]))
         .collect();
     runs.push((System::Kinformer, REAL_FIFO, vec![&on_real_fifo]));
+    runs.push((System::Kinformer, DELTA_FIFO, vec![&on_delta_fifo]));
     for round in 1..=rounds {
         for (system, env_vars, rows) in &runs {
             let v = latency(
@@ -779,6 +790,9 @@ const NO_ENV: EnvVars = &[];
 
 /// The kinformer harness's informers on a RealFifo (see kinformer-bench).
 const REAL_FIFO: EnvVars = &[("KINFORMER_BENCH_FIFO", "real")];
+
+/// The kinformer harness's informers on a DeltaFifo.
+const DELTA_FIFO: EnvVars = &[("KINFORMER_BENCH_FIFO", "delta")];
 
 async fn harness_env(
     h: &Harnesses,

@@ -210,9 +210,14 @@ fn test(args: &[String]) -> Result<ExitCode> {
     if !status.success() {
         return Ok(ExitCode::FAILURE);
     }
-    // The informer's tests again on the other queues (see tests/common),
-    // the plain RealFifo with a compact cache.
-    for (fifo, cache) in [("real", "compact"), ("atomic", "whole")] {
+    // The informer's tests again on the queues other than the default
+    // atomic one (see tests/common), the plain RealFifo with a compact
+    // cache; the default queue with a compact cache.
+    for (fifo, cache) in [
+        ("delta", "whole"),
+        ("real", "compact"),
+        ("atomic", "compact"),
+    ] {
         eprintln!("xtask: the informer tests again, on the {fifo} queue with a {cache} cache");
         let status = Command::new(&cargo)
             .current_dir(workspace_root())

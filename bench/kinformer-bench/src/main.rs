@@ -9,8 +9,8 @@
 //! - `real-fifo N`: the same on a RealFifo, where every add and every update
 //!   is its own pop (2N pops).
 //!
-//! The informer scenarios use a RealFifo instead of the default DeltaFifo
-//! when `KINFORMER_BENCH_FIFO=real`, and run every task on one thread when
+//! The informer scenarios use the queue `KINFORMER_BENCH_FIFO` names
+//! (`delta`, `real` or `atomic`; the default atomic one when unset), and run every task on one thread when
 //! `KINFORMER_BENCH_RUNTIME=current` (by default on two worker threads).
 //! - `relist KUBECONFIG NAMESPACE [compact]`: a synced informer forced to
 //!   relist by a 410 on its watch: peak RSS during the relist against the

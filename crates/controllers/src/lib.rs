@@ -107,7 +107,9 @@ pub use error::ControllerError;
 pub use events::{EventRecorder, EventType};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
-pub use manager::{DEFAULT_SYNC_PERIOD, Manager, ManagerOptions, shutdown_on_signal};
+pub use manager::{
+    DEFAULT_SYNC_PERIOD, INFORMER_NAME, Manager, ManagerOptions, shutdown_on_signal,
+};
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, Metrics};
 pub use options::{ControllerOptions, Event, PanicPolicy};

@@ -49,6 +49,11 @@ pub struct ManagerOptions {
     pub sync_period: Option<Duration>,
 }
 
+/// The name [`Manager::new`]'s informers report client-go's informer
+/// metrics under (the `name` label of `informer_queued_items` and the like;
+/// kube-controller-manager's are `kube-controller-manager`).
+pub const INFORMER_NAME: &str = "kinformer-manager";
+
 /// controller-runtime's `SyncPeriod` default: 10 hours.
 pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(10 * 60 * 60);
 
@@ -207,12 +212,13 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// A Manager whose informers watch every namespace, resync every
-    /// [`ManagerOptions::sync_period`] (10 hours by default) and drop
+    /// [`ManagerOptions::sync_period`] (10 hours by default), drop
     /// `metadata.managedFields` before decoding (see
     /// [`SharedInformerFactory::keep_managed_fields`] and
-    /// [`with_factory`](Self::with_factory) to keep them).
+    /// [`with_factory`](Self::with_factory) to keep them) and report
+    /// client-go's informer metrics under the name [`INFORMER_NAME`].
     pub fn new(client: Client, options: ManagerOptions) -> Result<Self, ControllerError> {
-        let mut factory = SharedInformerFactory::new(client.clone());
+        let mut factory = SharedInformerFactory::new(client.clone()).name(INFORMER_NAME);
         if let Some(period) = options.sync_period {
             factory = factory.default_resync(period);
         }

@@ -12,12 +12,14 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kinformer_informer::{FactoryStats, ReflectorStats, ShardEnforcement, ShardStats};
+use kinformer_informer::{
+    FactoryStats, InformerMetrics, ReflectorStats, ShardEnforcement, ShardStats,
+};
 use kinformer_workqueue::{
     CounterMetric, GaugeMetric, HistogramMetric, MetricsProvider, Priority, SettableGaugeMetric,
 };
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
@@ -120,9 +122,9 @@ impl Collector for InformerCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // prometheus-client writes label values as they are: no quotes,
         // backslashes or line breaks in them (`configmaps in namespace web`).
-        let informers: Vec<_> = self
-            .factories
-            .lock()
+        let factories = self.factories.lock().clone();
+        encode_named_informers(&mut encoder, &factories)?;
+        let informers: Vec<_> = factories
             .iter()
             .flat_map(FactoryStats::reflectors)
             .map(|(informer, stats)| (informer.replace(['"', '\\', '\n'], ""), stats))
@@ -152,6 +154,85 @@ impl Collector for InformerCollector {
         }
         Ok(())
     }
+}
+
+/// The 15 least significant digits of a resourceVersion as a number, as
+/// client-go's store metric keeps them (so that a float holds them
+/// exactly); `None` for a version that is not a decimal number.
+fn resource_version_digits(rv: &str) -> Option<i64> {
+    let digits = &rv[rv.len().saturating_sub(15)..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// client-go's informer metrics (component-base's provider) for the named
+/// factories' informers: `informer_queued_items`,
+/// `informer_processing_latency_seconds` and `informer_store_resource_version`,
+/// labelled `name`, `group`, `version` and `resource`.
+fn encode_named_informers(
+    encoder: &mut DescriptorEncoder,
+    factories: &[FactoryStats],
+) -> Result<(), std::fmt::Error> {
+    let informers: Vec<InformerMetrics> =
+        factories.iter().flat_map(FactoryStats::informers).collect();
+    if informers.is_empty() {
+        return Ok(());
+    }
+    let clean = |s: &str| s.replace(['"', '\\', '\n'], "");
+    let labels = |m: &InformerMetrics| {
+        [
+            ("name", clean(&m.name)),
+            ("group", clean(&m.group)),
+            ("version", clean(&m.version)),
+            ("resource", clean(&m.resource)),
+        ]
+    };
+    let mut family = encoder.encode_descriptor(
+        "informer_queued_items",
+        "Number of items currently queued in the FIFO.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for m in &informers {
+        let queued = i64::try_from(m.queued).unwrap_or(i64::MAX);
+        ConstGauge::new(queued).encode(family.encode_family(&labels(m))?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "informer_processing_latency_seconds",
+        "Time taken to process events after popping from the queue.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for m in &informers {
+        let latency = &m.processing_latency;
+        let buckets: Vec<(f64, u64)> = latency
+            .buckets
+            .iter()
+            .map(|&(le, n)| (if le.is_finite() { le } else { f64::MAX }, n))
+            .collect();
+        family
+            .encode_family(&labels(m))?
+            .encode_histogram::<NoLabelSet>(latency.sum_seconds, latency.count, &buckets, None)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "informer_store_resource_version",
+        "The 15 least significant digits of the resource version of the store.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for m in &informers {
+        let Some(rv) = m
+            .store_resource_version
+            .as_deref()
+            .and_then(resource_version_digits)
+        else {
+            continue;
+        };
+        ConstGauge::new(rv).encode(family.encode_family(&labels(m))?)?;
+    }
+    Ok(())
 }
 
 /// Which endpoints a listener serves.
@@ -347,8 +428,13 @@ impl Metrics {
     /// `configmaps in namespace web`):
     /// `kinformer_informer_undecodable_objects_total` (objects left out
     /// because they did not decode, their cached version kept) and
-    /// `kinformer_informer_transform_panics_total`. A Manager exports its
-    /// own factory's.
+    /// `kinformer_informer_transform_panics_total`. For a named factory
+    /// ([`SharedInformerFactory::name`](kinformer_informer::SharedInformerFactory::name))
+    /// also client-go's informer metrics under component-base's names:
+    /// `informer_queued_items`, `informer_processing_latency_seconds` and
+    /// `informer_store_resource_version` (the 15 least significant digits),
+    /// labelled `name`, `group`, `version` and `resource`. A Manager exports
+    /// its own factory's.
     pub fn add_informers(&self, factory: FactoryStats) {
         self.informers.factories.lock().push(factory);
     }

@@ -57,7 +57,9 @@ fn two_controllers(
     seen: &Seen,
     gate: Option<Arc<Gate>>,
 ) -> Manager {
-    let factory = SharedInformerFactory::new(client.clone()).namespace(ns);
+    let factory = SharedInformerFactory::new(client.clone())
+        .namespace(ns)
+        .name("manager-test");
     let mut manager = Manager::with_factory(factory, client.clone(), options).unwrap();
     let configmaps = manager.factory().informer::<ConfigMap>();
     let cm_controller = manager
@@ -146,6 +148,27 @@ async fn a_manager_serves_both_controllers_metrics_and_the_users_checks_and_metr
         "workqueue_adds_total{name=\"secret\"}",
     ] {
         assert!(scraped.contains(line), "no {line:?} in\n{scraped}");
+    }
+    // client-go's informer metrics, for the named factory's informers.
+    for resource in ["configmaps", "secrets"] {
+        let labels =
+            format!("{{name=\"manager-test\",group=\"\",version=\"v1\",resource=\"{resource}\"}}");
+        let value = |metric: &str| {
+            let prefix = format!("{metric}{labels} ");
+            scraped
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("no {prefix:?} in\n{scraped}"))
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert_eq!(value("informer_queued_items"), 0.0);
+        assert!(value("informer_processing_latency_seconds_count") >= 1.0);
+        assert!(value("informer_store_resource_version") > 0.0);
+        let inf = format!(
+            "informer_processing_latency_seconds_bucket{{le=\"+Inf\",name=\"manager-test\",group=\"\",version=\"v1\",resource=\"{resource}\"}}"
+        );
+        assert!(scraped.contains(&inf), "no {inf:?} in\n{scraped}");
     }
     assert!(
         http_get(metrics_addr, "/readyz")

@@ -13,15 +13,18 @@ use crate::{
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FifoKind {
-    /// [`DeltaFifo`]: the changes of one key merged into one pop (default).
-    #[default]
+    /// [`DeltaFifo`]: the changes of one key merged into one pop; client-go's
+    /// queue before v0.33.
     DeltaFifo,
-    /// [`RealFifo`]: every change its own pop, in arrival order.
+    /// [`RealFifo`]: every change its own pop, in arrival order; a relist
+    /// applied key by key (client-go's `InOrderInformers` without
+    /// `AtomicFIFO`).
     RealFifo,
     /// [`RealFifo`] in its atomic mode ([`RealFifoOptions::atomic`]),
-    /// client-go v0.37's default: every change its own pop in arrival
-    /// order, a relist one unit the consumer swaps its cache for at once, a
-    /// resync one unit, and bookmarks passed on.
+    /// client-go v0.37's default and kinformer's: every change its own pop
+    /// in arrival order, a relist one unit the consumer swaps its cache for
+    /// at once, a resync one unit, and bookmarks passed on.
+    #[default]
     AtomicFifo,
 }
 

@@ -21,8 +21,8 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiListerWatcher, HasSynced, InformerOptions, ReflectorStats, ShardScope, SharedIndexInformer,
-    WireFormat, wait_for_cache_sync,
+    ApiListerWatcher, HasSynced, InformerOptions, LatencySnapshot, ReflectorStats, ShardScope,
+    SharedIndexInformer, WireFormat, wait_for_cache_sync,
 };
 
 /// Which objects an informer of the factory watches.
@@ -81,6 +81,9 @@ trait Startable: Send + Sync {
     fn synced(&self) -> bool;
     fn describe(&self) -> String;
     fn reflector_stats(&self) -> Option<Arc<ReflectorStats>>;
+    fn queued(&self) -> usize;
+    fn processing_latency(&self) -> LatencySnapshot;
+    fn store_resource_version(&self) -> Option<String>;
 }
 
 impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
@@ -99,6 +102,15 @@ impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
     }
     fn reflector_stats(&self) -> Option<Arc<ReflectorStats>> {
         SharedIndexInformer::reflector_stats(self)
+    }
+    fn queued(&self) -> usize {
+        SharedIndexInformer::queued(self)
+    }
+    fn processing_latency(&self) -> LatencySnapshot {
+        SharedIndexInformer::processing_latency(self)
+    }
+    fn store_resource_version(&self) -> Option<String> {
+        self.last_store_sync_resource_version()
     }
 }
 
@@ -127,11 +139,75 @@ impl FactoryStats {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+
+    /// The metrics of each informer of a named factory
+    /// ([`SharedInformerFactory::name`]) that reports them (the first made
+    /// for its group, version and resource), as client-go's informer
+    /// metrics provider gives them; sorted by resource. Empty for a factory
+    /// without a name, as client-go's informers without an `InformerName`.
+    pub fn informers(&self) -> Vec<InformerMetrics> {
+        let mut out: Vec<InformerMetrics> = self
+            .0
+            .lock()
+            .values()
+            .filter_map(|e| {
+                let id = e.metrics.as_ref()?;
+                Some(InformerMetrics {
+                    name: id.name.clone(),
+                    group: id.group.clone(),
+                    version: id.version.clone(),
+                    resource: id.resource.clone(),
+                    queued: e.startable.queued(),
+                    processing_latency: e.startable.processing_latency(),
+                    store_resource_version: e.startable.store_resource_version(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.group, &a.version, &a.resource).cmp(&(&b.group, &b.version, &b.resource))
+        });
+        out
+    }
+}
+
+/// One informer's metrics, under client-go's names (component-base's
+/// `informer_queued_items`, `informer_processing_latency_seconds` and
+/// `informer_store_resource_version`, labelled `name`, `group`, `version`
+/// and `resource`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InformerMetrics {
+    /// The factory's name.
+    pub name: String,
+    /// The API group ("" for the core group).
+    pub group: String,
+    /// The API version.
+    pub version: String,
+    /// The resource (plural).
+    pub resource: String,
+    /// Units waiting in its queue ([`SharedIndexInformer::queued`]).
+    pub queued: usize,
+    /// How long it took to apply each unit.
+    pub processing_latency: LatencySnapshot,
+    /// What its cache is synced to
+    /// ([`SharedIndexInformer::last_store_sync_resource_version`]).
+    pub store_resource_version: Option<String>,
+}
+
+/// The identity an informer reports its metrics under.
+struct MetricsId {
+    name: String,
+    group: String,
+    version: String,
+    resource: String,
 }
 
 struct Entry {
     any: Box<dyn Any + Send + Sync>,
     startable: Arc<dyn Startable>,
+    /// Set for the one informer per group, version and resource of a named
+    /// factory that reports metrics.
+    metrics: Option<MetricsId>,
 }
 
 /// What makes two informers the same: the Rust type, the kind (its URL path:
@@ -157,6 +233,9 @@ pub struct SharedInformerFactory {
     drop_managed_fields: bool,
     wire_format: WireFormat,
     fifo: FifoKind,
+    /// The name its informers report metrics under (client-go's
+    /// `InformerName`); none: no metrics.
+    name: Option<String>,
     /// Per type: the `Compact<K>` its informers keep their cache with.
     compact: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
     informers: Arc<Mutex<HashMap<InformerKey, Entry>>>,
@@ -181,6 +260,7 @@ impl SharedInformerFactory {
             drop_managed_fields: true,
             wire_format: WireFormat::default(),
             fifo: FifoKind::default(),
+            name: None,
             compact: HashMap::new(),
             informers: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -204,6 +284,17 @@ impl SharedInformerFactory {
     #[must_use]
     pub fn default_resync(mut self, period: Duration) -> Self {
         self.default_resync = Some(period);
+        self
+    }
+
+    /// The name this factory's informers report their metrics under
+    /// ([`FactoryStats::informers`]), as client-go's `WithInformerName`
+    /// (kube-controller-manager's is `kube-controller-manager`): the first
+    /// informer made for each group, version and resource reports them (a
+    /// second, of another scope, would repeat its labels).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -370,11 +461,27 @@ impl SharedInformerFactory {
             options = options.compact(compact.clone());
         }
         let informer = SharedIndexInformer::new(lw, options);
+        let metrics = self.name.as_ref().and_then(|name| {
+            let id = MetricsId {
+                name: name.clone(),
+                group: K::group(dyntype).into_owned(),
+                version: K::version(dyntype).into_owned(),
+                resource: K::plural(dyntype).into_owned(),
+            };
+            let taken = informers
+                .values()
+                .filter_map(|e| e.metrics.as_ref())
+                .any(|m| {
+                    (&m.group, &m.version, &m.resource) == (&id.group, &id.version, &id.resource)
+                });
+            (!taken).then_some(id)
+        });
         informers.insert(
             key,
             Entry {
                 any: Box::new(informer.clone()),
                 startable: Arc::new(informer.clone()),
+                metrics,
             },
         );
         informer

@@ -42,6 +42,7 @@ use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::latency::{LatencySnapshot, ProcessingLatency};
 use crate::panics::{AbortOnDrop, panic_message};
 use crate::processor::{BATCH, Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
@@ -129,13 +130,17 @@ pub struct InformerOptions<K> {
     pub default_resync: Option<Duration>,
     /// How the Reflector lists and watches.
     pub reflector: ReflectorOptions,
-    /// The queue between the Reflector and the cache: a
-    /// [`DeltaFifo`](kinformer_fifo::DeltaFifo) (the default) or a
-    /// [`RealFifo`](kinformer_fifo::RealFifo), client-go's default since
-    /// v0.33. Handlers see the same changes either way (but for a delete of
-    /// a key the cache never had, which only a RealFifo passes on); a
-    /// RealFifo hands them out one by one in arrival order, and on a relist
-    /// delivers the deletions before the listed objects.
+    /// The queue between the Reflector and the cache. The default,
+    /// [`FifoKind::AtomicFifo`], is client-go v0.37's: changes applied one
+    /// by one in watch order, a relist swapped into the cache in one step
+    /// before handlers hear of its deletions and then of its objects, the
+    /// cache's resourceVersion kept
+    /// ([`SharedIndexInformer::last_store_sync_resource_version`]). A
+    /// [`FifoKind::RealFifo`] applies a relist key by key; a
+    /// [`FifoKind::DeltaFifo`] merges the queued changes of a key, applies
+    /// a relist key by key as it arrives, and tells the listed objects
+    /// before the deletions. Handlers see the same changes on each (but for
+    /// a delete of a key the cache never had, which the DeltaFifo drops).
     pub fifo: FifoKind,
     /// Keep the cache compact: each object encoded (stripped JSON with
     /// [`Compact::json`]) with its key and index values, decoded when a
@@ -302,6 +307,8 @@ struct Inner<K> {
     failed: Arc<AtomicBool>,
     failure: Mutex<Option<InformerError>>,
     index_failures: AtomicU64,
+    /// How long each unit popped took to apply.
+    processing_latency: ProcessingLatency,
     /// Return freed memory to the system once a list is applied (a compact cache).
     release_after_list: bool,
 }
@@ -364,6 +371,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 failed: Arc::new(AtomicBool::new(false)),
                 failure: Mutex::new(None),
                 index_failures: AtomicU64::new(0),
+                processing_latency: ProcessingLatency::default(),
                 release_after_list,
             }),
         }
@@ -550,6 +558,14 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.last_store_sync_resource_version()
     }
 
+    /// How long the informer took to apply each unit it popped from its
+    /// queue (a change, a whole list, a resync or a bookmark) to its cache
+    /// and hand it to the handlers' buffers: client-go's
+    /// `informer_processing_latency_seconds`.
+    pub fn processing_latency(&self) -> LatencySnapshot {
+        self.inner.processing_latency.snapshot()
+    }
+
     /// Adds named indexes to the cache (client-go's `AddIndexers`), typically
     /// before the start: a secondary index that a controller's `watches`
     /// mapper looks owners up in. A name already taken is refused.
@@ -594,10 +610,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.stats.lock().clone()
     }
 
-    /// Keys (DeltaFifo) or changes (RealFifo) waiting in the queue between
-    /// the Reflector and the cache. A pop applies its change to the cache
-    /// under the queue's lock, so 0 means every change queued so far is in
-    /// the cache.
+    /// Units waiting in the queue between the Reflector and the cache (a
+    /// RealFifo's changes, whole lists, resyncs and bookmarks; a
+    /// DeltaFifo's keys), the one being applied included: 0 means every
+    /// change queued so far is in the cache. client-go's
+    /// `informer_queued_items`.
     pub fn queued(&self) -> usize {
         self.inner.fifo.len()
     }
@@ -673,9 +690,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
                     _ = release_tick.tick(), if inner.release_after_list => None,
                     popped = inner.fifo.pop_unit(|unit, initial| {
+                        let started = std::time::Instant::now();
                         let applied = catch_unwind(AssertUnwindSafe(|| {
                             inner.handle_unit(unit, initial)
                         }));
+                        inner.processing_latency.observe(started.elapsed());
                         if let Err(panic) = applied {
                             // Not synced from here on, though the unit
                             // counts as popped: its change may be half

@@ -9,10 +9,14 @@
 //!   custom resources (`#[derive(CustomResource)]`), `DynamicObject` with an
 //!   `ApiResource`, and `PartialObjectMeta<K>` for metadata only.
 //! - [`Reflector`] lists (paged), then watches with bookmarks, re-watches,
-//!   relists on 410 Gone, and backs off on errors, feeding a DeltaFifo (or,
-//!   by [`InformerOptions::fifo`], a RealFifo).
-//! - [`SharedIndexInformer`] applies the deltas to an Indexer and fans them
-//!   out to any number of [`ResourceEventHandler`]s, each with its own buffer.
+//!   relists on 410 Gone, and backs off on errors, feeding client-go v0.37's
+//!   in-order atomic queue (or, by [`InformerOptions::fifo`], a plain
+//!   RealFifo or a DeltaFifo).
+//! - [`SharedIndexInformer`] applies the changes to an Indexer in watch
+//!   order, a relist in one step, and fans them out to any number of
+//!   [`ResourceEventHandler`]s, each with its own buffer;
+//!   [`SharedIndexInformer::last_store_sync_resource_version`] says which
+//!   version the cache holds.
 //! - [`SharedInformerFactory`] shares informers by type, kind and scope;
 //!   [`Lister`] reads the cache; [`wait_for_cache_sync`] waits for it.
 //! - [`InformerOptions::compact`] keeps the cache compact: objects encoded
@@ -122,6 +126,7 @@ mod error;
 mod factory;
 mod handler;
 mod informer;
+mod latency;
 mod lister;
 mod lister_watcher;
 mod panics;
@@ -144,7 +149,7 @@ pub use kube_client as kube;
 
 pub use backoff::BackoffConfig;
 pub use error::{Detail, InformerError, ListWatchError};
-pub use factory::{FactoryStats, InformerScope, SharedInformerFactory};
+pub use factory::{FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{
     InformerOptions, MIN_RESYNC_PERIOD, ResourceEventHandlerRegistration, SharedIndexInformer,
@@ -153,6 +158,7 @@ pub use informer::{
 pub use kinformer_fifo::FifoKind;
 pub use kinformer_protobuf::deep::MAX_JSON_NESTING;
 pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
+pub use latency::{LatencySnapshot, PROCESSING_LATENCY_BUCKETS};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
     ApiListerWatcher, ListPage, ListRequest, ListerWatcher, ShardScope, Undecodable, WatchRequest,

@@ -313,3 +313,51 @@ async fn with_a_zero_pause_a_panicking_handler_gets_every_notification() {
     h.shutdown.cancel();
     assert!(run.await.unwrap().is_ok());
 }
+
+/// client-go v0.37.2's TestSharedInformerWatchDisruption: after a watch is
+/// lost, the relist tells a handler without a resync period only what
+/// changed (pod2 updated, pod3 added), never the unchanged pod1 (a resync,
+/// for handlers due one), on every queue.
+#[tokio::test]
+async fn a_relist_after_a_watch_disruption_tells_a_handler_without_resync_only_what_changed() {
+    let mut h = harness(vec![
+        page(vec![cm("pod1", 1), cm("pod2", 2)], 2),
+        page(vec![cm("pod1", 1), cm("pod2", 4), cm("pod3", 3)], 4),
+    ]);
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let (a, u, d) = (tx.clone(), tx.clone(), tx);
+    let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
+    let rv = |c: &ConfigMap| c.metadata.resource_version.clone().unwrap_or_default();
+    h.informer
+        .add_event_handler(
+            ResourceEventHandlerFuncs::new()
+                .on_add(move |o: &Arc<ConfigMap>, _| {
+                    let _ = a.send(format!("add {}", name(o)));
+                })
+                .on_update(move |old, new| {
+                    let _ = u.send(format!("update {} {}->{}", name(new), rv(old), rv(new)));
+                })
+                .on_delete(move |o| {
+                    let _ = d.send(format!("delete {}", name(o.object())));
+                }),
+        )
+        .unwrap();
+    h.start();
+    let w = h.next_watch().await;
+    let mut initial = [next(&mut rx).await, next(&mut rx).await];
+    initial.sort();
+    assert_eq!(initial, ["add pod1", "add pod2"]);
+    w.send(Err(ListWatchError::Gone("too old resource version".into())))
+        .unwrap();
+    let _w2 = h.next_watch().await;
+    let mut relisted = [next(&mut rx).await, next(&mut rx).await];
+    relisted.sort();
+    assert_eq!(relisted, ["add pod3", "update pod2 2->4"]);
+    let informer = h.informer.clone();
+    until("the relist applied and told", move || {
+        informer.queued() == 0 && informer.pending_notifications() == 0
+    })
+    .await;
+    assert_eq!(rx.try_recv().ok(), None, "pod1 did not change");
+    h.shutdown.cancel();
+}

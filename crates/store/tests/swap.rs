@@ -24,11 +24,12 @@ fn pod(name: &str, node: &str, rv: &str) -> Arc<Pod> {
 
 fn by_node() -> Indexers<Pod> {
     let f: IndexFunc<Pod> = Arc::new(|p: &Pod| {
-        Ok(vec![p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default()])
+        Ok(vec![
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+        ])
     });
     Indexers::from([("node".to_owned(), f)])
 }
@@ -60,7 +61,12 @@ fn a_swap_gives_back_what_each_key_held_and_keeps_what_keep_says_indexed() {
         old.sort();
         assert_eq!(old, ["ns/a", "ns/gone"], "the kept key is not swapped out");
         assert_eq!(
-            swapped.get("ns/a").unwrap().metadata.resource_version.as_deref(),
+            swapped
+                .get("ns/a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .as_deref(),
             Some("1"),
             "what a held before"
         );
@@ -73,12 +79,20 @@ fn a_swap_gives_back_what_each_key_held_and_keeps_what_keep_says_indexed() {
         keys.sort();
         assert_eq!(keys, ["ns/a", "ns/kept"]);
         assert_eq!(
-            store.get("ns/a").unwrap().metadata.resource_version.as_deref(),
+            store
+                .get("ns/a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .as_deref(),
             Some("5"),
             "a listed key is never kept"
         );
         assert_eq!(store.index_keys("node", "n1").unwrap(), ["ns/kept"]);
         assert_eq!(store.index_keys("node", "n2").unwrap(), ["ns/a"]);
-        assert_eq!(store.last_store_sync_resource_version().as_deref(), Some("7"));
+        assert_eq!(
+            store.last_store_sync_resource_version().as_deref(),
+            Some("7")
+        );
     }
 }
