@@ -26,7 +26,7 @@
 //! - `sync-default KUBECONFIG NAMESPACE`: the same sync with nothing but
 //!   the defaults: `SharedInformerFactory::new(client)` (what `Manager::new`
 //!   builds) scoped to NAMESPACE like the peers, its Pod informer as it
-//!   comes (protobuf, managedFields dropped, a DeltaFifo, whole objects).
+//!   comes (protobuf, managedFields dropped, the atomic queue, whole objects).
 //!   `KINFORMER_BENCH_FIFO` does not apply.
 //! - `reconcile KUBECONFIG NAMESPACE [compact]`: a controller over the Pods
 //!   of NAMESPACE (2 workers) whose reconcile reads its Pod from the cache

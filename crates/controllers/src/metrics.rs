@@ -160,11 +160,16 @@ impl Collector for InformerCollector {
 /// client-go's store metric keeps them (so that a float holds them
 /// exactly); `None` for a version that is not a decimal number.
 fn resource_version_digits(rv: &str) -> Option<i64> {
-    let digits = &rv[rv.len().saturating_sub(15)..];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    // Bytes, not a str slice: a version is opaque and may hold any UTF-8.
+    let digits = &rv.as_bytes()[rv.len().saturating_sub(15)..];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    digits.parse().ok()
+    Some(
+        digits
+            .iter()
+            .fold(0i64, |n, d| n * 10 + i64::from(d - b'0')),
+    )
 }
 
 /// client-go's informer metrics (component-base's provider) for the named
@@ -175,8 +180,22 @@ fn encode_named_informers(
     encoder: &mut DescriptorEncoder,
     factories: &[FactoryStats],
 ) -> Result<(), std::fmt::Error> {
-    let informers: Vec<InformerMetrics> =
-        factories.iter().flat_map(FactoryStats::informers).collect();
+    // One series per label set: factories given the same name (or one
+    // factory added twice) would repeat one; the first reports it, as
+    // client-go reserves a name and resource once per process.
+    let mut seen = std::collections::HashSet::new();
+    let informers: Vec<InformerMetrics> = factories
+        .iter()
+        .flat_map(FactoryStats::informers)
+        .filter(|m| {
+            seen.insert((
+                m.name.clone(),
+                m.group.clone(),
+                m.version.clone(),
+                m.resource.clone(),
+            ))
+        })
+        .collect();
     if informers.is_empty() {
         return Ok(());
     }
@@ -804,5 +823,28 @@ fn priority_label(name: &str, priority: Priority) -> PriorityLabel {
     PriorityLabel {
         name: name.to_owned(),
         priority: priority.as_str().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_version_digits;
+
+    #[test]
+    fn a_resource_version_gauge_keeps_its_15_least_significant_digits() {
+        assert_eq!(resource_version_digits("12345"), Some(12345));
+        assert_eq!(
+            resource_version_digits("98765432109876543210"),
+            Some(432_109_876_543_210)
+        );
+        assert_eq!(resource_version_digits(""), None);
+        assert_eq!(resource_version_digits("12a45"), None);
+        // Opaque versions: a multi-byte character where the 15 digits
+        // would start is refused, not a panic in the middle of a scrape.
+        assert_eq!(resource_version_digits("ü12345678901234"), None);
+        assert_eq!(
+            resource_version_digits("ü123456789012345"),
+            Some(123_456_789_012_345)
+        );
     }
 }

@@ -146,21 +146,24 @@ impl FactoryStats {
     /// metrics provider gives them; sorted by resource. Empty for a factory
     /// without a name, as client-go's informers without an `InformerName`.
     pub fn informers(&self) -> Vec<InformerMetrics> {
-        let mut out: Vec<InformerMetrics> = self
+        // Read with the factory unlocked: a queue may be locked while it
+        // applies a unit, and nobody should wait on the factory meanwhile.
+        let named: Vec<(MetricsId, Arc<dyn Startable>)> = self
             .0
             .lock()
             .values()
-            .filter_map(|e| {
-                let id = e.metrics.as_ref()?;
-                Some(InformerMetrics {
-                    name: id.name.clone(),
-                    group: id.group.clone(),
-                    version: id.version.clone(),
-                    resource: id.resource.clone(),
-                    queued: e.startable.queued(),
-                    processing_latency: e.startable.processing_latency(),
-                    store_resource_version: e.startable.store_resource_version(),
-                })
+            .filter_map(|e| Some((e.metrics.clone()?, Arc::clone(&e.startable))))
+            .collect();
+        let mut out: Vec<InformerMetrics> = named
+            .into_iter()
+            .map(|(id, informer)| InformerMetrics {
+                name: id.name,
+                group: id.group,
+                version: id.version,
+                resource: id.resource,
+                queued: informer.queued(),
+                processing_latency: informer.processing_latency(),
+                store_resource_version: informer.store_resource_version(),
             })
             .collect();
         out.sort_by(|a, b| {
@@ -195,6 +198,7 @@ pub struct InformerMetrics {
 }
 
 /// The identity an informer reports its metrics under.
+#[derive(Clone)]
 struct MetricsId {
     name: String,
     group: String,

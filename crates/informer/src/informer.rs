@@ -152,9 +152,11 @@ pub struct InformerOptions<K> {
     pub compact: Option<Compact<K>>,
     /// On the atomic queue, a relisted object at the version the cache
     /// holds (same uid, same non-empty resourceVersion) is kept as the
-    /// cached one rather than held twice until the swap, so a relist's
-    /// memory peak stays near the steady state (default `true`; a compact
-    /// cache shares nothing). The server serves one content per version,
+    /// cached one rather than held twice until the swap (a compact cache
+    /// keeps its stored form, index entries included), so a relist's
+    /// memory peak stays near the steady state (default `true`). Such an
+    /// object also keeps what the transform made of it before. The server
+    /// serves one content per version,
     /// except where it changes what it serves without a write (new CRD
     /// defaults or pruning, another conversion webhook, an upgrade that
     /// defaults new fields): with sharing, such content reaches the cache
@@ -614,7 +616,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// RealFifo's changes, whole lists, resyncs and bookmarks; a
     /// DeltaFifo's keys), the one being applied included: 0 means every
     /// change queued so far is in the cache. client-go's
-    /// `informer_queued_items`.
+    /// `informer_queued_items`, which does not count the unit in flight.
     pub fn queued(&self) -> usize {
         self.inner.fifo.len()
     }

@@ -105,17 +105,18 @@ impl<K> Swapped<'_, K> {
         self.store.finish(self.store.read(key, &entry.obj))
     }
 
-    /// The keys held before the swap, in no particular order.
+    /// The keys held before the swap and swapped out (not those kept), in
+    /// no particular order.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &Arc<str>> {
         self.old.keys()
     }
 
-    /// How many keys were held before the swap.
+    /// How many keys were swapped out.
     pub fn len(&self) -> usize {
         self.old.len()
     }
 
-    /// Whether nothing was held before the swap.
+    /// Whether nothing was swapped out.
     pub fn is_empty(&self) -> bool {
         self.old.is_empty()
     }
@@ -487,7 +488,9 @@ impl<K> ThreadSafeStore<K> {
     /// read, from a compact store) after readers already see the new one.
     /// A key held before, absent from `items` and for which `keep` is true
     /// stays as it is held (not decoded, not encoded again, its index
-    /// entries as they were) and is not in the swapped-out content.
+    /// entries as they were: index functions are not run for it again) and
+    /// is not in the swapped-out content. `keep` runs under the store's
+    /// write lock and must not read the store.
     pub fn swap_at(
         &self,
         items: Vec<(Arc<str>, Arc<K>)>,
@@ -532,12 +535,15 @@ impl<K> ThreadSafeStore<K> {
             drop(entries);
             return self.swap_at(items, keep, resource_version);
         }
-        let mut old = std::mem::take(&mut inner.items);
-        let kept: Vec<Arc<str>> = old
+        // Asked before anything changes: a `keep` that panics leaves the
+        // store as it was.
+        let kept: Vec<Arc<str>> = inner
+            .items
             .keys()
             .filter(|key| !entries.contains_key(key.as_ref()) && keep(key))
             .cloned()
             .collect();
+        let mut old = std::mem::take(&mut inner.items);
         for key in kept {
             let Some((key, entry)) = old.remove_entry(key.as_ref()) else {
                 continue;
