@@ -252,6 +252,43 @@ impl From<kinformer_protobuf::Error> for ListWatchError {
 }
 
 /// Using an informer failed, or a running informer could no longer keep
+/// Why an informer cannot tell, or no longer waits to see, whether its
+/// cache has caught up with a resourceVersion.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CatchUpError {
+    /// The informer's queue does not apply changes in watch order with
+    /// relists at once, so its cache's version says nothing (only
+    /// [`FifoKind::AtomicFifo`](crate::FifoKind::AtomicFifo), the default,
+    /// keeps it).
+    #[error(
+        "the informer of {what} cannot say which resourceVersion its cache holds: its queue is not the in-order atomic one"
+    )]
+    NotInOrder {
+        /// What the informer lists.
+        what: String,
+    },
+    /// A version that cannot be ordered: not a positive decimal integer
+    /// (an aggregated API server's, say), the cache's or the one asked for.
+    #[error("the informer of {what} cannot order resourceVersions: {source}")]
+    Incomparable {
+        /// What the informer lists.
+        what: String,
+        /// The version that is not well formed.
+        source: kinformer_store::InvalidResourceVersion,
+    },
+    /// The informer stopped before its cache reached the version.
+    #[error(
+        "the informer of {what} stopped before its cache reached resourceVersion {resource_version}"
+    )]
+    Stopped {
+        /// What the informer lists.
+        what: String,
+        /// The version waited for.
+        resource_version: String,
+    },
+}
+
 /// its cache in step with the server.
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]

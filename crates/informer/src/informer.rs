@@ -35,7 +35,7 @@ use kinformer_fifo::{
 };
 use kinformer_store::{
     CacheReader, Compact, DeletedFinalStateUnknown, Indexer, Indexers, KnownObjects, Object,
-    ObjectOrTombstone, StoreError,
+    ObjectOrTombstone, StoreError, compare_resource_version,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinError;
@@ -46,7 +46,9 @@ use crate::latency::{LatencySnapshot, ProcessingLatency};
 use crate::panics::{AbortOnDrop, panic_message};
 use crate::processor::{BATCH, Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
-use crate::{InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler};
+use crate::{
+    CatchUpError, InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler,
+};
 
 /// Rewrites each object once, before it is cached: client-go's `TransformFunc`.
 pub type Transform<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
@@ -311,6 +313,9 @@ struct Inner<K> {
     index_failures: AtomicU64,
     /// How long each unit popped took to apply.
     processing_latency: ProcessingLatency,
+    /// Woken after each unit applied and when the informer stops: what
+    /// waits for the cache to reach a version looks again.
+    applied: tokio::sync::Notify,
     /// Return freed memory to the system once a list is applied (a compact cache).
     release_after_list: bool,
 }
@@ -374,6 +379,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 failure: Mutex::new(None),
                 index_failures: AtomicU64::new(0),
                 processing_latency: ProcessingLatency::default(),
+                applied: tokio::sync::Notify::new(),
                 release_after_list,
             }),
         }
@@ -560,6 +566,60 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.last_store_sync_resource_version()
     }
 
+    /// Whether the cache holds the state of `resource_version` or a later
+    /// one (its [`last_store_sync_resource_version`](Self::last_store_sync_resource_version)
+    /// is at or past it, ordered as apimachinery's `CompareResourceVersion`):
+    /// after a write answered with `resource_version`, `true` means every
+    /// read of this informer's cache sees that write or something newer.
+    /// `false` before anything was synced. Versions are ordered within one
+    /// resource only: ask the informer of the written resource.
+    pub fn has_caught_up_to(&self, resource_version: &str) -> Result<bool, CatchUpError> {
+        let what = || self.inner.description.clone();
+        if !self.inner.in_order() {
+            return Err(CatchUpError::NotInOrder { what: what() });
+        }
+        let Some(synced) = self.inner.indexer.last_store_sync_resource_version() else {
+            // Check the version asked for all the same.
+            return compare_resource_version(resource_version, resource_version)
+                .map(|_| false)
+                .map_err(|source| CatchUpError::Incomparable {
+                    what: what(),
+                    source,
+                });
+        };
+        compare_resource_version(&synced, resource_version)
+            .map(|order| order != std::cmp::Ordering::Less)
+            .map_err(|source| CatchUpError::Incomparable {
+                what: what(),
+                source,
+            })
+    }
+
+    /// Waits until [`has_caught_up_to`](Self::has_caught_up_to) holds,
+    /// woken by each change the informer applies (a list, an event or a
+    /// bookmark: the server sends one about every minute, so a version
+    /// whose own event never comes, an object deleted meanwhile or outside
+    /// a selector, is passed all the same). No bound of its own: wrap it in
+    /// `tokio::time::timeout`. [`CatchUpError::Stopped`] if the informer
+    /// stops first.
+    pub async fn wait_caught_up_to(&self, resource_version: &str) -> Result<(), CatchUpError> {
+        loop {
+            let notified = self.inner.applied.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.has_caught_up_to(resource_version)? {
+                return Ok(());
+            }
+            if self.inner.stopped.load(Ordering::SeqCst) {
+                return Err(CatchUpError::Stopped {
+                    what: self.inner.description.clone(),
+                    resource_version: resource_version.to_owned(),
+                });
+            }
+            notified.await;
+        }
+    }
+
     /// How long the informer took to apply each unit it popped from its
     /// queue (a change, a whole list, a resync or a bookmark) to its cache
     /// and hand it to the handlers' buffers: client-go's
@@ -721,6 +781,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 // deltas wait (at most BATCH pops apart, whoever they
                 // reached), at once when none does.
                 if popped.is_some() {
+                    inner.applied.notify_waiters();
                     unflushed += 1;
                     if unflushed >= BATCH || inner.fifo.is_empty() {
                         inner.processor.flush();
@@ -817,6 +878,7 @@ impl<K> Inner<K> {
     fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.processor.stop_all();
+        self.applied.notify_waiters();
     }
 
     /// Records the failure (the first one wins) and logs it.

@@ -148,7 +148,7 @@ pub use kinformer_protobuf as protobuf;
 pub use kube_client as kube;
 
 pub use backoff::BackoffConfig;
-pub use error::{Detail, InformerError, ListWatchError};
+pub use error::{CatchUpError, Detail, InformerError, ListWatchError};
 pub use factory::{FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{

@@ -12,9 +12,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_informer::{
-    CancellationToken, FifoKind, InformerError, InformerOptions, LIST_BATCH, ListPage, ListRequest,
-    ListWatchError, ListerWatcher, ReflectorOptions, ResourceEventHandlerFuncs,
-    SharedIndexInformer, Undecodable, WatchRequest, WatchStream,
+    CancellationToken, CatchUpError, FifoKind, InformerError, InformerOptions, LIST_BATCH,
+    ListPage, ListRequest, ListWatchError, ListerWatcher, ReflectorOptions,
+    ResourceEventHandlerFuncs, SharedIndexInformer, Undecodable, WatchRequest, WatchStream,
 };
 use kinformer_store::Indexers;
 use kube_client::core::WatchEvent;
@@ -1715,4 +1715,87 @@ async fn a_transform_that_leaves_a_listed_object_without_a_name_keeps_the_cached
     let seen = log.wait_for(3).await;
     assert!(!seen.iter().any(|s| s.starts_with("delete")), "{seen:?}");
     h.shutdown.cancel();
+}
+
+/// What a controller that wrote an object asks before reading its cache:
+/// has the informer applied the version the write returned, and a wait for
+/// it woken by the change that brings it (an event or a bookmark).
+#[tokio::test]
+async fn an_atomic_informer_says_when_its_cache_has_caught_up_with_a_version_and_waits_for_it() {
+    let mut h = harness(
+        vec![page(vec![cm("a", 1)], 3)],
+        InformerOptions::new().fifo(FifoKind::AtomicFifo),
+    );
+    assert_eq!(
+        h.informer.has_caught_up_to("1"),
+        Ok(false),
+        "nothing synced yet"
+    );
+    h.start();
+    let w = h.next_watch().await;
+    h.informer.wait_caught_up_to("3").await.unwrap();
+    assert_eq!(h.informer.has_caught_up_to("2"), Ok(true));
+    assert_eq!(h.informer.has_caught_up_to("3"), Ok(true));
+    assert_eq!(
+        h.informer.has_caught_up_to("10"),
+        Ok(false),
+        "10 > 3, not \"10\" < \"3\""
+    );
+    let (by_event, by_bookmark) = {
+        let (i1, i2) = (h.informer.clone(), h.informer.clone());
+        (
+            tokio::spawn(async move { i1.wait_caught_up_to("5").await }),
+            tokio::spawn(async move { i2.wait_caught_up_to("12").await }),
+        )
+    };
+    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), by_event)
+        .await
+        .expect("the event's version was not noticed")
+        .unwrap()
+        .unwrap();
+    assert!(!by_bookmark.is_finished());
+    w.send(Ok(WatchEvent::Bookmark(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "12"}
+        }))
+        .unwrap(),
+    )))
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), by_bookmark)
+        .await
+        .expect("a bookmark on a quiet watch was not noticed")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        h.informer.has_caught_up_to("abc"),
+        Err(CatchUpError::Incomparable { .. })
+    ));
+    let never = {
+        let i = h.informer.clone();
+        tokio::spawn(async move { i.wait_caught_up_to("99").await })
+    };
+    h.shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), never)
+        .await
+        .expect("a wait outlived the informer")
+        .unwrap();
+    assert!(
+        matches!(stopped, Err(CatchUpError::Stopped { .. })),
+        "{stopped:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_informer_on_another_queue_cannot_say_whether_it_caught_up() {
+    for fifo in [FifoKind::DeltaFifo, FifoKind::RealFifo] {
+        let h = harness(
+            vec![page(vec![cm("a", 1)], 3)],
+            InformerOptions::new().fifo(fifo),
+        );
+        assert!(matches!(
+            h.informer.has_caught_up_to("1"),
+            Err(CatchUpError::NotInOrder { .. })
+        ));
+    }
 }

@@ -13,8 +13,9 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_informer::{
-    ApiListerWatcher, CancellationToken, HashRange, ListRequest, ListerWatcher, ReflectorOptions,
-    ShardEnforcement, ShardField, ShardScope, ShardSelector, ShardStats, SharedIndexInformer,
+    ApiListerWatcher, CancellationToken, FifoKind, HashRange, InformerOptions, ListRequest,
+    ListerWatcher, ReflectorOptions, ShardEnforcement, ShardField, ShardScope, ShardSelector,
+    ShardStats, SharedIndexInformer,
 };
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -409,4 +410,50 @@ async fn a_rescoped_informer_holds_exactly_its_new_shard_through_list_and_watch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescoped_informer_holds_exactly_its_new_shard_from_a_streaming_list() {
     a_rescoped_informer_follows_its_shard(true).await;
+}
+
+/// A write to an object of another shard moves the cache's resourceVersion
+/// past it at once (the filtered event is passed on as a bookmark), so a
+/// controller that waits for its cache to catch up with that write is not
+/// held until the server's next bookmark, about a minute away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_another_shard_is_caught_up_with_at_once_when_filtered_on_the_client() {
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("shard-rv").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create_config_maps(&api, "shard-rv", (0..40).map(|i| format!("c{i}"))).await;
+    let shard = uid_shards(2).remove(0);
+    // The atomic queue, whichever the suite runs on: only it says which
+    // version its cache holds.
+    let lw = ApiListerWatcher::<ConfigMap>::namespaced(client, &ns).shard(shard.clone());
+    let mut reflector = ReflectorOptions::default();
+    reflector.use_watch_list = false;
+    let informer = SharedIndexInformer::new(
+        lw,
+        InformerOptions::new()
+            .fifo(FifoKind::AtomicFifo)
+            .reflector(reflector),
+    );
+    let shutdown = CancellationToken::new();
+    let (i, stop) = (informer.clone(), shutdown.clone());
+    tokio::spawn(async move { i.run(stop).await });
+    common::wait_synced(&informer).await;
+    let inside = server_shard(&api, &shard).await;
+    let outside = (0..40)
+        .map(|i| format!("c{i}"))
+        .find(|name| !inside.contains(&format!("{ns}/{name}")))
+        .expect("an object of the other shard");
+    let patch = serde_json::json!({"data": {"v": "1"}});
+    let written = api
+        .patch(&outside, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let rv = written.metadata.resource_version.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), informer.wait_caught_up_to(&rv))
+        .await
+        .expect("the cache did not pass another shard's write within 10 s")
+        .unwrap();
+    assert!(informer.lister().get(&format!("{ns}/{outside}")).is_none());
+    shutdown.cancel();
 }

@@ -47,6 +47,7 @@ mod indexer;
 mod key;
 mod object;
 mod reader;
+mod resource_version;
 mod thread_safe_store;
 
 pub use compact::{Codec, Compact, CompactStats, JSON_MAX_NESTING, JsonCodec};
@@ -61,4 +62,5 @@ pub use key::{
 };
 pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
 pub use reader::CacheReader;
+pub use resource_version::{InvalidResourceVersion, compare_resource_version};
 pub use thread_safe_store::{Swapped, ThreadSafeStore, Upserted};

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use kube_client::Resource;
-use kube_client::core::WatchEvent;
+use kube_client::core::watch::{Bookmark, BookmarkMeta};
+use kube_client::core::{TypeMeta, WatchEvent};
 use serde::de::DeserializeOwned;
 
 use super::{ApiListerWatcher, ListPage, WatchStream};
@@ -239,10 +240,31 @@ where
         let mut changed = Box::pin(sharding.scope.changed_from(Arc::clone(&shard)));
         let mut ended = false;
         let mut events = events
-            .filter(move |event| {
-                let keep = match event {
-                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
-                        shard.selector.matches(o)
+            .filter_map(move |event| {
+                let passed = match event {
+                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o))
+                        if !shard.selector.matches(&o) =>
+                    {
+                        stats.filtered(1, "watch", &shard.selector);
+                        // Another shard's change, passed on as a bookmark at
+                        // its version: the watch has come this far, and the
+                        // cache's resourceVersion moves on as it would
+                        // unsharded (what waits for a version this shard
+                        // never sees is not held up until the server's next
+                        // bookmark). Without a version, dropped.
+                        o.meta()
+                            .resource_version
+                            .as_deref()
+                            .filter(|rv| !rv.is_empty())
+                            .map(|rv| {
+                                Ok(WatchEvent::Bookmark(Bookmark {
+                                    types: TypeMeta::default(),
+                                    metadata: BookmarkMeta {
+                                        resource_version: rv.to_owned(),
+                                        annotations: Default::default(),
+                                    },
+                                }))
+                            })
                     }
                     Ok(WatchEvent::Bookmark(b)) => {
                         // The end of a streaming list: marked listed at the
@@ -254,14 +276,11 @@ where
                         {
                             end_seen.store(true, Ordering::SeqCst);
                         }
-                        true
+                        Some(Ok(WatchEvent::Bookmark(b)))
                     }
-                    _ => true,
+                    other => Some(other),
                 };
-                if !keep {
-                    stats.filtered(1, "watch", &shard.selector);
-                }
-                futures::future::ready(keep)
+                futures::future::ready(passed)
             })
             .boxed();
         futures::stream::poll_fn(move |cx| {
