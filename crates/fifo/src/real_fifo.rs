@@ -24,7 +24,7 @@ use kinformer_store::{
     DeletedFinalStateUnknown, KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone,
     meta_namespace_key,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
@@ -556,52 +556,38 @@ impl<K> RealFifo<K> {
         F: FnOnce(&str, &Deltas<K>, bool) -> Result<T, Requeue<E>>,
     {
         let mut process = Some(process);
-        let mut registered = false;
-        loop {
-            let mut notified = pin!(self.notify.notified());
-            if registered {
-                notified.as_mut().enable();
-            }
-            {
-                let _consumer = self.consumer.lock();
-                let mut inner = self.inner.lock();
-                while let Some(item) = inner.items.pop_front() {
-                    let (key, delta) = match item {
-                        Item::Delta(key, delta) => (key, delta),
-                        other => {
-                            self.expand(&mut inner, other);
-                            continue;
+        self.consume(|mut inner| {
+            while let Some(item) = inner.items.pop_front() {
+                let (key, delta) = match item {
+                    Item::Delta(key, delta) => (key, delta),
+                    other => {
+                        self.expand(&mut inner, other);
+                        continue;
+                    }
+                };
+                let is_in_initial_list = !inner.has_synced();
+                let Some(process) = process.take() else {
+                    unreachable!("process is consumed at most once")
+                };
+                let deltas = Deltas(vec![delta]);
+                return Some(match process(&key, &deltas, is_in_initial_list) {
+                    Ok(value) => {
+                        // Counted once processed: has_synced cannot turn
+                        // true while the last initial entry is handled.
+                        inner.popped();
+                        Ok(value)
+                    }
+                    Err(Requeue(err)) => {
+                        if let Some(delta) = deltas.into_vec().pop() {
+                            inner.items.push_front(Item::Delta(key, delta));
                         }
-                    };
-                    let is_in_initial_list = !inner.has_synced();
-                    let Some(process) = process.take() else {
-                        unreachable!("process is consumed at most once")
-                    };
-                    let deltas = Deltas(vec![delta]);
-                    return match process(&key, &deltas, is_in_initial_list) {
-                        Ok(value) => {
-                            // Counted once processed: has_synced cannot turn
-                            // true while the last initial entry is handled.
-                            inner.popped();
-                            Ok(value)
-                        }
-                        Err(Requeue(err)) => {
-                            if let Some(delta) = deltas.into_vec().pop() {
-                                inner.items.push_front(Item::Delta(key, delta));
-                            }
-                            Err(PopError::Requeued(err))
-                        }
-                    };
-                }
-                if inner.closed {
-                    return Err(PopError::Closed);
-                }
+                        Err(PopError::Requeued(err))
+                    }
+                });
             }
-            if registered {
-                notified.await;
-            }
-            registered = true;
-        }
+            inner.closed.then_some(Err(PopError::Closed))
+        })
+        .await
     }
 
     /// Waits for the next unit of any kind and hands it to `process`
@@ -610,8 +596,8 @@ impl<K> RealFifo<K> {
     /// In the atomic mode `process` runs with the queue unlocked while
     /// fewer than 2000 units wait, so producers go on adding while a whole
     /// list is applied (client-go's `UnlockWhileProcessingFIFO`, with its
-    /// bound: a consumer that far behind holds producers back); consumers still take units one at a
-    /// time, in order, and [`has_synced`](Self::has_synced) turns true only
+    /// bound: a consumer that far behind holds producers back); consumers
+    /// still take units one at a time, in order, and [`has_synced`](Self::has_synced) turns true only
     /// once the last initial unit has been processed. Otherwise it runs
     /// under the lock, as [`pop`](Self::pop)'s. `Err(Requeue(e))` puts the
     /// unit back at the head of the queue and gives
@@ -622,6 +608,54 @@ impl<K> RealFifo<K> {
         F: FnOnce(Popped<'_, K>, bool) -> Result<T, Requeue<E>>,
     {
         let mut process = Some(process);
+        self.consume(|mut inner| {
+            let Some(item) = inner.items.pop_front() else {
+                return inner.closed.then_some(Err(PopError::Closed));
+            };
+            let is_in_initial_list = !inner.has_synced();
+            // Whether this unit is one the first list's population counts:
+            // a unit taken before that list arrived is not, even if it
+            // arrives while this one is processed.
+            let counted = inner.initial_population_count > 0;
+            let Some(process) = process.take() else {
+                unreachable!("process is consumed at most once")
+            };
+            inner.in_flight = true;
+            let unlock = self.atomic && inner.items.len() < UNLOCKED_BELOW;
+            let (item, result, mut inner) = if unlock {
+                drop(inner);
+                let (item, result) = run_unit(item, is_in_initial_list, process);
+                (item, result, self.inner.lock())
+            } else {
+                let (item, result) = run_unit(item, is_in_initial_list, process);
+                (item, result, inner)
+            };
+            inner.in_flight = false;
+            Some(match result {
+                Ok(value) => {
+                    if counted {
+                        inner.popped();
+                    }
+                    Ok(value)
+                }
+                Err(Requeue(err)) => {
+                    inner.items.push_front(item);
+                    Err(PopError::Requeued(err))
+                }
+            })
+        })
+        .await
+    }
+
+    /// Runs `attempt` with the consumer's lock and the queue's lock held
+    /// until it gives an answer, waiting for a push or a close between
+    /// attempts (the waiter is registered before each attempt looks, so no
+    /// push is missed). One consumer at a time: units are taken and
+    /// processed in order even when `attempt` unlocks the queue.
+    async fn consume<R>(
+        &self,
+        mut attempt: impl FnMut(MutexGuard<'_, Inner<K>>) -> Option<R>,
+    ) -> R {
         let mut registered = false;
         loop {
             let mut notified = pin!(self.notify.notified());
@@ -630,42 +664,8 @@ impl<K> RealFifo<K> {
             }
             {
                 let _consumer = self.consumer.lock();
-                let mut inner = self.inner.lock();
-                if let Some(item) = inner.items.pop_front() {
-                    let is_in_initial_list = !inner.has_synced();
-                    // Whether this unit is one the first list's population
-                    // counts: a unit taken before that list arrived is not,
-                    // even if it arrives while this one is processed.
-                    let counted = inner.initial_population_count > 0;
-                    let Some(process) = process.take() else {
-                        unreachable!("process is consumed at most once")
-                    };
-                    inner.in_flight = true;
-                    let unlock = self.atomic && inner.items.len() < UNLOCKED_BELOW;
-                    let (item, result, mut inner) = if unlock {
-                        drop(inner);
-                        let (item, result) = run_unit(item, is_in_initial_list, process);
-                        (item, result, self.inner.lock())
-                    } else {
-                        let (item, result) = run_unit(item, is_in_initial_list, process);
-                        (item, result, inner)
-                    };
-                    inner.in_flight = false;
-                    return match result {
-                        Ok(value) => {
-                            if counted {
-                                inner.popped();
-                            }
-                            Ok(value)
-                        }
-                        Err(Requeue(err)) => {
-                            inner.items.push_front(item);
-                            Err(PopError::Requeued(err))
-                        }
-                    };
-                }
-                if inner.closed {
-                    return Err(PopError::Closed);
+                if let Some(answer) = attempt(self.inner.lock()) {
+                    return answer;
                 }
             }
             if registered {

@@ -65,6 +65,26 @@ async fn pop(fifo: &RealFifo<Pod>) -> (String, bool) {
     .unwrap()
 }
 
+/// Pops a `ReplacedAll` and says, per listed object, whether it is the very
+/// object `held` holds under its key (shared, not a copy).
+async fn shared_with(fifo: &RealFifo<Pod>, held: &Indexer<Pod>) -> Vec<bool> {
+    fifo.pop_unit(|unit, _| {
+        let Popped::ReplacedAll(all) = unit else {
+            panic!("not a ReplacedAll: {}", describe(&unit))
+        };
+        let shared: Vec<bool> = all
+            .objects()
+            .map(|(key, obj)| {
+                let obj = obj.expect("a whole store's objects are shared, not held");
+                held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj))
+            })
+            .collect();
+        Ok::<_, Requeue<()>>(shared)
+    })
+    .await
+    .unwrap()
+}
+
 async fn pop_all(fifo: &RealFifo<Pod>) -> Vec<String> {
     let mut seen = Vec::new();
     while !fifo.is_empty() {
@@ -363,35 +383,32 @@ async fn a_relisted_object_at_the_version_held_whole_is_queued_as_the_held_one()
     replace.push(pod("changed", 2)).unwrap();
     replace.push(pod("new", 3)).unwrap();
     replace.finish("3");
-    let shared = fifo
-        .pop_unit(|unit, _| {
-            let Popped::ReplacedAll(all) = unit else {
-                panic!("not a ReplacedAll")
-            };
-            let shared: Vec<bool> = all
-                .objects()
-                .map(|(key, obj)| {
-                    let obj = obj.expect("a whole store's objects are shared, not held");
-                    held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj))
-                })
-                .collect();
-            Ok::<_, Requeue<()>>(shared)
-        })
-        .await
-        .unwrap();
+    let shared = shared_with(&fifo, &held).await;
     assert_eq!(shared, [true, false, false]);
 }
 
 #[tokio::test]
-async fn a_compact_store_shares_nothing() {
+async fn a_relisted_object_a_compact_store_holds_at_its_version_is_not_kept_at_all() {
     let held = Arc::new(Indexer::<Pod>::compact(
         Default::default(),
         kinformer_store::Compact::json(),
     ));
     held.add(pod("same", 1)).unwrap();
+    held.add(pod("changed", 1)).unwrap();
     assert!(
         held.get_shared("ns/same").is_none(),
         "it would decode a copy"
+    );
+    let known: Arc<dyn KnownObjects<Pod>> = held.clone();
+    let fifo = RealFifo::with_options(RealFifoOptions::new().known_objects(known).atomic());
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("same", 1)).unwrap();
+    replace.push(pod("changed", 2)).unwrap();
+    replace.push(pod("new", 3)).unwrap();
+    replace.finish("3");
+    assert_eq!(
+        pop(&fifo).await.0,
+        "ReplacedAll 3 [ns/same held, ns/changed 2, ns/new 3]"
     );
 }
 
@@ -448,22 +465,7 @@ async fn only_an_object_at_the_same_non_empty_version_and_uid_is_shared() {
     replace.push(with("recreated", "4", Some("u2"))).unwrap();
     replace.push(with("unversioned", "", None)).unwrap();
     replace.finish("5");
-    let shared = fifo
-        .pop_unit(|unit, _| {
-            let Popped::ReplacedAll(all) = unit else {
-                panic!("not a ReplacedAll")
-            };
-            let shared: Vec<bool> = all
-                .objects()
-                .map(|(key, obj)| {
-                    let obj = obj.expect("a whole store's objects are shared, not held");
-                    held.get_by_key(key).is_some_and(|h| Arc::ptr_eq(&h, obj))
-                })
-                .collect();
-            Ok::<_, Requeue<()>>(shared)
-        })
-        .await
-        .unwrap();
+    let shared = shared_with(&fifo, &held).await;
     assert_eq!(shared, [true, false, false]);
 }
 
