@@ -251,7 +251,6 @@ impl From<kinformer_protobuf::Error> for ListWatchError {
     }
 }
 
-/// Using an informer failed, or a running informer could no longer keep
 /// Why an informer cannot tell, or no longer waits to see, whether its
 /// cache has caught up with a resourceVersion.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -289,6 +288,7 @@ pub enum CatchUpError {
     },
 }
 
+/// Using an informer failed, or a running informer could no longer keep
 /// its cache in step with the server.
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]

@@ -157,7 +157,9 @@ pub use informer::{
 };
 pub use kinformer_fifo::FifoKind;
 pub use kinformer_protobuf::deep::MAX_JSON_NESTING;
-pub use kinformer_store::{Codec, Compact, CompactStats, JsonCodec};
+pub use kinformer_store::{
+    Codec, Compact, CompactStats, InvalidResourceVersion, JsonCodec, compare_resource_version,
+};
 pub use latency::{LatencySnapshot, PROCESSING_LATENCY_BUCKETS};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
