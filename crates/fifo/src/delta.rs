@@ -46,6 +46,18 @@ impl<K> Delta<K> {
             object: ObjectOrTombstone::Object(object),
         }
     }
+
+    /// The `Deleted` delta a relist infers for `key`, last seen as `obj`:
+    /// a [`DeletedFinalStateUnknown`](crate::DeletedFinalStateUnknown) tombstone.
+    pub(crate) fn tombstone(key: &str, obj: Arc<K>) -> Self {
+        Self {
+            kind: DeltaType::Deleted,
+            object: ObjectOrTombstone::Tombstone(kinformer_store::DeletedFinalStateUnknown {
+                key: key.to_owned(),
+                obj,
+            }),
+        }
+    }
 }
 
 /// The changes queued for one key, oldest first; never empty once queued.

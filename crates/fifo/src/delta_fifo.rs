@@ -12,8 +12,7 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use kinformer_store::{
-    DeletedFinalStateUnknown, KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone,
-    meta_namespace_key,
+    KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone, meta_namespace_key,
 };
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -210,7 +209,7 @@ impl<K> DeltaFifo<K> {
     /// Every listed object gets a `Replaced` delta (`Sync` in the legacy
     /// mode). Every key that is queued, or held by the known objects with
     /// nothing queued, and is absent from the list gets a `Deleted` delta
-    /// whose object is a [`DeletedFinalStateUnknown`] tombstone carrying the
+    /// whose object is a [`DeletedFinalStateUnknown`](crate::DeletedFinalStateUnknown) tombstone carrying the
     /// last state known. The first replace also fixes the population that
     /// [`has_synced`](Self::has_synced) waits for: the listed keys plus
     /// those deletions.
@@ -452,15 +451,7 @@ impl<K> DeltaFifo<K> {
     }
 
     fn queue_tombstone(&self, inner: &mut Inner<K>, key: &str, obj: Arc<K>) {
-        let tombstone = DeletedFinalStateUnknown {
-            key: key.to_owned(),
-            obj,
-        };
-        let delta = Delta {
-            kind: DeltaType::Deleted,
-            object: ObjectOrTombstone::Tombstone(tombstone),
-        };
-        self.queue_action(inner, key, delta);
+        self.queue_action(inner, key, Delta::tombstone(key, obj));
     }
 
     fn queue_action(&self, inner: &mut Inner<K>, key: &str, delta: Delta<K>) {
@@ -606,7 +597,7 @@ impl<K> DeltaFifoReplace<'_, K> {
     }
 
     /// The list is complete: queues a `Deleted` delta (with a
-    /// [`DeletedFinalStateUnknown`] tombstone) for every key queued or
+    /// [`DeletedFinalStateUnknown`](crate::DeletedFinalStateUnknown) tombstone) for every key queued or
     /// known that was neither pushed nor [kept](Self::keep), as
     /// [`DeltaFifo::replace`] does.
     pub fn finish(self, _resource_version: &str) {

@@ -21,8 +21,7 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use kinformer_store::{
-    DeletedFinalStateUnknown, KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone,
-    meta_namespace_key,
+    KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone, meta_namespace_key,
 };
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -105,7 +104,7 @@ impl<K> RealFifoOptions<K> {
 ///   so a consumer sees each intermediate state, and a delete of a key it
 ///   never saw is queued all the same.
 /// - `replace` queues first a `Deleted` delta with a
-///   [`DeletedFinalStateUnknown`] tombstone for every key the list no longer
+///   [`DeletedFinalStateUnknown`](crate::DeletedFinalStateUnknown) tombstone for every key the list no longer
 ///   has (among the keys queued, unless their last entry is a delete, and
 ///   among the known objects with nothing queued), then a `Replaced` delta
 ///   for every listed object, in list order. In the atomic mode it queues
@@ -470,14 +469,7 @@ impl<K> RealFifo<K> {
             }
         }
         for (key, obj) in gone {
-            let tombstone = DeletedFinalStateUnknown {
-                key: key.to_string(),
-                obj,
-            };
-            let delta = Delta {
-                kind: DeltaType::Deleted,
-                object: ObjectOrTombstone::Tombstone(tombstone),
-            };
+            let delta = Delta::tombstone(&key, obj);
             self.push(&mut inner, Item::Delta(key, delta));
         }
         // Every object is whole outside the atomic mode.
@@ -748,16 +740,8 @@ impl<K> RealFifo<K> {
                     continue;
                 }
                 if let Some(obj) = known.get_by_key(&key) {
-                    let key: Arc<str> = Arc::from(key);
-                    let tombstone = DeletedFinalStateUnknown {
-                        key: key.to_string(),
-                        obj,
-                    };
-                    let delta = Delta {
-                        kind: DeltaType::Deleted,
-                        object: ObjectOrTombstone::Tombstone(tombstone),
-                    };
-                    units.push(Item::Delta(key, delta));
+                    let delta = Delta::tombstone(&key, obj);
+                    units.push(Item::Delta(Arc::from(key), delta));
                 }
             }
         }
