@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::read_your_writes::{TrackerCollector, WriteTracker};
 use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
 use crate::{
     Controller, ControllerBuilder, ControllerError, ControllerOptions, EventRecorder,
@@ -182,7 +183,11 @@ impl<K: Object + Clone> Runnable for Controller<K> {
 /// from the start of the stop. `/readyz` answers 200 once every
 /// controller's caches have synced and every ready check passes.
 pub struct Manager {
+    /// The client as given: the Manager's own requests (election, Events).
     client: Client,
+    /// The client handed out: writes remembered for read-your-writes.
+    tracked: Client,
+    tracker: Arc<WriteTracker>,
     factory: SharedInformerFactory,
     metrics: Arc<Metrics>,
     elector: Option<Arc<LeaderElector>>,
@@ -246,7 +251,11 @@ impl Manager {
             .map_or_else(LeaderElectionConfig::default_identity, |e| {
                 e.identity().to_owned()
             });
+        let tracker = Arc::new(WriteTracker::default());
+        metrics.register_collector(TrackerCollector(Arc::clone(&tracker)));
         Ok(Self {
+            tracked: tracker.client(client.clone()),
+            tracker,
             client,
             factory,
             metrics,
@@ -289,9 +298,13 @@ impl Manager {
         recorder
     }
 
-    /// The client every controller shares.
+    /// The client every controller shares: make every write of the
+    /// reconciles with it. What it writes is remembered, so that no
+    /// controller of this Manager reconciles from a cache that has not yet
+    /// seen it (see [`ControllerOptions::read_your_writes`]); a write
+    /// through another client is not.
     pub fn client(&self) -> Client {
-        self.client.clone()
+        self.tracked.clone()
     }
 
     /// The shared informer factory: take every informer from it.
@@ -424,6 +437,7 @@ impl Manager {
                 informer_stop: informer_stop.clone(),
                 informer_tasks: informer_tasks.clone(),
                 external_election,
+                tracker: Some(Arc::clone(&self.tracker)),
                 synced: Box::new(move || {
                     if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
                         metrics.set_ready(true);

@@ -282,6 +282,9 @@ pub struct Metrics {
     reconcile_panics: Family<ControllerLabel, Counter>,
     terminal_errors: Family<ControllerLabel, Counter>,
     dropped_keys: Family<ControllerLabel, Counter>,
+    stale_cache_waits: Family<ControllerLabel, Counter>,
+    stale_cache_wait_time: HistogramFamily<ControllerLabel>,
+    stale_sync_skips: Family<ControllerLabel, Counter>,
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
     event_dropped: Family<ControllerLabel, Counter>,
@@ -317,6 +320,11 @@ impl Metrics {
             reconcile_panics: Family::default(),
             terminal_errors: Family::default(),
             dropped_keys: Family::default(),
+            stale_cache_waits: Family::default(),
+            stale_cache_wait_time: Family::new_with_constructor(
+                reconcile_histogram as fn() -> Histogram,
+            ),
+            stale_sync_skips: Family::default(),
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
             event_dropped: Family::default(),
@@ -401,6 +409,21 @@ impl Metrics {
             m.dropped_keys.clone(),
         );
         registry.register(
+            "kinformer_controller_stale_cache_waits",
+            "Reconciles put off because the informers had not yet seen the Manager's own writes to what the controller reads, per controller",
+            m.stale_cache_waits.clone(),
+        );
+        registry.register(
+            "kinformer_controller_stale_cache_wait_seconds",
+            "How long put-off reconciles waited for the informers to see the Manager's own writes, per controller",
+            m.stale_cache_wait_time.clone(),
+        );
+        registry.register(
+            "kinformer_controller_stale_sync_skips",
+            "Put-off reconciles whose writes the informers had not seen at the bound: the writes were given up and the key reconciled from the cache as it was (kube-controller-manager's stale_sync_skips_total), per controller",
+            m.stale_sync_skips.clone(),
+        );
+        registry.register(
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller",
             m.reconcile_time.clone(),
@@ -468,6 +491,11 @@ impl Metrics {
         metric: impl prometheus_client::registry::Metric,
     ) {
         self.registry.lock().register(name, help, metric);
+    }
+
+    /// Adds a collector, read at each scrape.
+    pub(crate) fn register_collector(&self, collector: impl Collector) {
+        self.registry.lock().register_collector(Box::new(collector));
     }
 
     /// Adds a liveness check, run on every `/healthz` and `/livez`.
@@ -540,6 +568,30 @@ impl Metrics {
 
     pub(crate) fn dropped_key(&self, controller: &str) {
         self.dropped_keys
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn stale_cache_wait(&self, controller: &str) {
+        self.stale_cache_waits
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn stale_cache_waited(&self, controller: &str, seconds: f64) {
+        self.stale_cache_wait_time
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub(crate) fn stale_sync_skip(&self, controller: &str) {
+        self.stale_sync_skips
             .get_or_create(&ControllerLabel {
                 controller: controller.to_owned(),
             })

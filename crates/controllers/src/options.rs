@@ -9,6 +9,7 @@ use std::time::Duration;
 use kinformer_store::ObjectOrTombstone;
 use kinformer_workqueue::DEFAULT_PRIORITY_AGING;
 
+use crate::read_your_writes::DEFAULT_READ_YOUR_WRITES_BOUND;
 use crate::{LeaderElector, Metrics, Ring};
 
 /// What to do when a reconcile panics.
@@ -101,6 +102,13 @@ pub struct ControllerOptions<K> {
     /// Whether the objects of the informers' first list are reconciled; see
     /// [`ControllerOptions::reconcile_initial_list`].
     pub reconcile_initial_list: bool,
+    /// Whether a reconcile waits until the informers it reads have seen
+    /// the Manager's own writes to what it reads (default `true`); see
+    /// [`ControllerOptions::read_your_writes`].
+    pub read_your_writes: bool,
+    /// How long a reconcile may be put off for that; see
+    /// [`ControllerOptions::read_your_writes_bound`].
+    pub read_your_writes_bound: Duration,
 }
 
 impl<K> Default for ControllerOptions<K> {
@@ -118,6 +126,8 @@ impl<K> Default for ControllerOptions<K> {
             event_filter: None,
             priority_aging: DEFAULT_PRIORITY_AGING,
             reconcile_initial_list: true,
+            read_your_writes: true,
+            read_your_writes_bound: DEFAULT_READ_YOUR_WRITES_BOUND,
         }
     }
 }
@@ -200,6 +210,42 @@ impl<K> ControllerOptions<K> {
     #[must_use]
     pub fn reconcile_initial_list(mut self, reconcile: bool) -> Self {
         self.reconcile_initial_list = reconcile;
+        self
+    }
+
+    /// Whether a reconcile of a [`Manager`](crate::Manager)'s controller
+    /// waits until the informers it reads have seen the Manager's own
+    /// writes to what it reads: its object, the objects it owns, what it
+    /// wrote while reconciling the same key, and the kinds it watches
+    /// (writes made through [`Manager::client`](crate::Manager::client),
+    /// by any of the Manager's controllers). Default `true`: a requeue, a
+    /// retry or an event already queued never decides on a cache that
+    /// misses the controller's last write (a second child created with a
+    /// generated name, a 409 Conflict from an old resourceVersion).
+    ///
+    /// A key that would wait is parked, the worker goes on with others,
+    /// and the key comes back once the informers have seen the writes, or
+    /// at [`read_your_writes_bound`](Self::read_your_writes_bound). `false`:
+    /// reconciles at once from the cache as it is, as controller-runtime
+    /// and kube-runtime do by default; the controller's writes are still
+    /// awaited by the Manager's other controllers. To leave one write
+    /// unawaited, make it inside [`untracked`](crate::untracked).
+    #[must_use]
+    pub fn read_your_writes(mut self, wait: bool) -> Self {
+        self.read_your_writes = wait;
+        self
+    }
+
+    /// How long a reconcile may be put off until the informers see the
+    /// Manager's own writes (default 5 s,
+    /// [`DEFAULT_READ_YOUR_WRITES_BOUND`](crate::DEFAULT_READ_YOUR_WRITES_BOUND)).
+    /// Past it the writes are given up as lost (their events may never
+    /// come: an object deleted by someone else meanwhile), counted in
+    /// `kinformer_controller_stale_sync_skips_total` and logged, and the
+    /// key is reconciled from the cache as it is.
+    #[must_use]
+    pub fn read_your_writes_bound(mut self, bound: Duration) -> Self {
+        self.read_your_writes_bound = bound;
         self
     }
     /// How long shutdown works queued and in-flight keys.

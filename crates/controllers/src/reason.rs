@@ -37,6 +37,11 @@ pub(crate) enum Reason {
     Retry,
     /// A sharded controller took the key's slot.
     SlotTaken,
+    /// Parked until the cache saw the Manager's own writes, it has.
+    CaughtUp,
+    /// Parked until the cache saw the Manager's own writes, it did not in
+    /// time: reconciled from the cache as it is.
+    StaleCache,
     /// Queued through `Controller::queue` by the user, or a reason lost.
     Unknown,
 }
@@ -52,6 +57,10 @@ impl fmt::Display for Reason {
             Self::Requeued => f.write_str("requeue requested"),
             Self::Retry => f.write_str("retry after an error"),
             Self::SlotTaken => f.write_str("slot taken"),
+            Self::CaughtUp => f.write_str("cache caught up with this manager's writes"),
+            Self::StaleCache => {
+                f.write_str("cache still behind this manager's writes at the bound")
+            }
             Self::Unknown => f.write_str("unknown"),
         }
     }

@@ -33,6 +33,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::key_slots::{KeySlots, Sharding, prime, wanted_on_taking};
 use crate::options::{ControllerOptions, Event};
+use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker};
 use crate::reason::{self, Reason, Reasons};
 use crate::reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler};
 use crate::worker::Worker;
@@ -56,6 +57,8 @@ pub struct Controller<K> {
     key_slots: Option<Arc<KeySlots>>,
     /// Why each queued key is queued.
     reasons: Arc<Reasons>,
+    /// The informers it reads and how, for read-your-writes.
+    reads: Vec<Read>,
 }
 
 impl<K: Object + Clone> Controller<K> {
@@ -160,8 +163,12 @@ impl<K: Object + Clone> Controller<K> {
                 }
             });
         informer.add_event_handler(handler)?;
+        let reads = Read::new(Arc::new(informer.clone()), Relation::Primary)
+            .into_iter()
+            .collect();
         Ok(Self {
             name: name.to_owned(),
+            reads,
             informer,
             dependencies: Vec::new(),
             queue,
@@ -199,16 +206,22 @@ impl<K: Object + Clone> Controller<K> {
         informer: SharedIndexInformer<C>,
         mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
     ) -> Result<Self, ControllerError> {
-        self.watches_kind(informer, mapper, reason::type_name::<C>())
+        self.watches_kind(
+            informer,
+            mapper,
+            reason::type_name::<C>(),
+            Relation::Watched,
+        )
     }
 
     /// [`watches`](Self::watches), naming `C` `kind` in the reasons of the
-    /// keys it queues.
+    /// keys it queues, reading its informer as `relation` says.
     fn watches_kind<C: Object + Clone>(
         mut self,
         informer: SharedIndexInformer<C>,
         mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
         kind: Arc<str>,
+        relation: Relation,
     ) -> Result<Self, ControllerError> {
         let mapper = Arc::new(mapper);
         let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
@@ -257,6 +270,8 @@ impl<K: Object + Clone> Controller<K> {
                 qd(obj, md(obj), Priority::High);
             });
         informer.add_event_handler(handler)?;
+        self.reads
+            .extend(Read::new(Arc::new(informer.clone()), relation));
         self.dependencies.push(Box::new(informer));
         Ok(self)
     }
@@ -280,6 +295,10 @@ impl<K: Object + Clone> Controller<K> {
         let cluster_scoped =
             std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
         let child_kind = reason::type_name::<C>();
+        let relation = Relation::Owned {
+            group: group.clone(),
+            kind: kind.clone(),
+        };
         self.watches_kind(
             informer,
             move |child: &C| {
@@ -302,6 +321,7 @@ impl<K: Object + Clone> Controller<K> {
                     .collect()
             },
             child_kind,
+            relation,
         )
     }
 
@@ -461,6 +481,19 @@ impl<K: Object + Clone> Controller<K> {
             abort: abort.clone(),
             elector: self.options.leader_election.clone(),
             reasons: Arc::clone(&self.reasons),
+            consistency: managed
+                .as_ref()
+                .and_then(|m| m.tracker.clone())
+                .map(|tracker| {
+                    Arc::new(Consistency::new(
+                        tracker,
+                        &self.name,
+                        self.reads.clone(),
+                        self.options.read_your_writes,
+                        self.options.read_your_writes_bound,
+                        self.options.metrics.clone(),
+                    ))
+                }),
             sharding: self.options.ring.clone().zip(self.key_slots.clone()).map(
                 |(ring, key_slots)| Sharding {
                     held: ring.subscribe(),
@@ -599,6 +632,8 @@ pub(crate) struct Managed {
     /// Where the controller puts the informer tasks it starts, for the
     /// Manager to wait for once it has stopped them.
     pub(crate) informer_tasks: InformerTasks,
+    /// The Manager's writes, for read-your-writes.
+    pub(crate) tracker: Option<Arc<WriteTracker>>,
 }
 
 /// How long a stopped informer gets to end before its task is left behind.

@@ -15,6 +15,7 @@ use tracing::{Instrument, error, info_span, warn};
 
 use crate::key_slots::{Entry, Sharding};
 use crate::options::PanicPolicy;
+use crate::read_your_writes::{Consistency, Readiness};
 use crate::reason::{Reason, Reasons};
 use crate::reconcile::{Action, Reconciler, chain, is_terminal};
 use crate::{ControllerError, LeaderElector, Metrics, SlotGuard};
@@ -38,6 +39,8 @@ pub(crate) struct Worker {
     pub(crate) elector: Option<Arc<LeaderElector>>,
     pub(crate) sharding: Option<Sharding>,
     pub(crate) reasons: Arc<Reasons>,
+    /// Read-your-writes, for a controller of a Manager.
+    pub(crate) consistency: Option<Arc<Consistency>>,
 }
 
 /// Whether a reconcile left its key unscheduled (`Yes`), scheduled it
@@ -145,10 +148,24 @@ impl Worker {
         slot: Option<&SlotGuard>,
         priority: Priority,
     ) -> Option<Settled> {
+        if let Some(consistency) = &self.consistency {
+            let readiness =
+                consistency.before_reconcile(key, priority, &self.queue, &self.reasons, &self.halt);
+            if readiness == Readiness::Parked {
+                return Some(Settled::No);
+            }
+        }
         let started = Instant::now();
+        // Writes made through the Manager's client are credited to this reconcile.
+        let reconciling = self.consistency.as_ref().map(|c| c.reconciling(key));
         // Inside the guard: a reconciler may panic before returning its future.
-        let reconcile =
-            AssertUnwindSafe(async { self.reconciler.reconcile(key).await }).catch_unwind();
+        let reconcile = AssertUnwindSafe(async {
+            match reconciling {
+                Some(reconciling) => reconciling.scope(self.reconciler.reconcile(key)).await,
+                None => self.reconciler.reconcile(key).await,
+            }
+        })
+        .catch_unwind();
         let outcome = tokio::select! {
             biased;
             _ = self.abort.cancelled() => {

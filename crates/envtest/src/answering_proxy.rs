@@ -7,16 +7,22 @@
 //! Forwarding is byte for byte once a connection is established; the error
 //! mode applies to every connection opened while it is on, and turning it on
 //! closes the open ones, so that clients reconnect into it.
+//!
+//! It can also delay what the API server answers to watches, and only to
+//! them ([`AnsweringProxy::delay_watches`]): writes and lists pass at once,
+//! so a client's watch lags its own writes as on a busy server.
 
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -37,6 +43,8 @@ struct State {
     rewrite: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
     answered: AtomicU64,
     cut: watch::Sender<u64>,
+    /// How long watch answers are held back, in milliseconds (0: not at all).
+    watch_delay_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for AnsweringProxy {
@@ -88,6 +96,7 @@ impl AnsweringProxy {
             rewrite: Mutex::new(None),
             answered: AtomicU64::new(0),
             cut: watch::channel(0).0,
+            watch_delay_ms: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(
             listener,
@@ -136,6 +145,15 @@ impl AnsweringProxy {
         Ok(())
     }
 
+    /// Holds back every byte the API server sends in answer to a watch
+    /// (a request whose query has `watch=true` or `watch=1`) for `delay`
+    /// before passing it on, in order; other answers pass at once. Applies
+    /// to bytes read from now on; `Duration::ZERO` turns it off.
+    pub fn delay_watches(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.state.watch_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
     /// Requests answered with an error status so far.
     pub fn answered(&self) -> u64 {
         self.state.answered.load(Ordering::SeqCst)
@@ -182,12 +200,19 @@ async fn accept_loop(
                 return;
             };
             let mut cut = state.cut.subscribe();
-            let (mut cr, mut cw) = tokio::io::split(client);
-            let (mut ur, mut uw) = tokio::io::split(upstream);
+            let (mut client_read, mut client_write) = tokio::io::split(client);
+            let (mut upstream_read, mut upstream_write) = tokio::io::split(upstream);
+            let watching = AtomicBool::new(false);
+            let (held, mut release) = mpsc::unbounded_channel();
+            // What the API server sent before closing is still delivered.
+            let answers = async {
+                copy_rewriting(&mut upstream_read, &held, &state, &watching).await;
+                drop(held);
+            };
             tokio::select! {
                 _ = cut.changed() => {}
-                _ = tokio::io::copy(&mut cr, &mut uw) => {}
-                _ = copy_rewriting(&mut ur, &mut cw, &state) => {}
+                _ = copy_requests(&mut client_read, &mut upstream_write, &watching) => {}
+                _ = async { tokio::join!(answers, deliver(&mut release, &mut client_write)) } => {}
             }
         });
     }
@@ -253,8 +278,13 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Copies the API server's bytes to the client, applying the rewrite.
-async fn copy_rewriting<R, W>(from: &mut R, to: &mut W, state: &State)
+/// Copies the client's bytes to the API server, noting whether the request
+/// last begun is a watch. HTTP/1.1 without pipelining: a request is sent
+/// once the answer to the one before has been received, so the answer
+/// being read is that of the last request line seen. A request line is
+/// recognised at the start of a read (the clients write a request's head
+/// apart from its body).
+async fn copy_requests<R, W>(from: &mut R, to: &mut W, watching: &AtomicBool)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
@@ -264,6 +294,65 @@ where
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
+        };
+        if let Some(is_watch) = request_is_watch(&buf[..n]) {
+            watching.store(is_watch, Ordering::SeqCst);
+        }
+        if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Whether `bytes`, if they start with an HTTP request line, ask for a watch.
+fn request_is_watch(bytes: &[u8]) -> Option<bool> {
+    let line = &bytes[..find(bytes, b"\r\n")?];
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.split(' ');
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if !version.starts_with("HTTP/") || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    Some(
+        query
+            .split('&')
+            .any(|p| p == "watch=true" || p == "watch=1"),
+    )
+}
+
+/// Writes what [`copy_rewriting`] passes on, each piece at its time.
+async fn deliver<W: AsyncWriteExt + Unpin>(
+    from: &mut mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    to: &mut W,
+) {
+    while let Some((at, bytes)) = from.recv().await {
+        tokio::time::sleep_until(at).await;
+        if to.write_all(&bytes).await.is_err() || to.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Passes the API server's bytes on to [`deliver`], applying the rewrite,
+/// and holding back watch answers while a delay is set.
+async fn copy_rewriting<R>(
+    from: &mut R,
+    to: &mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    state: &State,
+    watching: &AtomicBool,
+) where
+    R: AsyncReadExt + Unpin,
+{
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let delay = match state.watch_delay_ms.load(Ordering::SeqCst) {
+            ms if ms > 0 && watching.load(Ordering::SeqCst) => Duration::from_millis(ms),
+            _ => Duration::ZERO,
         };
         if let Some((pattern, replacement)) =
             &*state.rewrite.lock().unwrap_or_else(|e| e.into_inner())
@@ -275,8 +364,47 @@ where
                 i = start + pattern.len();
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
+        if to
+            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .is_err()
+        {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_is_watch;
+
+    #[test]
+    fn a_watch_is_told_from_its_request_line() {
+        let line = |l: &str| request_is_watch(format!("{l}\r\nHost: x\r\n\r\n").as_bytes());
+        assert_eq!(
+            line("GET /api/v1/configmaps?watch=true&resourceVersion=5 HTTP/1.1"),
+            Some(true)
+        );
+        assert_eq!(
+            line("GET /api/v1/pods?labelSelector=a&watch=1 HTTP/1.1"),
+            Some(true)
+        );
+        assert_eq!(
+            line("GET /api/v1/configmaps?limit=500 HTTP/1.1"),
+            Some(false)
+        );
+        assert_eq!(
+            line("POST /api/v1/namespaces/a/configmaps HTTP/1.1"),
+            Some(false)
+        );
+        // A field selector naming "watch" is not a watch.
+        assert_eq!(
+            line("GET /api/v1/configmaps?fieldSelector=metadata.name%3Dwatch=true HTTP/1.1"),
+            Some(false)
+        );
+        assert_eq!(request_is_watch(b"{\"kind\":\"ConfigMap\"}"), None);
+        assert_eq!(
+            request_is_watch(b"GET /api/v1/pods?watch=true HTTP/1.1"),
+            None
+        );
     }
 }

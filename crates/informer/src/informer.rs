@@ -47,7 +47,8 @@ use crate::panics::{AbortOnDrop, panic_message};
 use crate::processor::{BATCH, Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
 use crate::{
-    CatchUpError, InformerError, ListWatchError, Lister, ListerWatcher, ResourceEventHandler,
+    CatchUpError, GroupResource, InformerError, ListWatchError, Lister, ListerWatcher,
+    ResourceEventHandler,
 };
 
 /// Rewrites each object once, before it is cached: client-go's `TransformFunc`.
@@ -544,6 +545,18 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.index_failures.load(Ordering::Relaxed)
     }
 
+    /// The API group and resource it lists, from its lister-watcher
+    /// ([`ListerWatcher::resource`]): every informer of a factory has one.
+    pub fn resource(&self) -> Option<GroupResource> {
+        self.inner.lw.resource()
+    }
+
+    /// The one namespace it lists, if it lists only one
+    /// ([`ListerWatcher::namespace`]).
+    pub fn namespace(&self) -> Option<&str> {
+        self.inner.lw.namespace()
+    }
+
     /// The resource version last seen from the server ("" before the first list).
     pub fn last_sync_resource_version(&self) -> String {
         self.inner.last_sync_rv.read().clone()
@@ -603,18 +616,38 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// `tokio::time::timeout`. [`CatchUpError::Stopped`] if the informer
     /// stops first.
     pub async fn wait_caught_up_to(&self, resource_version: &str) -> Result<(), CatchUpError> {
+        let mut caught_up = Ok(false);
+        let held = self
+            .wait_until(|informer| {
+                caught_up = informer.has_caught_up_to(resource_version);
+                !matches!(caught_up, Ok(false))
+            })
+            .await;
+        match caught_up {
+            Ok(false) if !held => Err(CatchUpError::Stopped {
+                what: self.inner.description.clone(),
+                resource_version: resource_version.to_owned(),
+            }),
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Waits until `condition` holds for this informer, looked at now and
+    /// again after each change the informer applies to its cache (a list,
+    /// an event, a bookmark): for what [`wait_caught_up_to`](Self::wait_caught_up_to)
+    /// does not say, such as a deleted object no longer cached. `true` once
+    /// it holds; `false` if the informer stops (or has stopped) with the
+    /// condition still false. No bound of its own.
+    pub async fn wait_until(&self, mut condition: impl FnMut(&Self) -> bool) -> bool {
         loop {
             let notified = self.inner.applied.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if self.has_caught_up_to(resource_version)? {
-                return Ok(());
+            if condition(self) {
+                return true;
             }
             if self.inner.stopped.load(Ordering::SeqCst) {
-                return Err(CatchUpError::Stopped {
-                    what: self.inner.description.clone(),
-                    resource_version: resource_version.to_owned(),
-                });
+                return false;
             }
             notified.await;
         }

@@ -163,8 +163,8 @@ pub use kinformer_store::{
 pub use latency::{LatencySnapshot, PROCESSING_LATENCY_BUCKETS};
 pub use lister::{Lister, NamespaceLister};
 pub use lister_watcher::{
-    ApiListerWatcher, ListPage, ListRequest, ListerWatcher, ShardScope, Undecodable, WatchRequest,
-    WatchStream, WireFormat,
+    ApiListerWatcher, GroupResource, ListPage, ListRequest, ListerWatcher, ShardScope, Undecodable,
+    WatchRequest, WatchStream, WireFormat,
 };
 pub use reflector::{
     DEFAULT_PAGE_SIZE, LIST_BATCH, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,

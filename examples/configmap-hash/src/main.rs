@@ -87,6 +87,8 @@ async fn main() -> anyhow::Result<()> {
     // COMPACT_CACHE=true (for the benchmark: lines marked "bench knob",
     // which bench/peers/count-lines.sh leaves out) keeps both caches compact.
     let compact = std::env::var("COMPACT_CACHE").is_ok_and(|v| v == "true"); // bench knob
+    // READ_YOUR_WRITES=false turns read-your-writes off (the default is on).
+    let wait = !std::env::var("READ_YOUR_WRITES").is_ok_and(|v| v == "false"); // bench knob
     let mut manager = if compact {
         let factory = SharedInformerFactory::new(client.clone()); // bench knob
         let factory = factory.compact::<Deployment>(Compact::json()); // bench knob
@@ -99,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
     deployments.add_index("configmap", configmaps)?;
     let configmaps = manager.factory().informer::<ConfigMap>();
     let (context, by_configmap) = (
-        Arc::new((client, configmaps.lister())),
+        Arc::new((manager.client(), configmaps.lister())),
         deployments.indexer(),
     );
     let controller = manager
@@ -112,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
                 )
                 .unwrap_or_default()
         })
+        .options(manager.controller_options().read_your_writes(wait)) // bench knob
         .reconcile(context, reconcile)?;
     manager.add(controller);
     Ok(manager.run_until_signal().await?)

@@ -124,11 +124,11 @@ async fn install_crd(client: &Client) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     install_crd(&client).await?;
-    let mut manager = Manager::new(client.clone(), ManagerOptions::new())?;
+    let mut manager = Manager::new(client, ManagerOptions::new())?;
     let controller = manager
         .controller::<Greeting>("greetings")
         .owns::<ConfigMap>()
-        .reconcile(Arc::new(client), reconcile)?;
+        .reconcile(Arc::new(manager.client()), reconcile)?;
     manager.add(controller);
     Ok(manager.run_until_signal().await?)
 }

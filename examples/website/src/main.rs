@@ -144,8 +144,8 @@ async fn main() -> anyhow::Result<()> {
             &identity,
         ));
     let client = Client::try_default().await?;
-    let mut manager = Manager::new(client.clone(), options)?;
-    let events = manager.event_recorder(MANAGER);
+    let mut manager = Manager::new(client, options)?;
+    let (client, events) = (manager.client(), manager.event_recorder(MANAGER));
     let controller = manager
         .controller::<Website>("website")
         .owns::<Deployment>()

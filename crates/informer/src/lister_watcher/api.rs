@@ -18,7 +18,8 @@ use serde::de::DeserializeOwned;
 
 use super::sharding::{Shard, Sharding};
 use super::{
-    ListPage, ListRequest, ListerWatcher, ShardScope, WatchRequest, WatchStream, WireFormat, json,
+    GroupResource, ListPage, ListRequest, ListerWatcher, ShardScope, WatchRequest, WatchStream,
+    WireFormat, json,
 };
 use crate::{
     Detail, JsonShape, ListWatchError, ShardSelector, ShardStats, strip_managed_fields_json,
@@ -45,6 +46,7 @@ pub struct ApiListerWatcher<K> {
     pub(super) client: Client,
     pub(super) url_path: String,
     plural: String,
+    group: String,
     namespace: Option<String>,
     label_selector: Option<String>,
     field_selector: Option<String>,
@@ -65,6 +67,7 @@ impl<K> Clone for ApiListerWatcher<K> {
             client: self.client.clone(),
             url_path: self.url_path.clone(),
             plural: self.plural.clone(),
+            group: self.group.clone(),
             namespace: self.namespace.clone(),
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
@@ -124,6 +127,7 @@ where
             client,
             url_path: K::url_path(dyntype, namespace),
             plural: K::plural(dyntype).into_owned(),
+            group: K::group(dyntype).into_owned(),
             namespace: namespace.map(str::to_owned),
             label_selector: None,
             field_selector: None,
@@ -466,6 +470,14 @@ where
             let events = json::events::<K>(body, self.drop_managed_fields, received);
             Ok(self.shard_events(events, shard))
         })
+    }
+
+    fn resource(&self) -> Option<GroupResource> {
+        Some(GroupResource::new(&self.group, &self.plural))
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
     fn describe(&self) -> String {

@@ -108,4 +108,46 @@ pub trait ListerWatcher<K>: Send + Sync + 'static {
     -> BoxFuture<'_, Result<WatchStream<K>, ListWatchError>>;
     /// What is listed, for logs: for example `pods in namespace "web"`.
     fn describe(&self) -> String;
+    /// The API resource listed, when there is one: what relates the
+    /// informer to writes answered by the API server (`None` by default,
+    /// for a lister-watcher of one's own).
+    fn resource(&self) -> Option<GroupResource> {
+        None
+    }
+    /// The one namespace listed, if it lists only one (`None`: every
+    /// namespace, or a cluster-scoped kind, or it does not say).
+    fn namespace(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// An API group and resource (apimachinery's `schema.GroupResource`):
+/// resourceVersions are ordered within one, whatever the version served.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupResource {
+    /// The API group, "" for the core group.
+    pub group: String,
+    /// The resource (plural), for example `configmaps`.
+    pub resource: String,
+}
+
+impl GroupResource {
+    /// `resource` of `group` ("" for the core group).
+    pub fn new(group: impl Into<String>, resource: impl Into<String>) -> Self {
+        Self {
+            group: group.into(),
+            resource: resource.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for GroupResource {
+    /// As apimachinery writes it: `deployments.apps`, `configmaps`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.group.is_empty() {
+            f.write_str(&self.resource)
+        } else {
+            write!(f, "{}.{}", self.resource, self.group)
+        }
+    }
 }
