@@ -523,6 +523,57 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_debounced_controller_queues_each_events_key_only_after_the_debounce() {
+        let api = Arc::new(FakeApi::default());
+        api.serve("configmaps", object("web", json!([]))).serve(
+            "secrets",
+            object("web-tls", json!([owner("v1", "ConfigMap", "web", true)])),
+        );
+        let factory = SharedInformerFactory::new(api.client());
+        let debounce = Duration::from_secs(10);
+        let controller = Controller::<ConfigMap>::builder("debounced", &factory)
+            .owns::<Secret>()
+            .options(ControllerOptions::new().debounce(debounce))
+            .reconcile(Arc::new(()), done)
+            .unwrap();
+        let informers = [
+            settled(factory.informer::<ConfigMap>()),
+            settled(factory.informer::<Secret>()),
+        ];
+        let shutdown = CancellationToken::new();
+        factory.start(&shutdown);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !informers.iter().all(|settled| settled()) {
+            assert!(std::time::Instant::now() < deadline, "never settled");
+            std::thread::sleep(Duration::from_millis(1));
+            tokio::task::yield_now().await;
+        }
+        let queue = controller.queue();
+        assert_eq!(
+            (queue.len(), queue.waiting_len()),
+            (0, 1),
+            "both events wait as one key"
+        );
+        tokio::time::advance(debounce - Duration::from_millis(1)).await;
+        assert_eq!(queue.len(), 0, "queued before the debounce passed");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let key = tokio::time::timeout(Duration::from_secs(1), queue.get())
+            .await
+            .expect("queued once the debounce passed")
+            .unwrap();
+        assert_eq!(key, "ns/web");
+        let reason = controller.reasons().take(&key);
+        // Whichever informer delivered first: the two run apart.
+        assert!(
+            matches!(reason, Reason::Added | Reason::Related { .. }),
+            "the first event's reason: {reason:?}"
+        );
+        queue.done(&key);
+        assert_eq!((queue.len(), queue.waiting_len()), (0, 0));
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn every_event_filter_and_the_options_filter_must_pass() {
         let api = Arc::new(FakeApi::default());
         for name in ["a1", "a2", "b1", "a-bad1"] {

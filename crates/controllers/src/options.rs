@@ -109,6 +109,9 @@ pub struct ControllerOptions<K> {
     /// How long a reconcile may be put off for that; see
     /// [`ControllerOptions::read_your_writes_bound`].
     pub read_your_writes_bound: Duration,
+    /// How long an event's key waits before it is queued, so that a burst
+    /// of events is reconciled once; see [`ControllerOptions::debounce`].
+    pub debounce: Option<Duration>,
 }
 
 impl<K> Default for ControllerOptions<K> {
@@ -128,6 +131,7 @@ impl<K> Default for ControllerOptions<K> {
             reconcile_initial_list: true,
             read_your_writes: true,
             read_your_writes_bound: DEFAULT_READ_YOUR_WRITES_BOUND,
+            debounce: None,
         }
     }
 }
@@ -246,6 +250,25 @@ impl<K> ControllerOptions<K> {
     #[must_use]
     pub fn read_your_writes_bound(mut self, bound: Duration) -> Self {
         self.read_your_writes_bound = bound;
+        self
+    }
+
+    /// Queues the key of each informer event (its own object's, an owned
+    /// or watched object's) only `debounce` after the event, so that the
+    /// events of a burst (a rollout updating a Deployment's status ten
+    /// times in a second, a script patching an object field by field) are
+    /// reconciled once, from the state after them: kube-runtime's
+    /// `Config::debounce`. Off by default (zero is off too).
+    ///
+    /// What it trades: every change waits `debounce` before its reconcile,
+    /// even a lone one. The wait runs from the first event of a burst, not
+    /// the last (a key already waiting keeps its time), so a stream of
+    /// events that never pauses is still reconciled every `debounce`, never
+    /// starved. A resync is an event too; requeues and retries keep their
+    /// own times.
+    #[must_use]
+    pub fn debounce(mut self, debounce: Duration) -> Self {
+        self.debounce = Some(debounce);
         self
     }
     /// How long shutdown works queued and in-flight keys.

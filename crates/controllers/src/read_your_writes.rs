@@ -987,6 +987,135 @@ mod tests {
         Request::builder().method(method).uri(uri).body(()).unwrap()
     }
 
+    /// An informer of ConfigMaps in every namespace that sees nothing: what
+    /// is recorded stays (the sweep forgets what every informer has seen,
+    /// and what no informer covers).
+    struct Blind;
+
+    impl Follows for Blind {
+        fn resource(&self) -> Option<GroupResource> {
+            Some(GroupResource::new("", "configmaps"))
+        }
+        fn covers(&self, _: &str) -> bool {
+            true
+        }
+        fn lists_every_namespace(&self) -> bool {
+            true
+        }
+        fn seen(&self, _: &Target) -> bool {
+            false
+        }
+        fn wait_seen<'a>(&'a self, _: &'a Target) -> BoxFuture<'a, bool> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    fn tracker() -> WriteTracker {
+        let tracker = WriteTracker::default();
+        tracker.follow(Arc::new(Blind));
+        tracker
+    }
+
+    fn configmap_write(method: Method, name: Option<&str>) -> WriteRequest {
+        WriteRequest {
+            method,
+            resource: GroupResource::new("", "configmaps"),
+            namespace: Some("ns".to_owned()),
+            name: name.map(str::to_owned),
+        }
+    }
+
+    fn version_of(tracker: &WriteTracker, key: &str) -> Option<Option<String>> {
+        let writes = tracker.writes.lock();
+        let w = writes.get(&GroupResource::new("", "configmaps"))?;
+        Some(w.objects.get(key)?.version.clone())
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_cannot_be_read_is_counted_and_remembers_nothing() {
+        let tracker = tracker();
+        let create = configmap_write(Method::POST, None);
+        let deep = format!(
+            "{{\"metadata\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        for answer in [
+            &b"not json"[..],
+            &b"\xff\xfe{\"metadata\":{}}"[..],
+            deep.as_bytes(),
+            br#"{"kind":"Status","status":"Success"}"#,
+            br#"{"kind":"ConfigMap","metadata":{"resourceVersion":"5"}}"#,
+            br#"{"kind":"ConfigMap"}"#,
+            br#"{"metadata":"a string"}"#,
+        ] {
+            tracker.record(&create, answer, None);
+        }
+        assert_eq!(tracker.stats.unreadable.load(Ordering::Relaxed), 7);
+        assert_eq!(tracker.stats.recorded.load(Ordering::Relaxed), 0);
+        assert!(tracker.writes.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_write_answered_out_of_order_does_not_move_its_object_back() {
+        let tracker = tracker();
+        let update = configmap_write(Method::PUT, Some("a"));
+        let answer = |rv: &str| {
+            format!(
+                r#"{{"metadata":{{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"{rv}"}}}}"#
+            )
+        };
+        tracker.record(&update, answer("20").as_bytes(), None);
+        tracker.record(&update, answer("7").as_bytes(), None);
+        assert_eq!(version_of(&tracker, "ns/a"), Some(Some("20".to_owned())));
+        // A huge answer is read all the same.
+        let big = format!(
+            r#"{{"metadata":{{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"21"}},"data":{{"x":"{}"}}}}"#,
+            "y".repeat(8 << 20)
+        );
+        tracker.record(&update, big.as_bytes(), None);
+        assert_eq!(version_of(&tracker, "ns/a"), Some(Some("21".to_owned())));
+        // A delete answered by a Status: by uid, no version.
+        let delete = configmap_write(Method::DELETE, Some("a"));
+        let status = br#"{"kind":"Status","status":"Success","details":{"name":"a","kind":"configmaps","uid":"u1"}}"#;
+        tracker.record(&delete, status, None);
+        assert_eq!(version_of(&tracker, "ns/a"), Some(None));
+    }
+
+    #[tokio::test]
+    async fn writes_recorded_from_many_threads_are_all_remembered() {
+        let tracker = Arc::new(tracker());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let tracker = Arc::clone(&tracker);
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        for i in 0..500 {
+                            let write = configmap_write(Method::PUT, Some("x"));
+                            let answer = format!(
+                                r#"{{"metadata":{{"name":"cm-{t}-{i}","namespace":"ns","uid":"{t}-{i}","resourceVersion":"{}"}}}}"#,
+                                1 + t * 1000 + i
+                            );
+                            tracker.record(&write, answer.as_bytes(), None);
+                        }
+                    });
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(tracker.stats.recorded.load(Ordering::Relaxed), 4000);
+        let writes = tracker.writes.lock();
+        let configmaps = &writes[&GroupResource::new("", "configmaps")];
+        assert_eq!(configmaps.objects.len(), 4000);
+        assert_eq!(configmaps.highest.as_deref(), Some("7500"));
+    }
+
     #[test]
     fn writes_are_told_from_their_method_and_path() {
         let w = write_request(&request(

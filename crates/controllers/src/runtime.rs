@@ -59,6 +59,8 @@ pub struct Controller<K> {
     reasons: Arc<Reasons>,
     /// The informers it reads and how, for read-your-writes.
     reads: Vec<Read>,
+    /// How events queue keys.
+    enqueue: Enqueue,
 }
 
 impl<K: Object + Clone> Controller<K> {
@@ -105,11 +107,15 @@ impl<K: Object + Clone> Controller<K> {
         }
         let queue = RateLimitingQueue::with_config(default_controller_rate_limiter(), config);
         let reasons = Arc::new(Reasons::default());
-        let (ra, ru, rd) = (reasons.clone(), reasons.clone(), reasons.clone());
+        let enqueue = Enqueue {
+            queue: queue.clone(),
+            reasons: Arc::clone(&reasons),
+            debounce: options.debounce.filter(|d| !d.is_zero()),
+        };
+        let (ea, eu, ed) = (enqueue.clone(), enqueue.clone(), enqueue.clone());
         let filter = options.event_filter.clone();
         let pass = move |e: Event<'_, K>| filter.as_ref().is_none_or(|f| f(e));
         let replay = options.reconcile_initial_list;
-        let (qa, qu, qd) = (queue.clone(), queue.clone(), queue.clone());
         let (pa, pu, pd) = (pass.clone(), pass.clone(), pass);
         let (sa, su, sd) = (key_slots.clone(), key_slots.clone(), key_slots.clone());
         // A sharded controller records each key's slot before enqueueing it.
@@ -127,7 +133,7 @@ impl<K: Object + Clone> Controller<K> {
                     } else {
                         Priority::High
                     };
-                    enqueue(&qa, &ra, key, Reason::Added, priority);
+                    ea.add_result(key, Reason::Added, priority);
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
@@ -144,7 +150,7 @@ impl<K: Object + Clone> Controller<K> {
                     } else {
                         (Reason::Updated, Priority::High)
                     };
-                    enqueue(&qu, &ru, key, reason, priority);
+                    eu.add_result(key, reason, priority);
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
@@ -159,7 +165,7 @@ impl<K: Object + Clone> Controller<K> {
                     }
                 }
                 if pass {
-                    enqueue(&qd, &rd, key, Reason::Deleted, Priority::High);
+                    ed.add_result(key, Reason::Deleted, Priority::High);
                 }
             });
         informer.add_event_handler(handler)?;
@@ -177,6 +183,7 @@ impl<K: Object + Clone> Controller<K> {
             fatal: Arc::new(Mutex::new(None)),
             key_slots,
             reasons,
+            enqueue,
         })
     }
 
@@ -225,21 +232,21 @@ impl<K: Object + Clone> Controller<K> {
     ) -> Result<Self, ControllerError> {
         let mapper = Arc::new(mapper);
         let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
-        let queue_for = |queue: RateLimitingQueue<String>, reasons: Arc<Reasons>| {
+        let queue_for = |enqueue: Enqueue| {
             let kind = Arc::clone(&kind);
             move |related: &C, keys: Vec<String>, priority: Priority| {
                 for key in keys {
-                    reasons.now(&key, || Reason::Related {
+                    let reason = || Reason::Related {
                         kind: Arc::clone(&kind),
                         key: meta_namespace_key(related).unwrap_or_default(),
-                    });
-                    queue.add_with_priority(key, priority);
+                    };
+                    enqueue.add(key, reason, priority);
                 }
             }
         };
-        let qa = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
-        let qu = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
-        let qd = queue_for(self.queue.clone(), Arc::clone(&self.reasons));
+        let qa = queue_for(self.enqueue.clone());
+        let qu = queue_for(self.enqueue.clone());
+        let qd = queue_for(self.enqueue.clone());
         let replay = self.options.reconcile_initial_list;
         let handler = ResourceEventHandlerFuncs::new()
             .on_add(move |obj: &Arc<C>, initial| {
@@ -765,18 +772,35 @@ async fn join_all(workers: &mut JoinSet<()>) {
     while workers.join_next().await.is_some() {}
 }
 
-fn enqueue(
-    queue: &RateLimitingQueue<String>,
-    reasons: &Reasons,
-    key: Result<String, kinformer_store::KeyError>,
-    reason: Reason,
-    priority: Priority,
-) {
-    match key {
-        Ok(key) => {
-            reasons.now(&key, || reason);
-            queue.add_with_priority(key, priority);
+/// How an informer event queues a key: at once, or after the
+/// controller's debounce.
+#[derive(Clone)]
+struct Enqueue {
+    queue: RateLimitingQueue<String>,
+    reasons: Arc<Reasons>,
+    debounce: Option<Duration>,
+}
+
+impl Enqueue {
+    fn add(&self, key: String, reason: impl FnOnce() -> Reason, priority: Priority) {
+        self.reasons.now(&key, reason);
+        match self.debounce {
+            // A key already waiting keeps its earlier time: the events of
+            // a burst join the first one's reconcile.
+            Some(debounce) => self.queue.add_after_with_priority(key, debounce, priority),
+            None => self.queue.add_with_priority(key, priority),
         }
-        Err(e) => warn!(error = %e, "ignoring an object without a key"),
+    }
+
+    fn add_result(
+        &self,
+        key: Result<String, kinformer_store::KeyError>,
+        reason: Reason,
+        priority: Priority,
+    ) {
+        match key {
+            Ok(key) => self.add(key, || reason, priority),
+            Err(e) => warn!(error = %e, "ignoring an object without a key"),
+        }
     }
 }

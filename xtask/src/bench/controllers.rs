@@ -491,14 +491,21 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         "configmap-hash converging {n} Deployments: kinformer with the compact cache (both informers)"
     );
     let compact: &Vars = &[("COMPACT_CACHE", "true")];
+    let unawaited_row = format!(
+        "configmap-hash converging {n} Deployments: kinformer with read-your-writes off (on by default)"
+    );
+    let unawaited: &Vars = &[("READ_YOUR_WRITES", "false")];
     // Each system with its defaults, then controller-runtime with two
-    // workers and kinformer with the compact cache (converge only).
-    let all: [(System, &Vars, &str); 5] = [
+    // workers, kinformer with the compact cache (converge only) and
+    // kinformer with read-your-writes off (converge and churn: what the
+    // default costs).
+    let all: [(System, &Vars, &str); 6] = [
         (System::Kinformer, &[], &scenario),
         (System::ClientGo, &[], &scenario),
         (System::KubeRuntime, &[], &scenario),
         (System::ClientGo, workers, &two_workers),
         (System::Kinformer, compact, &compact_row),
+        (System::Kinformer, unawaited, &unawaited_row),
     ];
     let mut results = Results::default();
     let mut version = 0;
@@ -560,7 +567,12 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 took.as_secs_f64()
             );
             let mut first = 0;
-            let rates = if env_vars.is_empty() { rates } else { &[] };
+            let off = env_vars == unawaited;
+            let rates = if env_vars.is_empty() || off {
+                rates
+            } else {
+                &[]
+            };
             for &(rate, secs) in rates {
                 let (own, server) = (running.cpu_ms(), apiserver_cpu_ms(&env));
                 let measured = churn(&mut running, &cms, rate, secs, first)
@@ -568,7 +580,12 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                     .with_context(|| format!("{} under churn at {rate}/s", name(system)))?;
                 first += (rate * secs) as usize;
                 let row = format!(
-                    "churn: {rate} ConfigMap changes a second for {secs} s after converging, each to a different ConfigMap; from the write sent to its Deployment's patch answered"
+                    "churn: {rate} ConfigMap changes a second for {secs} s after converging, each to a different ConfigMap; from the write sent to its Deployment's patch answered{}",
+                    if off {
+                        ": kinformer with read-your-writes off"
+                    } else {
+                        ""
+                    }
                 );
                 let (p50, p99) = (
                     quantile_ms(measured.latencies.clone(), 0.5),
