@@ -119,8 +119,10 @@ func main() {
 	// Leader election on Lease configmap-hash when LEADER_ELECTION_NAMESPACE
 	// names its namespace. For the benchmark only (lines marked "bench
 	// knob", which bench/peers/count-lines.sh does not count):
-	// ENABLE_WARMUP=true starts a standby's sources, and
-	// MAX_CONCURRENT_RECONCILES sets the workers (default 1).
+	// ENABLE_WARMUP=true starts a standby's sources,
+	// MAX_CONCURRENT_RECONCILES sets the workers (default 1), and
+	// READ_YOUR_WRITES=true turns on the cached client's experimental
+	// EnableReadYourWritesConsistency.
 	namespace := os.Getenv("LEADER_ELECTION_NAMESPACE")
 	workers, _ := strconv.Atoi(os.Getenv("MAX_CONCURRENT_RECONCILES")) // bench knob
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
@@ -130,6 +132,9 @@ func main() {
 		// No metrics server, as kubebuilder's scaffold (--metrics-bind-address
 		// "0") and kinformer's Manager default: replicas share a host here.
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		Client: client.Options{Cache: &client.CacheOptions{ // bench knob
+			EnableReadYourWritesConsistency: ptr.To(os.Getenv("READ_YOUR_WRITES") == "true"), // bench knob
+		}}, // bench knob
 	})
 	must(err, "unable to create the manager")
 	ctx := ctrl.SetupSignalHandler()

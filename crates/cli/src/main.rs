@@ -300,10 +300,10 @@ async fn run(cli: Cli) -> Result<()> {
                 builder = builder.sharded(Arc::clone(ring));
             }
             let lister = builder.informer().lister();
-            manager.add(builder.reconciler(service_strategy::ServiceStrategy::new(
-                lister,
-                client.clone(),
-            ))?);
+            // The Manager's client: its writes are awaited before a reconcile reads.
+            let writer = manager.client();
+            manager
+                .add(builder.reconciler(service_strategy::ServiceStrategy::new(lister, writer))?);
         }
     }
     manager.run(shutdown).await?;

@@ -495,17 +495,23 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         "configmap-hash converging {n} Deployments: kinformer with read-your-writes off (on by default)"
     );
     let unawaited: &Vars = &[("READ_YOUR_WRITES", "false")];
+    let awaited_row = format!(
+        "configmap-hash converging {n} Deployments: controller-runtime with EnableReadYourWritesConsistency (off by default)"
+    );
+    let awaited: &Vars = &[("READ_YOUR_WRITES", "true")];
     // Each system with its defaults, then controller-runtime with two
-    // workers, kinformer with the compact cache (converge only) and
-    // kinformer with read-your-writes off (converge and churn: what the
-    // default costs).
-    let all: [(System, &Vars, &str); 6] = [
+    // workers, kinformer with the compact cache (converge only), and
+    // read-your-writes the other way round from each default: off in
+    // kinformer (what its default costs), on in controller-runtime
+    // (converge and churn).
+    let all: [(System, &Vars, &str); 7] = [
         (System::Kinformer, &[], &scenario),
         (System::ClientGo, &[], &scenario),
         (System::KubeRuntime, &[], &scenario),
         (System::ClientGo, workers, &two_workers),
         (System::Kinformer, compact, &compact_row),
         (System::Kinformer, unawaited, &unawaited_row),
+        (System::ClientGo, awaited, &awaited_row),
     ];
     let mut results = Results::default();
     let mut version = 0;
@@ -567,8 +573,14 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 took.as_secs_f64()
             );
             let mut first = 0;
-            let off = env_vars == unawaited;
-            let rates = if env_vars.is_empty() || off {
+            let variant = if env_vars == unawaited {
+                Some(": kinformer with read-your-writes off")
+            } else if env_vars == awaited {
+                Some(": controller-runtime with EnableReadYourWritesConsistency")
+            } else {
+                None
+            };
+            let rates = if env_vars.is_empty() || variant.is_some() {
                 rates
             } else {
                 &[]
@@ -581,11 +593,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 first += (rate * secs) as usize;
                 let row = format!(
                     "churn: {rate} ConfigMap changes a second for {secs} s after converging, each to a different ConfigMap; from the write sent to its Deployment's patch answered{}",
-                    if off {
-                        ": kinformer with read-your-writes off"
-                    } else {
-                        ""
-                    }
+                    variant.unwrap_or_default()
                 );
                 let (p50, p99) = (
                     quantile_ms(measured.latencies.clone(), 0.5),
