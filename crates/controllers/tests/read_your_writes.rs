@@ -108,6 +108,23 @@ fn owner_reference(secret: &Secret) -> serde_json::Value {
     })
 }
 
+/// Creates Secret `parent` in `ns` and ConfigMap `child` it controls.
+async fn parent_with_child(admin: &Client, ns: &str) {
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap();
+    let secret = Api::<Secret>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let child: ConfigMap = serde_json::from_value(json!({"metadata": {
+        "name": "child", "ownerReferences": [owner_reference(&secret)],
+    }}))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+}
+
 struct Children {
     lister: Lister<ConfigMap>,
     client: Client,
@@ -223,19 +240,7 @@ async fn deletes_of_a_deleted_child(read_your_writes: bool) -> (usize, usize) {
         proxy: _proxy,
         mut manager,
     } = lagging("ryw-delete", Duration::from_secs(1)).await;
-    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap();
-    let secret = Api::<Secret>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let child: ConfigMap = serde_json::from_value(json!({"metadata": {
-        "name": "child", "ownerReferences": [owner_reference(&secret)],
-    }}))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &child)
-        .await
-        .unwrap();
+    parent_with_child(&admin, &ns).await;
     let done = CancellationToken::new();
     let context = Arc::new(Deletes {
         lister: manager.factory().informer::<ConfigMap>().lister(),
@@ -513,19 +518,7 @@ async fn reconciles_on_an_unstamped_child(read_your_writes: bool) -> usize {
         proxy: _proxy,
         mut manager,
     } = lagging("ryw-across", Duration::from_secs(1)).await;
-    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap();
-    let secret = Api::<Secret>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let child: ConfigMap = serde_json::from_value(json!({"metadata": {
-        "name": "child", "ownerReferences": [owner_reference(&secret)],
-    }}))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &child)
-        .await
-        .unwrap();
+    parent_with_child(&admin, &ns).await;
     let done = CancellationToken::new();
     let context = Arc::new(Stamps {
         lister: manager.factory().informer::<ConfigMap>().lister(),
