@@ -56,7 +56,7 @@ use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use kinformer_informer::{GroupResource, SharedIndexInformer};
-use kinformer_store::{Object, compare_resource_version};
+use kinformer_store::{Object, compare_resource_version, split_meta_namespace_key};
 use kinformer_workqueue::{Priority, RateLimitingQueue};
 use kube_client::Client;
 use kube_client::client::Body;
@@ -171,7 +171,7 @@ impl<C: Object + Clone> Follows for SharedIndexInformer<C> {
 
     fn covers(&self, key: &str) -> bool {
         self.namespace()
-            .is_none_or(|ns| split_key(key).0 == Some(ns))
+            .is_none_or(|ns| namespace_of(key) == Some(ns))
     }
 
     fn lists_every_namespace(&self) -> bool {
@@ -414,10 +414,7 @@ impl WriteTracker {
                 .owner_references
                 .into_iter()
                 .find(|r| r.controller == Some(true))
-                .map(|r| {
-                    let group = r.api_version.rsplit_once('/').map_or("", |(g, _)| g);
-                    (group.to_owned(), r.kind, r.name)
-                });
+                .map(|r| (api_group(&r.api_version).to_owned(), r.kind, r.name));
             let written = Written {
                 version: meta.resource_version.filter(|v| !v.is_empty()),
                 uid: meta.uid,
@@ -466,12 +463,14 @@ impl WriteTracker {
                 }
                 match &read.relation {
                     Relation::Owned { group, kind } => {
-                        let (namespace, name) = split_key(&reconciling.key);
-                        let owner = (group.clone(), kind.clone(), name.to_owned());
-                        if let Some(children) = resource_writes.owned_by.get(&owner) {
-                            keys.extend(children.iter().filter(|child| {
-                                namespace.is_none_or(|ns| split_key(child).0 == Some(ns))
-                            }));
+                        // Keys come from the cache's key function: always valid.
+                        if let Ok((namespace, name)) = split_meta_namespace_key(&reconciling.key) {
+                            let owner = (group.clone(), kind.clone(), name.to_owned());
+                            if let Some(children) = resource_writes.owned_by.get(&owner) {
+                                keys.extend(children.iter().filter(|child| {
+                                    namespace.is_none_or(|ns| namespace_of(child) == Some(ns))
+                                }));
+                            }
                         }
                     }
                     // The highest version is of every namespace's writes.
@@ -614,12 +613,14 @@ fn key_of(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
-/// (namespace, name) of a key.
-fn split_key(key: &str) -> (Option<&str>, &str) {
-    match key.split_once('/') {
-        Some((ns, name)) => (Some(ns), name),
-        None => (None, key),
-    }
+/// The namespace of a key (`None` for a cluster-scoped one).
+fn namespace_of(key: &str) -> Option<&str> {
+    split_meta_namespace_key(key).ok().and_then(|(ns, _)| ns)
+}
+
+/// The API group of an `apiVersion` (`apps/v1`: `apps`; `v1`: the core group, "").
+pub(crate) fn api_group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// How a controller reads an informer.

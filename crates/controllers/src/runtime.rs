@@ -33,7 +33,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::key_slots::{KeySlots, Sharding, prime, wanted_on_taking};
 use crate::options::{ControllerOptions, Event};
-use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker};
+use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker, api_group};
 use crate::reason::{self, Reason, Reasons};
 use crate::reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler};
 use crate::worker::Worker;
@@ -320,7 +320,7 @@ impl<K: Object + Clone> Controller<K> {
                     .iter()
                     .flatten()
                     .filter(|r| r.controller == Some(true) && r.kind == kind)
-                    .filter(|r| r.api_version.rsplit_once('/').map_or("", |(g, _)| g) == group)
+                    .filter(|r| api_group(&r.api_version) == group)
                     .map(|r| match namespace {
                         Some(ns) => format!("{ns}/{}", r.name),
                         None => r.name.clone(),
