@@ -1084,6 +1084,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_delete_answered_with_the_object_marked_is_an_update_and_keeps_its_owner() {
+        let tracker = tracker();
+        let update = configmap_write(Method::PUT, Some("a"));
+        let owned = br#"{"metadata":{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"5",
+            "ownerReferences":[{"apiVersion":"v1","kind":"Secret","name":"p","uid":"s","controller":true}]}}"#;
+        tracker.record(&update, owned, None);
+        // Finalizers pending: the object stays, at a new version.
+        let delete = configmap_write(Method::DELETE, Some("a"));
+        let marked = br#"{"metadata":{"name":"a","namespace":"ns","uid":"u1","resourceVersion":"6",
+            "deletionTimestamp":"2026-12-06T00:00:00Z"}}"#;
+        tracker.record(&delete, marked, None);
+        let writes = tracker.writes.lock();
+        let configmaps = &writes[&GroupResource::new("", "configmaps")];
+        let written = &configmaps.objects["ns/a"];
+        assert!(!written.delete, "the object still exists");
+        let owner = ("".to_owned(), "Secret".to_owned(), "p".to_owned());
+        assert_eq!(written.owner.as_ref(), Some(&owner));
+        assert!(configmaps.owned_by[&owner].contains("ns/a"));
+    }
+
+    #[tokio::test]
     async fn writes_recorded_from_many_threads_are_all_remembered() {
         let tracker = Arc::new(tracker());
         let threads: Vec<_> = (0..8)
