@@ -327,11 +327,12 @@ fn name(i: usize) -> String {
 
 /// One server with the gate on for this test binary.
 async fn sharded_env() -> &'static TestEnv {
-    static ENV: tokio::sync::OnceCell<TestEnv> = tokio::sync::OnceCell::const_new();
+    static ENV: tokio::sync::OnceCell<&'static TestEnv> = tokio::sync::OnceCell::const_new();
     ENV.get_or_init(|| async {
         TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch())
             .await
             .unwrap()
+            .into_static()
     })
     .await
 }

@@ -123,20 +123,55 @@ impl std::fmt::Debug for TestEnv {
     }
 }
 
-static SHARED: OnceCell<TestEnv> = OnceCell::const_new();
-/// Process groups and directories of the shared env, for the exit hook.
-static SHARED_CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+static SHARED: OnceCell<&'static TestEnv> = OnceCell::const_new();
+/// Process groups and directories of the control planes kept until the
+/// process exits ([`TestEnv::into_static`]), for the exit hook.
+static KEPT: Mutex<Vec<(Vec<u32>, PathBuf)>> = Mutex::new(Vec::new());
+static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
 
-extern "C" fn cleanup_shared_at_exit() {
-    let Ok(entries) = SHARED_CLEANUP.lock() else {
+/// The directory prefix of every control plane, in the temporary directory.
+const DIR_PREFIX: &str = "kinformer-envtest-";
+/// The file in a control plane's directory naming the process that made it.
+const OWNER_FILE: &str = "owner.pid";
+
+extern "C" fn cleanup_kept_at_exit() {
+    let Ok(entries) = KEPT.lock() else {
         return;
     };
-    for (pgid, dir) in entries.iter() {
-        // SAFETY: plain syscall on a process group this process created.
-        unsafe {
-            libc::kill(-(*pgid as libc::pid_t), libc::SIGKILL);
+    for (pids, dir) in entries.iter() {
+        for &pid in pids {
+            // SAFETY: plain syscalls on a process group this process
+            // created (each server leads its own), then on the child it
+            // reaps: its files are removed only once it is gone, so that
+            // a dying etcd writes nothing into a removed directory.
+            unsafe {
+                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+                libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+            }
         }
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Removes the directories of control planes whose process is gone: one
+/// killed (SIGKILL, a timeout) has no chance to remove its own, and each
+/// holds an etcd of about 125 MiB. A directory whose owner is alive, or
+/// that names none, is left alone.
+fn sweep_abandoned_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let owner = std::fs::read_to_string(entry.path().join(OWNER_FILE));
+        let Some(pid) = owner.ok().and_then(|o| o.trim().parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -172,26 +207,43 @@ impl TestEnv {
     /// the process exits.
     pub async fn shared() -> Result<&'static TestEnv, EnvtestError> {
         SHARED
-            .get_or_try_init(|| async {
-                let env = Self::start().await?;
-                let mut cleanup = SHARED_CLEANUP.lock().unwrap_or_else(|e| e.into_inner());
-                for p in [&env.apiserver, &env.etcd].into_iter().flatten() {
-                    cleanup.push((p.pid(), env.dir.path().to_owned()));
-                }
-                // SAFETY: registering a plain extern "C" function.
-                unsafe {
-                    libc::atexit(cleanup_shared_at_exit);
-                }
-                Ok(env)
-            })
+            .get_or_try_init(|| async { Ok(Self::start().await?.into_static()) })
             .await
+            .copied()
+    }
+
+    /// Keeps this control plane for the rest of the process (a test
+    /// binary's own, with options [`shared`](Self::shared) does not take):
+    /// it is torn down, directory and all, when the process exits. Put the
+    /// reference in a `static` (a `OnceCell`); a `static` holding the
+    /// `TestEnv` itself is never dropped, so its directory would stay.
+    pub fn into_static(self) -> &'static TestEnv {
+        let pids = [&self.apiserver, &self.etcd]
+            .into_iter()
+            .flatten()
+            .map(|p| p.pid())
+            .collect();
+        KEPT.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((pids, self.dir.path().to_owned()));
+        EXIT_HOOK.call_once(|| {
+            // SAFETY: registering a plain extern "C" function.
+            unsafe {
+                libc::atexit(cleanup_kept_at_exit);
+            }
+        });
+        Box::leak(Box::new(self))
     }
 
     async fn start_once(bins: &Binaries, options: &TestEnvOptions) -> Result<Self, EnvtestError> {
+        sweep_abandoned_dirs();
         let dir = tempfile::Builder::new()
-            .prefix("kinformer-envtest-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(|e| EnvtestError::io("creating a temp dir in", std::env::temp_dir(), e))?;
+        let owner = dir.path().join(OWNER_FILE);
+        std::fs::write(&owner, std::process::id().to_string())
+            .map_err(|e| EnvtestError::io("writing", owner.clone(), e))?;
         let [etcd_port, peer_port, api_port] = free_ports()?;
         let path = |name: &str| dir.path().join(name);
         let write = |name: &str, contents: &str| {
@@ -375,6 +427,28 @@ impl TestEnv {
     /// The admin kubeconfig file (context `envtest`, namespace `default`).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// An admin kubeconfig file like [`kubeconfig_path`](Self::kubeconfig_path)'s
+    /// whose server is `https://127.0.0.1:<port>` (a proxy in front of this
+    /// server, which presents its serving certificate): for a program run
+    /// as a separate process through a proxy. Written in the environment's
+    /// directory, so it goes with it.
+    pub fn kubeconfig_via(&self, port: u16) -> Result<PathBuf, EnvtestError> {
+        let direct = std::fs::read_to_string(&self.kubeconfig)
+            .map_err(|e| EnvtestError::io("reading", self.kubeconfig.clone(), e))?;
+        let server = format!("server: https://127.0.0.1:{}\n", self.api_port);
+        if !direct.contains(&server) {
+            return Err(EnvtestError::Client(format!(
+                "{} names no server https://127.0.0.1:{}",
+                self.kubeconfig.display(),
+                self.api_port
+            )));
+        }
+        let via = direct.replace(&server, &format!("server: https://127.0.0.1:{port}\n"));
+        let path = self.dir.path().join(format!("kubeconfig-via-{port}"));
+        std::fs::write(&path, via).map_err(|e| EnvtestError::io("writing", path.clone(), e))?;
+        Ok(path)
     }
 
     /// `https://127.0.0.1:<port>`.

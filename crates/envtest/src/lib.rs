@@ -14,7 +14,9 @@
 //!   kubeconfig file ([`TestEnv`]);
 //! - kills both processes and removes their files on drop, on an explicit
 //!   [`TestEnv::stop`], when a test panics, and (for the process-wide
-//!   [`TestEnv::shared`] one) when the test binary exits or is killed.
+//!   [`TestEnv::shared`] one, or one kept with [`TestEnv::into_static`])
+//!   when the test binary exits; if it is killed, its processes die with
+//!   it and the next control plane started removes the files it left.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kinformer_envtest::EnvtestError> {

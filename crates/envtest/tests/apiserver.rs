@@ -296,3 +296,114 @@ async fn a_port_in_use_is_reported_as_such() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_kubeconfig_via_a_proxy_reaches_the_server_through_it() {
+    let env = TestEnv::shared().await.expect("control plane starts");
+    let proxy = kinformer_envtest::Proxy::start(env.api_port())
+        .await
+        .unwrap();
+    let kubeconfig = env.kubeconfig_via(proxy.port()).unwrap();
+    assert!(kubeconfig.starts_with(env.dir()));
+    // On a thread of its own: this runtime's one thread serves the proxy.
+    let mut kubectl = std::process::Command::new(env.binaries().kubectl());
+    kubectl
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "ns", "default", "-o", "name"]);
+    let kubectl = tokio::task::spawn_blocking(move || kubectl.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&kubectl.stdout).trim(),
+        "namespace/default",
+        "{}",
+        String::from_utf8_lossy(&kubectl.stderr)
+    );
+    assert!(
+        proxy.accepted() >= 1,
+        "kubectl did not go through the proxy"
+    );
+}
+
+/// Run alone, in a process of its own, by the test below: keeps a control
+/// plane for the process (the shared one, or one of its own) and says
+/// where its files and processes are.
+#[tokio::test]
+#[ignore = "run by a_control_plane_kept_for_the_process_is_torn_down_at_exit"]
+async fn keeps_a_control_plane_until_exit() {
+    let env = match std::env::var("KINFORMER_ENVTEST_KEEP").as_deref() {
+        Ok("shared") => TestEnv::shared().await.unwrap(),
+        _ => TestEnv::start().await.unwrap().into_static(),
+    };
+    let (etcd, apiserver) = env.pids();
+    println!(
+        "kept: {} {} {}",
+        env.dir().display(),
+        etcd.unwrap(),
+        apiserver.unwrap()
+    );
+}
+
+#[test]
+fn a_control_plane_kept_for_the_process_is_torn_down_at_exit() {
+    for keep in ["shared", "own"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "keeps_a_control_plane_until_exit"])
+            .arg("--nocapture")
+            .env("KINFORMER_ENVTEST_KEEP", keep)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{keep}: {stdout}");
+        let kept = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("kept: "))
+            .unwrap_or_else(|| panic!("{keep}: no kept line in {stdout}"));
+        let mut kept = kept.split(' ');
+        let dir = std::path::PathBuf::from(kept.next().unwrap());
+        assert!(!dir.exists(), "{keep}: {} left behind", dir.display());
+        for pid in kept {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+            // Gone, or a zombie its new parent has yet to reap.
+            assert!(
+                status.is_err() || status.unwrap().contains("State:\tZ"),
+                "{keep}: pid {pid} survived"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_directory_of_a_control_plane_whose_process_is_gone_is_removed() {
+    // A process that ends at once: its pid is free afterwards.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let abandoned = tempfile::Builder::new()
+        .prefix("kinformer-envtest-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    std::fs::write(abandoned.join("owner.pid"), pid.to_string()).unwrap();
+    std::fs::create_dir_all(abandoned.join("etcd/member")).unwrap();
+    // One named by no owner, and one owned by this (live) process.
+    let unowned = tempfile::Builder::new()
+        .prefix("kinformer-envtest-")
+        .tempdir()
+        .unwrap();
+    let live = tempfile::Builder::new()
+        .prefix("kinformer-envtest-")
+        .tempdir()
+        .unwrap();
+    std::fs::write(
+        live.path().join("owner.pid"),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    let env = TestEnv::start().await.unwrap();
+    assert!(!abandoned.exists(), "{} left behind", abandoned.display());
+    assert!(unowned.path().exists() && live.path().exists());
+    env.stop();
+}

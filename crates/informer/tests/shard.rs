@@ -25,11 +25,12 @@ mod common;
 
 /// One server with the gate on for this test binary.
 async fn sharded_env() -> &'static TestEnv {
-    static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+    static ENV: OnceCell<&'static TestEnv> = OnceCell::const_new();
     ENV.get_or_init(|| async {
         TestEnv::start_with(TestEnvOptions::new().sharded_list_and_watch())
             .await
             .unwrap()
+            .into_static()
     })
     .await
 }
