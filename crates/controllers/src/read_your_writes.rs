@@ -138,6 +138,10 @@ pub(crate) struct Written {
     /// The reconciles it was made in.
     by: Vec<Reconciling>,
     at: Instant,
+    /// Which write this is, unique in its tracker: two writes can share an
+    /// `at` (a coarse clock, paused time), and a newer one must not be
+    /// forgotten for an older one that was seen or given up.
+    seq: u64,
 }
 
 /// What an informer must have seen.
@@ -298,6 +302,7 @@ pub(crate) struct WriteTracker {
     /// Every informer a controller reads, by resource.
     followed: Mutex<HashMap<GroupResource, Vec<Arc<dyn Follows>>>>,
     last_sweep: Mutex<Option<Instant>>,
+    next_seq: AtomicU64,
     stats: TrackerStats,
 }
 
@@ -398,6 +403,7 @@ impl WriteTracker {
                 owner: None,
                 by: by.into_iter().collect(),
                 at: Instant::now(),
+                seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             };
             (key_of(write.namespace.as_deref(), name), written)
         } else {
@@ -425,6 +431,7 @@ impl WriteTracker {
                 owner,
                 by: by.into_iter().collect(),
                 at: Instant::now(),
+                seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             };
             (key_of(namespace.as_deref(), &name), written)
         };
@@ -516,7 +523,7 @@ impl WriteTracker {
                 Target::Object { key, written } => resource_writes
                     .objects
                     .get(key)
-                    .is_some_and(|w| w.at == written.at)
+                    .is_some_and(|w| w.seq == written.seq)
                     .then(|| resource_writes.remove(key))
                     .flatten()
                     .is_some(),
@@ -587,7 +594,10 @@ impl WriteTracker {
             match target {
                 // Unless written again since.
                 Target::Object { key, written } => {
-                    if w.objects.get(&key).is_some_and(|now| now.at == written.at) {
+                    if w.objects
+                        .get(&key)
+                        .is_some_and(|now| now.seq == written.seq)
+                    {
                         w.remove(&key);
                         if expired {
                             self.stats.expired.fetch_add(1, Ordering::Relaxed);
@@ -1136,6 +1146,194 @@ mod tests {
         let configmaps = &writes[&GroupResource::new("", "configmaps")];
         assert_eq!(configmaps.objects.len(), 4000);
         assert_eq!(configmaps.highest.as_deref(), Some("7500"));
+    }
+
+    /// What a [`Gate`] informer has seen of the writes.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Sight {
+        Behind,
+        Seen,
+        Stopped,
+    }
+
+    /// An informer of ConfigMaps (in `namespace`, or every one) that sees
+    /// the writes when told.
+    struct Gate {
+        namespace: Option<&'static str>,
+        sight: tokio::sync::watch::Sender<Sight>,
+    }
+
+    impl Gate {
+        fn new(namespace: Option<&'static str>) -> Arc<Self> {
+            let sight = tokio::sync::watch::channel(Sight::Behind).0;
+            Arc::new(Self { namespace, sight })
+        }
+    }
+
+    impl Follows for Gate {
+        fn resource(&self) -> Option<GroupResource> {
+            Some(GroupResource::new("", "configmaps"))
+        }
+        fn covers(&self, key: &str) -> bool {
+            self.namespace
+                .is_none_or(|ns| namespace_of(key) == Some(ns))
+        }
+        fn lists_every_namespace(&self) -> bool {
+            self.namespace.is_none()
+        }
+        fn seen(&self, _: &Target) -> bool {
+            *self.sight.borrow() == Sight::Seen
+        }
+        fn wait_seen<'a>(&'a self, _: &'a Target) -> BoxFuture<'a, bool> {
+            let mut sight = self.sight.subscribe();
+            Box::pin(async move {
+                let Ok(now) = sight.wait_for(|s| *s != Sight::Behind).await else {
+                    return false;
+                };
+                *now == Sight::Seen
+            })
+        }
+    }
+
+    /// A controller of ConfigMaps reading them through `gate`, with
+    /// read-your-writes on and `bound`, its queue and its reasons.
+    struct Controlled {
+        consistency: Arc<Consistency>,
+        queue: RateLimitingQueue<String>,
+        reasons: Arc<Reasons>,
+        halt: CancellationToken,
+    }
+
+    impl Controlled {
+        fn new(gate: &Arc<Gate>, bound: Duration) -> Self {
+            let read = Read::new(Arc::clone(gate) as Arc<dyn Follows>, Relation::Primary).unwrap();
+            let consistency = Consistency::new(
+                Arc::new(WriteTracker::default()),
+                "test",
+                vec![read],
+                true,
+                bound,
+                None,
+            );
+            let limiter = kinformer_workqueue::ItemExponentialFailureRateLimiter::new(
+                Duration::from_millis(5),
+                Duration::from_secs(1),
+            );
+            Self {
+                consistency: Arc::new(consistency),
+                queue: RateLimitingQueue::new(limiter),
+                reasons: Arc::default(),
+                halt: CancellationToken::new(),
+            }
+        }
+
+        /// The Manager's client wrote ConfigMap `key` at `version`.
+        fn wrote(&self, key: &str, version: u32) {
+            let (namespace, name) = key.split_once('/').unwrap();
+            let write = WriteRequest {
+                method: Method::PUT,
+                resource: GroupResource::new("", "configmaps"),
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+            };
+            let answer = format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"{namespace}","uid":"u-{name}","resourceVersion":"{version}"}}}}"#
+            );
+            self.consistency
+                .tracker
+                .record(&write, answer.as_bytes(), None);
+        }
+
+        fn before(&self, key: &str, priority: Priority) -> Readiness {
+            self.consistency
+                .before_reconcile(key, priority, &self.queue, &self.reasons, &self.halt)
+        }
+
+        /// The next key its waiter queued, with its priority and reason.
+        async fn requeued(&self) -> (String, Priority, Reason) {
+            let (key, priority) = self.queue.get_with_priority().await.unwrap();
+            self.queue.done(&key);
+            let reason = self.reasons.take(&key);
+            (key, priority, reason)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_key_is_queued_once_its_write_is_seen_at_its_highest_priority() {
+        let gate = Gate::new(None);
+        let c = Controlled::new(&gate, Duration::from_secs(5));
+        c.wrote("ns/a", 10);
+        assert_eq!(c.before("ns/a", Priority::Low), Readiness::Parked);
+        // Taken again by an event while parked: it stays parked, and its
+        // priority is the higher one.
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Parked);
+        assert_eq!(c.before("ns/a", Priority::Low), Readiness::Parked);
+        gate.sight.send_replace(Sight::Seen);
+        assert_eq!(
+            c.requeued().await,
+            ("ns/a".to_owned(), Priority::High, Reason::CaughtUp)
+        );
+        assert_eq!(
+            c.consistency.tracker.stats.given_up.load(Ordering::Relaxed),
+            0
+        );
+        assert_eq!(c.before("ns/a", Priority::Low), Readiness::Ready);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_released_at_the_bound_runs_once_despite_newer_writes_then_waits_again() {
+        let gate = Gate::new(None);
+        let bound = Duration::from_secs(5);
+        let c = Controlled::new(&gate, bound);
+        c.wrote("ns/a", 10);
+        let parked = Instant::now();
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Parked);
+        // Written again while it waits: the new write is not seen either.
+        c.wrote("ns/a", 11);
+        let (key, _, reason) = c.requeued().await;
+        assert_eq!((key.as_str(), reason), ("ns/a", Reason::StaleCache));
+        assert!(parked.elapsed() >= bound);
+        // The write waited for is superseded, not forgotten: the newer one
+        // stays remembered.
+        assert_eq!(
+            version_of(&c.consistency.tracker, "ns/a"),
+            Some(Some("11".to_owned()))
+        );
+        // Reconciled once from the cache as it is, not parked bound after
+        // bound; the next write is waited for again.
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Ready);
+        c.wrote("ns/a", 12);
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Parked);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_informer_releases_its_keys_before_the_bound() {
+        let gate = Gate::new(None);
+        let c = Controlled::new(&gate, Duration::from_secs(3600));
+        c.wrote("ns/a", 10);
+        let parked = Instant::now();
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Parked);
+        gate.sight.send_replace(Sight::Stopped);
+        let (key, _, reason) = c.requeued().await;
+        assert_eq!((key.as_str(), reason), ("ns/a", Reason::StaleCache));
+        assert!(parked.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            c.consistency.tracker.stats.given_up.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(c.before("ns/a", Priority::High), Readiness::Ready);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_outside_the_informers_namespace_is_not_waited_for() {
+        let gate = Gate::new(Some("mine"));
+        let c = Controlled::new(&gate, Duration::from_secs(5));
+        // The first write sweeps (forgetting what no informer covers);
+        // the second comes before the next sweep.
+        c.wrote("mine/a", 10);
+        c.wrote("theirs/a", 10);
+        assert_eq!(c.before("theirs/a", Priority::High), Readiness::Ready);
+        assert_eq!(c.before("mine/a", Priority::High), Readiness::Parked);
     }
 
     #[test]
