@@ -6,8 +6,10 @@
 //! to docs/benchmarks.md (between markers) and docs/benchmarks.svg.
 
 mod controllers;
+mod stale_reads;
 
 pub use controllers::run as run_controllers;
+pub use stale_reads::run_alone as run_stale_reads;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

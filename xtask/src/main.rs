@@ -45,9 +45,12 @@ enum Task {
         /// Only the out-of-the-box sync rows, 10 000 and 50 000 pods, with more rounds and the server's own floor.
         #[arg(long, conflicts_with = "sharding")]
         defaults: bool,
-        /// Only whole controllers: configmap-hash in kinformer, controller-runtime and kube-runtime converging 10 000 Deployments, under churn, and failing over with 50 000 (about 30 minutes; --quick: 10).
+        /// Only whole controllers: the stale-read rows (see --stale-reads), then configmap-hash in kinformer, controller-runtime and kube-runtime converging 10 000 Deployments, under churn, and failing over with 50 000 (about 30 minutes; --quick: 10).
         #[arg(long, conflicts_with_all = ["sharding", "defaults"])]
         controllers: bool,
+        /// Only the stale-read rows of --controllers: child-per-parent with watch answers 1 s behind its writes, in kinformer (read-your-writes on and off), controller-runtime (with and without EnableReadYourWritesConsistency) and kube-runtime (about 10 minutes; --quick: 3).
+        #[arg(long, conflicts_with_all = ["sharding", "defaults", "controllers"])]
+        stale_reads: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -125,12 +128,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             sharding,
             defaults,
             controllers,
+            stale_reads,
         } => {
             let root = workspace_root();
             if sharding {
                 runtime()?.block_on(bench::run_sharding(quick, &root))?;
             } else if defaults {
                 runtime()?.block_on(bench::run_defaults(quick, &root))?;
+            } else if stale_reads {
+                runtime()?.block_on(bench::run_stale_reads(quick, &root))?;
             } else if controllers {
                 runtime()?.block_on(bench::run_controllers(quick, &root))?;
             } else {

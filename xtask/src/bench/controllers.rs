@@ -5,6 +5,9 @@
 //! controller-runtime and kube-runtime, each as its own docs write it and
 //! with its defaults, against one control plane, the systems rotating.
 //!
+//! Before them, the stale-read rows of [`super::stale_reads`]: a second
+//! controller, child-per-parent, behind a watch lagging its writes.
+//!
 //! Every row is timed from the outside: each program prints a line after a
 //! patch of its returns, and the bench stamps each line as it reads it.
 //!
@@ -36,6 +39,9 @@ use super::*;
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --controllers -->";
 const END: &str = "<!-- END cargo xtask bench --controllers -->";
 
+/// What churn changes and the controllers write.
+const CHURNED: &[&str] = &["configmaps", "deployments"];
+
 /// The three configmap-hash programs.
 struct Programs {
     kinformer: PathBuf,
@@ -44,7 +50,7 @@ struct Programs {
 }
 
 /// The framework `s` stands for here.
-fn name(s: System) -> &'static str {
+pub(super) fn name(s: System) -> &'static str {
     match s {
         System::ClientGo => "controller-runtime",
         other => other.name(),
@@ -62,7 +68,7 @@ impl Programs {
     }
 }
 
-fn cargo(dir: &Path, package: &str) -> Result<()> {
+pub(super) fn cargo(dir: &Path, package: &str) -> Result<()> {
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(dir)
@@ -165,7 +171,7 @@ fn rss_mib(pid: Option<u32>, field: &str) -> Option<f64> {
 
 /// A controller process, and the lines it prints, each stamped when the
 /// bench read it.
-struct Running {
+pub(super) struct Running {
     child: tokio::process::Child,
     lines: mpsc::UnboundedReceiver<(Instant, String)>,
 }
@@ -173,7 +179,7 @@ struct Running {
 impl Running {
     /// Starts `program`; its standard error goes to a file in the temporary directory,
     /// `{program's name}.{the bench's pid}.{a count}.log`.
-    fn start(program: &Path, kubeconfig: &Path, env: &[(&str, &str)]) -> Result<Self> {
+    pub(super) fn start(program: &Path, kubeconfig: &Path, env: &[(&str, &str)]) -> Result<Self> {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let log = std::env::temp_dir().join(format!(
             "{}.{}.{}.log",
@@ -227,7 +233,7 @@ impl Running {
 
     /// Waits until the process is idle: under 2% of a core over 2 s (a
     /// standby renewing nothing, a leader done with its initial reconciles).
-    async fn settled(&self) -> Result<()> {
+    pub(super) async fn settled(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(900);
         let mut before = self.cpu_ms();
         loop {
@@ -243,7 +249,7 @@ impl Running {
         }
     }
 
-    async fn kill(mut self) {
+    pub(super) async fn kill(mut self) {
         let _ = self.child.start_kill(); // SIGKILL
         let _ = self.child.wait().await;
     }
@@ -341,7 +347,7 @@ async fn holder(leases: &Api<Lease>, not: Option<&str>, deadline: Instant) -> Re
 }
 
 /// Environment variables for a program.
-type Vars<'a> = [(&'a str, &'a str)];
+pub(super) type Vars<'a> = [(&'a str, &'a str)];
 
 /// How the new leader comes in.
 #[derive(Clone, Copy, PartialEq)]
@@ -433,6 +439,7 @@ async fn failover(
 }
 
 pub async fn run(quick: bool, root: &Path) -> Result<()> {
+    let stale_reads = super::stale_reads::run(quick, root).await?;
     let started = Instant::now();
     let programs = build(root)?;
     let (n, rounds, failover_n, failover_rounds) = if quick {
@@ -587,6 +594,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             };
             for &(rate, secs) in rates {
                 let (own, server) = (running.cpu_ms(), apiserver_cpu_ms(&env));
+                let served = super::stale_reads::served(&client, CHURNED).await;
                 let measured = churn(&mut running, &cms, rate, secs, first)
                     .await
                     .with_context(|| format!("{} under churn at {rate}/s", name(system)))?;
@@ -607,6 +615,15 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 results.add(&row, "the controller's CPU per change, ms", system, own);
                 let server = (apiserver_cpu_ms(&env) - server) / changes;
                 results.add(&row, "kube-apiserver CPU per change, ms", system, server);
+                if let (Ok(before), Ok(after)) =
+                    (served, super::stale_reads::served(&client, CHURNED).await)
+                {
+                    // Less the bench's own patch of each ConfigMap.
+                    let writes = (after.writes - before.writes - changes) / changes;
+                    results.add(&row, "writes per change", system, writes);
+                    let conflicts = after.conflicts - before.conflicts;
+                    results.add(&row, "409 Conflicts", system, conflicts);
+                }
                 print!(", {rate}/s: p99 {p99:.1} ms, {:.0}/s", measured.per_second);
             }
             println!();
@@ -726,7 +743,9 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
          all {n} hashes are stale; from the process's start (its informers list from nothing) to the last of its {n} \
          patches. kube-apiserver CPU and requests (its `apiserver_request_total`) are the server's over that time, per \
          Deployment.\n\
-         - **Churn**: then, in the same process, ConfigMaps are changed at a steady rate, each a different one.\n\
+         - **Churn**: then, in the same process, ConfigMaps are changed at a steady rate, each a different one; \
+         writes and 409 Conflicts are the server's (`apiserver_request_total` for ConfigMaps and Deployments, the \
+         bench's own patches left out).\n\
          - **Failover** ({failover_rounds} rounds): {failover_n} Deployments (the {} added use no ConfigMap and carry \
          their hash already), two replicas electing a leader on one Lease with client-go's timing (15 s lease; \
          kube-runtime has no election of its own, so its peer uses kube-lease-manager set to 15 s). Once the leader \
@@ -738,6 +757,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         failover_n - n,
     );
     replace_block(root, BEGIN, END, &section)?;
+    super::stale_reads::write(root, &stale_reads)?;
     println!(
         "==> docs/benchmarks.md updated ({:.0} s)",
         started.elapsed().as_secs_f64()
