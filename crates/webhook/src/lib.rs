@@ -1,0 +1,88 @@
+//! Kubernetes admission webhooks over HTTPS, for any kube-rs user: typed
+//! validating and defaulting handlers on kube-core's admission types, one
+//! server for all of them, and the serving certificate read from files and
+//! reloaded as it rotates. It knows nothing of informers; the controllers
+//! crate's Manager can serve it beside its metrics and health.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kinformer_webhook::WebhookError> {
+//! use std::sync::Arc;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kinformer_webhook::{CertFiles, Verdict, Webhooks};
+//!
+//! let tls = Arc::new(CertFiles::new("/tmp/k8s-webhook-server/serving-certs/tls.crt",
+//!                                   "/tmp/k8s-webhook-server/serving-certs/tls.key")?);
+//! let server = Webhooks::new()
+//!     // Refuse a ConfigMap without data.
+//!     .validate("/validate-configmap", |request| async move {
+//!         let cm: Option<ConfigMap> = request.object;
+//!         match cm.and_then(|cm| cm.data) {
+//!             Some(_) => Verdict::allow(),
+//!             None => Verdict::deny("a ConfigMap here needs data"),
+//!         }
+//!     })
+//!     // Label every ConfigMap as managed; the JSON patch is computed.
+//!     .defaulting("/default-configmap", |mut cm: ConfigMap, _request| async move {
+//!         cm.metadata.labels.get_or_insert_default().insert("managed".into(), "true".into());
+//!         Ok(cm)
+//!     })
+//!     .bind("0.0.0.0:9443".parse().unwrap(), tls)
+//!     .await?;
+//! server.run(tokio_util::sync::CancellationToken::new()).await;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Webhooks`]: the handlers, by path; [`Server`]: bound and serving.
+//!   What it answers to bad input (malformed, oversized, wrong content
+//!   type, an object of another kind, a panicking or slow handler) is in
+//!   the [`server`] module's docs.
+//! - [`CertFiles`]: the serving certificate and key, reloaded when the
+//!   files change, the last good pair kept when a change does not load.
+//! - With the `dev-certs` feature, `dev_certs::DevCerts`: a CA and a serving
+//!   certificate for development and tests (the CA goes in the webhook
+//!   configuration's `caBundle`).
+
+mod admission;
+#[cfg(feature = "dev-certs")]
+pub mod dev_certs;
+pub mod server;
+mod tls;
+
+pub use admission::Verdict;
+pub use kube_core::admission::{AdmissionRequest, Operation};
+pub use server::{DEFAULT_MAX_BODY_BYTES, OnPanic, Server, Webhooks};
+pub use tls::CertFiles;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// What can go wrong setting a webhook server up. Requests never make one:
+/// each gets an answer (see [`server`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the serving certificate in {path} {reason}")]
+    Certificate { path: PathBuf, reason: String },
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    #[error("binding the webhook server to {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("webhook path {0}")]
+    Path(String),
+    #[cfg(feature = "dev-certs")]
+    #[error("making a development certificate: {0}")]
+    DevCerts(#[from] rcgen::Error),
+}

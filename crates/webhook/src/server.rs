@@ -1,0 +1,536 @@
+//! The HTTPS server: one port, a path per webhook, hyper over rustls.
+//!
+//! What it answers besides a handler's review, so that bad input gets a
+//! clear answer and nothing else:
+//! - not a POST: 405; an unknown path: 404 naming the served ones; a body
+//!   that is not `application/json`: 415; larger than the limit: 413; not
+//!   an AdmissionReview: 400 with serde's reason. The API server applies
+//!   the webhook's `failurePolicy` to each.
+//! - a review whose object is not the handler's kind: a denial saying so.
+//! - a handler that panics: a denial naming the panic (controller-runtime's
+//!   default), or a 500 ([`OnPanic::Error`]) left to the `failurePolicy`;
+//!   the server goes on either way.
+//! - a handler slower than the call's timeout (the API server sends it as
+//!   `?timeout=`, 10 s unless configured, at most 30 s): a 504 at nine
+//!   tenths of it, before the API server gives up, the handler dropped.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kube_core::Resource;
+use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube_core::dynamic::DynamicObject;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use crate::admission::{self, Malformed, Review, Verdict};
+use crate::{CertFiles, WebhookError};
+
+/// The largest request body read, by default: an AdmissionReview carries
+/// the object and its old version, each at most etcd's 1.5 MiB request
+/// limit (3 MiB with the API server's own), JSON-escaped.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
+/// The call timeout when a request says none: the API server's default
+/// `timeoutSeconds`.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most a webhook configuration may set.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a handler that panics is answered with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnPanic {
+    /// A denial naming the panic (controller-runtime's default): the object
+    /// is refused whatever the `failurePolicy`.
+    #[default]
+    Deny,
+    /// An HTTP 500: the webhook's `failurePolicy` decides (`Ignore` admits).
+    Error,
+}
+
+/// What a route made of a request body.
+enum Outcome {
+    Answered(Box<AdmissionReview<DynamicObject>>),
+    Malformed(String),
+    Panicked {
+        response: Box<AdmissionResponse>,
+        message: String,
+    },
+}
+
+type Route = Arc<dyn Fn(Bytes) -> BoxFuture<'static, Outcome> + Send + Sync>;
+
+/// The webhooks of one server, by path. See the crate docs.
+#[derive(Clone, Default)]
+pub struct Webhooks {
+    routes: Vec<(String, Route)>,
+    on_panic: OnPanic,
+    max_body_bytes: Option<usize>,
+}
+
+impl std::fmt::Debug for Webhooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let paths: Vec<&str> = self.routes.iter().map(|(p, _)| p.as_str()).collect();
+        f.debug_struct("Webhooks")
+            .field("paths", &paths)
+            .field("on_panic", &self.on_panic)
+            .finish()
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
+}
+
+/// Runs `make()` (the handler's call and its future) with panics caught.
+async fn guarded<T, Fut>(make: impl FnOnce() -> Fut) -> Result<T, String>
+where
+    Fut: Future<Output = T>,
+{
+    let future =
+        std::panic::catch_unwind(AssertUnwindSafe(make)).map_err(|p| panic_message(&*p))?;
+    AssertUnwindSafe(future)
+        .catch_unwind()
+        .await
+        .map_err(|p| panic_message(&*p))
+}
+
+/// The typed part of a route: read the review, answer what is not `K`.
+fn typed<K, F, Fut>(handle: F) -> Route
+where
+    K: Resource + DeserializeOwned + Send + 'static,
+    F: Fn(AdmissionRequest<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    let handle = Arc::new(handle);
+    Arc::new(move |body: Bytes| {
+        let handle = Arc::clone(&handle);
+        async move {
+            match admission::read::<K>(&body) {
+                Err(Malformed(why)) => Outcome::Malformed(why),
+                Ok(Review::Unreadable(request, why)) => {
+                    Outcome::Answered(Box::new(admission::unreadable(&request, why)))
+                }
+                Ok(Review::Typed(request)) => handle(*request).await,
+            }
+        }
+        .boxed()
+    })
+}
+
+impl Webhooks {
+    /// No webhooks yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A validating webhook for kind `K` at `path`: `validate` gets each
+    /// request (its operation, `object`, `old_object` for an update, the
+    /// user) and answers a [`Verdict`].
+    pub fn validate<K, F, Fut>(mut self, path: &str, validate: F) -> Self
+    where
+        K: Resource + DeserializeOwned + Send + 'static,
+        F: Fn(AdmissionRequest<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Verdict> + Send + 'static,
+    {
+        let validate = Arc::new(validate);
+        let route = typed(move |request: AdmissionRequest<K>| {
+            let validate = Arc::clone(&validate);
+            async move {
+                let response = AdmissionResponse::from(&request);
+                match guarded(|| validate(request)).await {
+                    Ok(verdict) => {
+                        Outcome::Answered(Box::new(admission::answer(response, verdict)))
+                    }
+                    Err(message) => Outcome::Panicked {
+                        response: Box::new(response),
+                        message,
+                    },
+                }
+            }
+        });
+        self.routes.push((path.to_owned(), route));
+        self
+    }
+
+    /// A defaulting (mutating) webhook for kind `K` at `path`: `default`
+    /// gets the object and the request, and returns the object as it
+    /// should be stored, or a denial; the JSON patch is computed from the
+    /// two objects. A request without an object (a delete) is admitted
+    /// without calling it.
+    pub fn defaulting<K, F, Fut>(mut self, path: &str, default: F) -> Self
+    where
+        K: Resource + DeserializeOwned + Serialize + Clone + Send + Sync + 'static,
+        F: Fn(K, AdmissionRequest<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<K, Verdict>> + Send + 'static,
+    {
+        let default = Arc::new(default);
+        let route = typed(move |request: AdmissionRequest<K>| {
+            let default = Arc::clone(&default);
+            async move {
+                let response = AdmissionResponse::from(&request);
+                let Some(before) = request.object.clone() else {
+                    return Outcome::Answered(Box::new(admission::answer(
+                        response,
+                        Verdict::allow(),
+                    )));
+                };
+                if matches!(request.operation, Operation::Delete | Operation::Connect) {
+                    return Outcome::Answered(Box::new(admission::answer(
+                        response,
+                        Verdict::allow(),
+                    )));
+                }
+                let object = before.clone();
+                match guarded(|| default(object, request)).await {
+                    Ok(Ok(after)) => {
+                        match admission::defaulted(response.clone(), &before, &after) {
+                            Ok(review) => Outcome::Answered(Box::new(review)),
+                            Err(why) => Outcome::Answered(Box::new(admission::answer(
+                                response,
+                                Verdict::deny(why),
+                            ))),
+                        }
+                    }
+                    Ok(Err(verdict)) => {
+                        Outcome::Answered(Box::new(admission::answer(response, verdict)))
+                    }
+                    Err(message) => Outcome::Panicked {
+                        response: Box::new(response),
+                        message,
+                    },
+                }
+            }
+        });
+        self.routes.push((path.to_owned(), route));
+        self
+    }
+
+    /// What a handler that panics is answered with ([`OnPanic::Deny`] by
+    /// default).
+    pub fn on_panic(mut self, on_panic: OnPanic) -> Self {
+        self.on_panic = on_panic;
+        self
+    }
+
+    /// The largest request body read ([`DEFAULT_MAX_BODY_BYTES`] by
+    /// default); a larger one is answered 413.
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = Some(bytes);
+        self
+    }
+
+    /// Binds `addr` (port 0: a free one) to serve these webhooks with the
+    /// certificate of `tls`. Fails on a path given twice, or one that does
+    /// not start with `/`.
+    pub async fn bind(self, addr: SocketAddr, tls: Arc<CertFiles>) -> Result<Server, WebhookError> {
+        let mut routes = HashMap::new();
+        for (path, route) in self.routes {
+            if !path.starts_with('/') {
+                return Err(WebhookError::Path(format!(
+                    "{path:?} does not start with /"
+                )));
+            }
+            if routes.insert(path.clone(), route).is_some() {
+                return Err(WebhookError::Path(format!("{path:?} is given twice")));
+            }
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| WebhookError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| WebhookError::Bind { addr, source })?;
+        Ok(Server {
+            listener,
+            local_addr,
+            acceptor: TlsAcceptor::from(tls.server_config()?),
+            routes: Arc::new(Routes {
+                routes,
+                on_panic: self.on_panic,
+                max_body_bytes: self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            }),
+        })
+    }
+}
+
+struct Routes {
+    routes: HashMap<String, Route>,
+    on_panic: OnPanic,
+    max_body_bytes: usize,
+}
+
+/// A bound webhook server; [`run`](Self::run) serves it.
+pub struct Server {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    acceptor: TlsAcceptor,
+    routes: Arc<Routes>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl Server {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets
+    /// the requests in flight finish and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let connections = TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: not fatal.
+                    warn!(%error, "accepting a webhook connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let (acceptor, routes, shutdown) = (
+                self.acceptor.clone(),
+                Arc::clone(&self.routes),
+                shutdown.clone(),
+            );
+            connections.spawn(async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(error)) => {
+                        debug!(%peer, %error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let service = service_fn(move |request| {
+                    let routes = Arc::clone(&routes);
+                    async move { Ok::<_, Infallible>(routes.answer(request).await) }
+                });
+                let connection = http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+                tokio::pin!(connection);
+                tokio::select! {
+                    _ = connection.as_mut() => {}
+                    _ = shutdown.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = connection.await;
+                    }
+                }
+            });
+        }
+        connections.close();
+        connections.wait().await;
+    }
+}
+
+fn plain(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(message.into())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn review(review: &AdmissionReview<DynamicObject>) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(review) {
+        Ok(body) => {
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(error) => plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the AdmissionReview: {error}"),
+        ),
+    }
+}
+
+/// The `timeout` query parameter the API server sends (Go's duration
+/// format: `10s`, `1m0s`, `500ms`), if there is one that reads.
+fn timeout_of(query: Option<&str>) -> Option<Duration> {
+    let value = query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("timeout="))?;
+    go_duration(value)
+}
+
+/// Go's `time.Duration` string: a sequence of decimal numbers, each with a
+/// unit (`h`, `m`, `s`, `ms`, `us`, `µs`, `ns`).
+fn go_duration(mut s: &str) -> Option<Duration> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    while !s.is_empty() {
+        let digits = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let number: f64 = s[..digits].parse().ok()?;
+        s = &s[digits..];
+        let unit = s.find(|c: char| c.is_ascii_digit()).unwrap_or(s.len());
+        let seconds = match &s[..unit] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += Duration::try_from_secs_f64(number * seconds).ok()?;
+        s = &s[unit..];
+    }
+    Some(total)
+}
+
+impl Routes {
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        if request.method() != Method::POST {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "webhooks take POST");
+        }
+        let path = request.uri().path().to_owned();
+        let Some(route) = self.routes.get(&path) else {
+            let mut served: Vec<&str> = self.routes.keys().map(String::as_str).collect();
+            served.sort_unstable();
+            return plain(
+                StatusCode::NOT_FOUND,
+                format!("no webhook at {path}; served: {}", served.join(", ")),
+            );
+        };
+        let json = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim() == "application/json")
+            });
+        if !json {
+            return plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "an AdmissionReview is sent as Content-Type: application/json",
+            );
+        }
+        let timeout = timeout_of(request.uri().query())
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .min(MAX_TIMEOUT);
+        let too_large = || {
+            plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {} bytes", self.max_body_bytes),
+            )
+        };
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            return too_large();
+        }
+        let (route, on_panic) = (Arc::clone(route), self.on_panic);
+        let body = Limited::new(request.into_body(), self.max_body_bytes);
+        let bound = timeout.mul_f64(0.9);
+        let answered = tokio::time::timeout(bound, async move {
+            let body = match body.collect().await {
+                Ok(body) => body.to_bytes(),
+                Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                    return Err(too_large());
+                }
+                Err(error) => {
+                    return Err(plain(
+                        StatusCode::BAD_REQUEST,
+                        format!("reading the body: {error}"),
+                    ));
+                }
+            };
+            Ok(route(body).await)
+        })
+        .await;
+        match answered {
+            Err(_) => plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "the webhook did not answer within {bound:?} (the call's timeout is {timeout:?})"
+                ),
+            ),
+            Ok(Err(response)) => response,
+            Ok(Ok(Outcome::Answered(answer))) => review(&answer),
+            Ok(Ok(Outcome::Malformed(why))) => plain(StatusCode::BAD_REQUEST, why),
+            Ok(Ok(Outcome::Panicked { response, message })) => {
+                warn!(path, panic = %message, "a webhook handler panicked");
+                let why = format!("the webhook's handler panicked: {message}");
+                match on_panic {
+                    OnPanic::Deny => review(&admission::answer(*response, Verdict::deny(why))),
+                    OnPanic::Error => plain(StatusCode::INTERNAL_SERVER_ERROR, why),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_read_as_the_api_server_writes_them() {
+        assert_eq!(go_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(go_duration("1m0s"), Some(Duration::from_secs(60)));
+        assert_eq!(go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(go_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        for bad in ["", "10", "s", "10x", "-1s", "1e400s"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+        assert_eq!(
+            timeout_of(Some("a=b&timeout=2s")),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(timeout_of(Some("timeout=junk")), None);
+        assert_eq!(timeout_of(None), None);
+    }
+}

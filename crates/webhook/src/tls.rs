@@ -1,0 +1,181 @@
+//! The serving certificate, read from two PEM files and read again when
+//! they change: cert-manager and the kubelet's Secret volumes rotate them in
+//! place (a Secret volume swaps a `..data` symlink, so both files change at
+//! once). Every TLS handshake compares the files' metadata (two `stat`s)
+//! with what was loaded; a change is loaded before the handshake goes on, so
+//! the first connection after a rotation already gets the new certificate.
+//! A pair that does not load (half written, a key that does not match) is
+//! not used: the last good one serves, the failure is logged and counted,
+//! and the next handshake tries again. So no admission fails across a
+//! rotation.
+//!
+//! Written here rather than taken from a crate: rustls's
+//! `ResolvesServerCert` is the hook, and what it needs (a stat per
+//! handshake, keep the last good pair) is a few lines; the crates that
+//! watch files (notify) add a thread and inotify for the same outcome.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+use tracing::{info, warn};
+
+use crate::WebhookError;
+
+/// What identifies one version of a file: a rotation changes at least one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        modified: meta.modified().ok(),
+        len: meta.len(),
+        inode: meta.ino(),
+    })
+}
+
+struct Loaded {
+    stamps: (Option<Stamp>, Option<Stamp>),
+    key: Arc<CertifiedKey>,
+}
+
+/// A serving certificate and key read from PEM files, reloaded when they
+/// change (see the module docs).
+pub struct CertFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    loaded: parking_lot::RwLock<Loaded>,
+    reloads: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl std::fmt::Debug for CertFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertFiles")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("reloads", &self.reloads())
+            .field("failures", &self.failures())
+            .finish()
+    }
+}
+
+/// Reads and checks a certificate chain and its key.
+fn load(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, WebhookError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| WebhookError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let tls = |path: &Path, reason: String| WebhookError::Certificate {
+        path: path.to_owned(),
+        reason,
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls(cert, format!("not a PEM certificate chain: {e}")))?;
+    if chain.is_empty() {
+        return Err(tls(cert, "holds no certificate".into()));
+    }
+    let private = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .map_err(|e| tls(key, format!("not a PEM private key: {e}")))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let certified = CertifiedKey::from_der(chain, private, &provider).map_err(|e| {
+        tls(
+            cert,
+            format!("does not go with the key in {}: {e}", key.display()),
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+impl CertFiles {
+    /// Reads `cert` (a PEM chain, the serving certificate first) and `key`
+    /// (its PEM private key). Fails if they do not load now; later
+    /// failures keep the last good pair.
+    pub fn new(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Result<Self, WebhookError> {
+        let (cert, key) = (cert.into(), key.into());
+        let stamps = (stamp(&cert), stamp(&key));
+        let loaded = load(&cert, &key)?;
+        Ok(Self {
+            cert,
+            key,
+            loaded: parking_lot::RwLock::new(Loaded {
+                stamps,
+                key: loaded,
+            }),
+            reloads: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        })
+    }
+
+    /// Times a changed pair was loaded.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// Times a changed pair did not load (the last good one kept serving).
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The pair to serve: reloaded first if the files changed.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let stamps = (stamp(&self.cert), stamp(&self.key));
+        {
+            let loaded = self.loaded.read();
+            if loaded.stamps == stamps {
+                return Arc::clone(&loaded.key);
+            }
+        }
+        let mut loaded = self.loaded.write();
+        if loaded.stamps != stamps {
+            // Whatever the outcome, this version of the files is settled:
+            // a failing pair is not read again on every handshake.
+            loaded.stamps = stamps;
+            match load(&self.cert, &self.key) {
+                Ok(key) => {
+                    loaded.key = key;
+                    self.reloads.fetch_add(1, Ordering::Relaxed);
+                    info!(cert = %self.cert.display(), "serving certificate reloaded");
+                }
+                Err(error) => {
+                    self.failures.fetch_add(1, Ordering::Relaxed);
+                    warn!(%error, "the changed serving certificate does not load; the last good one still serves");
+                }
+            }
+        }
+        Arc::clone(&loaded.key)
+    }
+
+    /// A rustls server configuration serving these files (HTTP/1.1).
+    pub fn server_config(self: Arc<Self>) -> Result<Arc<ServerConfig>, WebhookError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| WebhookError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(self);
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+impl ResolvesServerCert for CertFiles {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}

@@ -1,0 +1,291 @@
+//! Admission webhooks called by a real kube-apiserver over TLS: a
+//! validating webhook's denial and warning reach the client, a defaulting
+//! webhook's changes are stored, failurePolicy Fail and Ignore with the
+//! server stopped, a panicking handler, and bad requests answered with a
+//! clear status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_envtest::TestEnv;
+use kinformer_webhook::dev_certs::DevCerts;
+use kinformer_webhook::{CertFiles, OnPanic, Operation, Verdict, Webhooks};
+use kube_client::api::{Api, DeleteParams, PostParams};
+use kube_client::{Client, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// A webhook server on loopback with a fresh CA, serving until the token
+/// is cancelled.
+struct Served {
+    port: u16,
+    ca: String,
+    stop: CancellationToken,
+    stopped: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn serve(webhooks: Webhooks) -> Served {
+    let certs = DevCerts::new(&["127.0.0.1"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certs.write(dir.path()).unwrap();
+    let tls = Arc::new(CertFiles::new(cert, key).unwrap());
+    let server = webhooks
+        .bind("127.0.0.1:0".parse().unwrap(), tls)
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let stop = CancellationToken::new();
+    let stopped = tokio::spawn(server.run(stop.clone()));
+    Served {
+        port,
+        ca: certs.ca,
+        stop,
+        stopped,
+        _dir: dir,
+    }
+}
+
+/// The webhooks of these tests: ConfigMaps with a `forbidden` key are
+/// refused, those with a `warn` key admitted with a warning; every one is
+/// labelled `defaulted=yes`; one with a `panic` key panics the validator.
+fn webhooks() -> Webhooks {
+    Webhooks::new()
+        .validate("/validate", |request| async move {
+            let cm: ConfigMap = request.object.unwrap_or_default();
+            let data = cm.data.unwrap_or_default();
+            if data.contains_key("panic") {
+                panic!("asked to panic");
+            }
+            if data.contains_key("forbidden") {
+                return Verdict::deny(format!(
+                    "{} carries the key forbidden",
+                    cm.metadata.name.unwrap_or_default()
+                ));
+            }
+            let verdict = Verdict::allow();
+            if data.contains_key("warn") && request.operation == Operation::Create {
+                return verdict.warn("this ConfigMap carries the key warn");
+            }
+            verdict
+        })
+        .defaulting("/default", |mut cm: ConfigMap, _request| async move {
+            cm.metadata
+                .labels
+                .get_or_insert_default()
+                .insert("defaulted".into(), "yes".into());
+            Ok(cm)
+        })
+}
+
+/// `<webhook>` entry of a configuration for ConfigMaps of namespace `ns`.
+fn hook(name: &str, served: &Served, path: &str, ns: &str, policy: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "clientConfig": {
+            "url": format!("https://127.0.0.1:{}{path}", served.port),
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&served.ca),
+        },
+        "rules": [{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"],
+        }],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        "failurePolicy": policy,
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 5,
+    })
+}
+
+fn config_map(name: &str, key: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {key: "x"}})).unwrap()
+}
+
+/// Creates a ConfigMap named `name` with `key` in `ns` until `done` says
+/// the answer shows the configuration in force (the API server picks new
+/// configurations up from its own informer), deleting what got through.
+async fn until_in_force(
+    client: &Client,
+    ns: &str,
+    key: &str,
+    done: impl Fn(&Result<ConfigMap, kube_client::Error>) -> bool,
+) -> Result<ConfigMap, kube_client::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for attempt in 0.. {
+        let name = format!("probe-{key}-{attempt}");
+        let result = api
+            .create(&PostParams::default(), &config_map(&name, key))
+            .await;
+        if done(&result) {
+            return result;
+        }
+        if result.is_ok() {
+            api.delete(&name, &DeleteParams::default()).await.unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not in force after 60 s: {result:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unreachable!()
+}
+
+fn denial(result: &Result<ConfigMap, kube_client::Error>) -> Option<(u16, String)> {
+    match result {
+        Err(kube_client::Error::Api(status)) => Some((status.code, status.message.clone())),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn the_api_server_admits_through_the_webhooks_their_denials_and_defaults() {
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("webhook").await.unwrap();
+    let served = serve(webhooks()).await;
+    let validating: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-validate")},
+        "webhooks": [hook("validate.kinformer.dev", &served, "/validate", &ns, "Fail")],
+    }))
+    .unwrap();
+    let mutating: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-default")},
+        "webhooks": [hook("default.kinformer.dev", &served, "/default", &ns, "Fail")],
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &validating)
+        .await
+        .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mutating)
+        .await
+        .unwrap();
+
+    // Denied, with the handler's message.
+    let denied = until_in_force(&client, &ns, "forbidden", |r| denial(r).is_some()).await;
+    let (code, message) = denial(&denied).unwrap();
+    assert_eq!(code, 400, "{message}");
+    assert!(message.contains("carries the key forbidden"), "{message}");
+    // Admitted, with the default stored.
+    let stored = until_in_force(&client, &ns, "fine", |r| {
+        r.as_ref()
+            .is_ok_and(|cm| cm.labels().get("defaulted").is_some())
+    })
+    .await
+    .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let read = api.get(&stored.name_any()).await.unwrap();
+    assert_eq!(
+        read.labels().get("defaulted").map(String::as_str),
+        Some("yes")
+    );
+    // A warning reaches the client (in a Warning header).
+    let request = http::Request::post(format!("/api/v1/namespaces/{ns}/configmaps"))
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(&config_map("warned", "warn"))
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    let response = client.send(request).await.unwrap();
+    let warnings: Vec<&str> = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("carries the key warn")),
+        "{warnings:?}"
+    );
+    // An update is validated too.
+    let mut update = read.clone();
+    update.data = Some([("forbidden".to_owned(), "now".to_owned())].into());
+    let refused = api
+        .replace(&read.name_any(), &PostParams::default(), &update)
+        .await;
+    assert!(
+        denial(&refused).is_some_and(|(_, m)| m.contains("forbidden")),
+        "{refused:?}"
+    );
+    // A panicking handler: a denial naming the panic; the server goes on.
+    let panicked = api
+        .create(&PostParams::default(), &config_map("panics", "panic"))
+        .await;
+    assert!(
+        denial(&panicked).is_some_and(|(_, m)| m.contains("asked to panic")),
+        "{panicked:?}"
+    );
+    api.create(&PostParams::default(), &config_map("after-panic", "fine"))
+        .await
+        .unwrap();
+
+    // The server stopped: Fail refuses, Ignore admits.
+    let patch =
+        json!({"webhooks": [hook("validate.kinformer.dev", &served, "/validate", &ns, "Ignore")]});
+    served.stop.cancel();
+    served.stopped.await.unwrap();
+    let refused = api
+        .create(&PostParams::default(), &config_map("server-down", "fine"))
+        .await;
+    assert!(denial(&refused).is_some(), "{refused:?}");
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            &format!("{ns}-validate"),
+            &kube_client::api::PatchParams::default(),
+            &kube_client::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .delete(&format!("{ns}-default"), &DeleteParams::default())
+        .await
+        .unwrap();
+    until_in_force(&client, &ns, "fine", |r| r.is_ok())
+        .await
+        .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(&format!("{ns}-validate"), &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn on_panic_error_leaves_a_panic_to_the_failure_policy() {
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("webhook-panic").await.unwrap();
+    let served = serve(webhooks().on_panic(OnPanic::Error)).await;
+    let validating: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-validate")},
+        "webhooks": [hook("validate.kinformer.dev", &served, "/validate", &ns, "Ignore")],
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &validating)
+        .await
+        .unwrap();
+    until_in_force(&client, &ns, "forbidden", |r| denial(r).is_some())
+        .await
+        .unwrap_err();
+    // The handler panics: a 500, which Ignore admits.
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &config_map("panics", "panic"))
+        .await
+        .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(&format!("{ns}-validate"), &DeleteParams::default())
+        .await
+        .unwrap();
+    served.stop.cancel();
+}

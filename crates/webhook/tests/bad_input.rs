@@ -1,0 +1,238 @@
+//! What the webhook server answers to bad requests, a slow handler and a
+//! rotating certificate, called over TLS by a plain HTTP/1.1 client (the
+//! API server never sends most of these; a scanner or a misconfigured
+//! caller does).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kinformer_webhook::dev_certs::DevCerts;
+use kinformer_webhook::{CertFiles, Verdict, Webhooks};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_util::sync::CancellationToken;
+
+struct Served {
+    port: u16,
+    certs: DevCerts,
+    tls: Arc<CertFiles>,
+    dir: tempfile::TempDir,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+async fn serve(webhooks: Webhooks) -> Served {
+    let certs = DevCerts::new(&["127.0.0.1"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certs.write(dir.path()).unwrap();
+    let tls = Arc::new(CertFiles::new(cert, key).unwrap());
+    let server = webhooks
+        .bind("127.0.0.1:0".parse().unwrap(), Arc::clone(&tls))
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let stop = CancellationToken::new();
+    tokio::spawn(server.run(stop.clone()));
+    Served {
+        port,
+        certs,
+        tls,
+        dir,
+        _stop: stop.drop_guard(),
+    }
+}
+
+/// One request on a connection of its own: the status, the body, and the
+/// certificate the server presented.
+async fn call(served: &Served, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(served.certs.ca.as_bytes()).unwrap())
+        .unwrap();
+    let config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.port))
+        .await
+        .unwrap();
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let peer = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let request = format!(
+        "{head}\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    tls.write_all(body).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body, peer)
+}
+
+fn review(object: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d9d5b2c-5f3c-4f37-9a65-3f2d1b3c4d5e",
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "operation": "CREATE",
+            "name": "x",
+            "namespace": "ns",
+            "userInfo": {"username": "someone"},
+            "object": object,
+        },
+    }))
+    .unwrap()
+}
+
+fn validating() -> Webhooks {
+    Webhooks::new().validate("/validate", |request| async move {
+        let cm: ConfigMap = request.object.unwrap_or_default();
+        match cm.data {
+            Some(_) => Verdict::allow(),
+            None => Verdict::deny("no data"),
+        }
+    })
+}
+
+const JSON: &str = "Content-Type: application/json";
+
+#[tokio::test]
+async fn bad_requests_get_a_clear_status_and_the_server_goes_on() {
+    let served = serve(validating().max_body_bytes(256 << 10)).await;
+    let good = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
+    let (status, body, _) = call(&served, "GET /validate HTTP/1.1", b"").await;
+    assert_eq!((status, body.as_str()), (405, "webhooks take POST"));
+    let (status, body, _) = call(&served, &format!("POST /nope HTTP/1.1\r\n{JSON}"), &good).await;
+    assert_eq!(status, 404);
+    assert!(
+        body.contains("no webhook at /nope; served: /validate"),
+        "{body}"
+    );
+    let (status, _, _) = call(
+        &served,
+        "POST /validate HTTP/1.1\r\nContent-Type: text/plain",
+        &good,
+    )
+    .await;
+    assert_eq!(status, 415);
+    let (status, body, _) = call(
+        &served,
+        &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+        &vec![b' '; 257 << 10],
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    let deep = format!(
+        "{{\"request\":{{\"object\":{}{}}}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    for bad in [&b"not json"[..], b"\xff\xfe{}", b"{}", deep.as_bytes()] {
+        let (status, body, _) =
+            call(&served, &format!("POST /validate HTTP/1.1\r\n{JSON}"), bad).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("AdmissionReview"), "{body}");
+    }
+    // Still serving: a good review is answered.
+    let (status, body, _) = call(
+        &served,
+        &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+        &good,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
+    assert_eq!(
+        answer["response"]["uid"],
+        "0d9d5b2c-5f3c-4f37-9a65-3f2d1b3c4d5e"
+    );
+}
+
+#[tokio::test]
+async fn an_object_that_is_not_the_handlers_kind_is_denied_saying_so() {
+    let served = serve(validating()).await;
+    let wrong = review(json!({"metadata": {"name": "x"}, "data": 5}));
+    let (status, body, _) = call(
+        &served,
+        &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+        &wrong,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{body}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("cannot read this ConfigMap as a"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_the_calls_timeout_is_answered_504_before_it() {
+    let served = serve(Webhooks::new().validate(
+        "/slow",
+        |_: kinformer_webhook::AdmissionRequest<ConfigMap>| async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Verdict::allow()
+        },
+    ))
+    .await;
+    let good = review(json!({"metadata": {"name": "x"}}));
+    let (status, body, _) = call(
+        &served,
+        &format!("POST /slow?timeout=1s HTTP/1.1\r\n{JSON}"),
+        &good,
+    )
+    .await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("the call's timeout is 1s"), "{body}");
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_not_used() {
+    let served = serve(validating()).await;
+    let good = review(json!({"metadata": {"name": "x"}, "data": {}}));
+    let head = format!("POST /validate HTTP/1.1\r\n{JSON}");
+    let (_, _, first) = call(&served, &head, &good).await;
+    // Rotated in place, as cert-manager does.
+    served
+        .certs
+        .renew(&["127.0.0.1"])
+        .unwrap()
+        .write(served.dir.path())
+        .unwrap();
+    let (status, _, second) = call(&served, &head, &good).await;
+    assert_eq!(status, 200);
+    assert_ne!(first, second, "the old certificate still served");
+    assert_eq!((served.tls.reloads(), served.tls.failures()), (1, 0));
+    // A half-written certificate: the last good one goes on serving.
+    std::fs::write(
+        served.dir.path().join("tls.crt"),
+        "-----BEGIN CERTIFICATE-----\nMIIB",
+    )
+    .unwrap();
+    let (status, _, third) = call(&served, &head, &good).await;
+    assert_eq!(status, 200);
+    assert_eq!(second, third);
+    assert_eq!((served.tls.reloads(), served.tls.failures()), (1, 1));
+}
