@@ -36,6 +36,8 @@
 //!   What it answers to bad input (malformed, oversized, wrong content
 //!   type, an object of another kind, a panicking or slow handler) is in
 //!   the [`server`] module's docs.
+//! - [`Conversion`], served by [`Webhooks::convert`]: a CRD's versions
+//!   converted hub and spoke.
 //! - [`CertFiles`]: the serving certificate and key, reloaded when the
 //!   files change, the last good pair kept when a change does not load.
 //! - With the `dev-certs` feature, `dev_certs::DevCerts`: a CA and a serving
@@ -43,12 +45,14 @@
 //!   configuration's `caBundle`).
 
 mod admission;
+pub mod conversion;
 #[cfg(feature = "dev-certs")]
 pub mod dev_certs;
 pub mod server;
 mod tls;
 
 pub use admission::Verdict;
+pub use conversion::Conversion;
 pub use kube_core::admission::{AdmissionRequest, Operation};
 pub use server::{DEFAULT_MAX_BODY_BYTES, OnPanic, Server, Webhooks};
 pub use tls::CertFiles;

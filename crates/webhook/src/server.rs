@@ -33,6 +33,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use kube_core::Resource;
 use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube_core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use kube_core::dynamic::DynamicObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -43,6 +44,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use crate::admission::{self, Malformed, Review, Verdict};
+use crate::conversion::{self, Conversion};
 use crate::{CertFiles, WebhookError};
 
 /// The largest request body read, by default: an AdmissionReview carries
@@ -72,6 +74,7 @@ pub enum OnPanic {
 /// What a route made of a request body.
 enum Outcome {
     Answered(Box<AdmissionReview<DynamicObject>>),
+    Converted(Box<ConversionReview>),
     Malformed(String),
     Panicked {
         response: Box<AdmissionResponse>,
@@ -231,6 +234,48 @@ impl Webhooks {
         self
     }
 
+    /// The conversion webhook of a custom resource at `path` (the CRD's
+    /// `spec.conversion.webhook.clientConfig`), hub and spoke: see
+    /// [`Conversion`]. A conversion that panics fails its review with a
+    /// message naming the panic.
+    pub fn convert<H>(mut self, path: &str, conversion: Conversion<H>) -> Self
+    where
+        H: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let conversion = Arc::new(conversion);
+        let route: Route = Arc::new(move |body: Bytes| {
+            let conversion = Arc::clone(&conversion);
+            async move {
+                let review = match serde_json::from_slice::<ConversionReview>(&body) {
+                    Ok(review) => review,
+                    Err(e) => return Outcome::Malformed(format!("not a ConversionReview: {e}")),
+                };
+                let request = match ConversionRequest::try_from(review) {
+                    Ok(request) => request,
+                    Err(e) => {
+                        return Outcome::Malformed(format!(
+                            "a ConversionReview without a request: {e}"
+                        ));
+                    }
+                };
+                let skeleton = ConversionResponse::for_request(ConversionRequest {
+                    types: request.types.clone(),
+                    uid: request.uid.clone(),
+                    desired_api_version: request.desired_api_version.clone(),
+                    objects: Vec::new(),
+                });
+                let converted = guarded(|| async { conversion.review(request) }).await;
+                Outcome::Converted(Box::new(match converted {
+                    Ok(review) => review,
+                    Err(message) => conversion::panicked(skeleton, &message),
+                }))
+            }
+            .boxed()
+        });
+        self.routes.push((path.to_owned(), route));
+        self
+    }
+
     /// What a handler that panics is answered with ([`OnPanic::Deny`] by
     /// default).
     pub fn on_panic(mut self, on_panic: OnPanic) -> Self {
@@ -373,7 +418,7 @@ fn plain(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>
     response
 }
 
-fn review(review: &AdmissionReview<DynamicObject>) -> Response<Full<Bytes>> {
+fn review<T: Serialize>(review: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(review) {
         Ok(body) => {
             let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -385,7 +430,7 @@ fn review(review: &AdmissionReview<DynamicObject>) -> Response<Full<Bytes>> {
         }
         Err(error) => plain(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot write the AdmissionReview: {error}"),
+            format!("cannot write the review: {error}"),
         ),
     }
 }
@@ -498,7 +543,8 @@ impl Routes {
                 ),
             ),
             Ok(Err(response)) => response,
-            Ok(Ok(Outcome::Answered(answer))) => review(&answer),
+            Ok(Ok(Outcome::Answered(answer))) => review(&*answer),
+            Ok(Ok(Outcome::Converted(answer))) => review(&*answer),
             Ok(Ok(Outcome::Malformed(why))) => plain(StatusCode::BAD_REQUEST, why),
             Ok(Ok(Outcome::Panicked { response, message })) => {
                 warn!(path, panic = %message, "a webhook handler panicked");
