@@ -3,8 +3,17 @@
 //! A validating handler answers a [`Verdict`] (allowed or denied with a
 //! message, with warnings either way). A defaulting (mutating) handler gets
 //! the object and returns it changed; the JSON patch the API server needs is
-//! computed here, as the difference between the two (json-patch's `diff`),
-//! so the user never writes one.
+//! computed here, so the user never writes one.
+//!
+//! The patch applies to the object the API server holds, not to the typed
+//! copy the handler saw: a type may not model every field, may write `null`
+//! for an absent `Option`, or `[]` for an absent list. So the change is
+//! found between the typed copies (before and after the handler), laid over
+//! the object as it came (fields the type does not know stay as they are;
+//! a list whose length changed is replaced whole, an equal-length one
+//! merged item by item; a field the handler set to `null` is removed), and
+//! the patch is the difference between the object as it came and that
+//! (json-patch's `diff`).
 
 use std::any::type_name;
 
@@ -14,6 +23,7 @@ use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview}
 use kube_core::dynamic::DynamicObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 /// The answer of a validating handler (and of a defaulting one that
 /// refuses the object).
@@ -38,9 +48,16 @@ impl Verdict {
     }
 
     /// Adds a warning the API server passes on to the client (kubectl
-    /// prints it), whether the object is admitted or not.
+    /// prints it), whether the object is admitted or not. Control
+    /// characters (which make the API server drop a warning) become
+    /// spaces; the API server shortens warnings past 4 096 bytes in all.
     pub fn warn(mut self, warning: impl Into<String>) -> Self {
-        self.warnings.push(warning.into());
+        let warning: String = warning
+            .into()
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        self.warnings.push(warning);
         self
     }
 
@@ -54,7 +71,14 @@ impl Verdict {
             response.warnings = Some(self.warnings);
         }
         match self.denied {
-            Some(message) => response.deny(message),
+            // 403, as controller-runtime's denials: the client sees
+            // "admission webhook ... denied the request: <message>".
+            Some(message) => {
+                let mut response = response.deny(message);
+                response.result.code = 403;
+                response.result.reason = "Forbidden".into();
+                response
+            }
             None => response,
         }
     }
@@ -109,16 +133,61 @@ pub(crate) fn answer(
     verdict.respond(response).into_review()
 }
 
+/// `raw` (the object as the API server sent it) with the change from
+/// `before` to `after` (typed copies) laid over it: see the module docs.
+fn overlay(raw: Option<&Value>, before: &Value, after: &Value) -> Option<Value> {
+    if before == after {
+        return raw.cloned();
+    }
+    match (before, after) {
+        (_, Value::Null) => None,
+        (Value::Object(b), Value::Object(a)) => {
+            let mut out = match raw {
+                Some(Value::Object(r)) => r.clone(),
+                _ => Map::new(),
+            };
+            for (key, a_value) in a {
+                let b_value = b.get(key).unwrap_or(&Value::Null);
+                match overlay(out.get(key), b_value, a_value) {
+                    Some(v) => out.insert(key.clone(), v),
+                    None => out.remove(key),
+                };
+            }
+            for key in b.keys().filter(|k| !a.contains_key(*k)) {
+                out.remove(key);
+            }
+            Some(Value::Object(out))
+        }
+        (Value::Array(b), Value::Array(a)) if b.len() == a.len() => {
+            let r = match raw {
+                Some(Value::Array(r)) if r.len() == a.len() => Some(r),
+                _ => None,
+            };
+            let items = a
+                .iter()
+                .zip(b)
+                .enumerate()
+                .map(|(i, (a, b))| overlay(r.map(|r| &r[i]), b, a).unwrap_or(Value::Null))
+                .collect();
+            Some(Value::Array(items))
+        }
+        _ => Some(after.clone()),
+    }
+}
+
 /// The review answering a defaulting handler: `before` changed into
-/// `after`, as a JSON patch (none if nothing changed).
+/// `after`, as a JSON patch to `raw`, the object as it came (none if
+/// nothing changed).
 pub(crate) fn defaulted<K: Serialize>(
     response: AdmissionResponse,
+    raw: &Value,
     before: &K,
     after: &K,
 ) -> Result<AdmissionReview<DynamicObject>, String> {
     let to_value =
         |k: &K| serde_json::to_value(k).map_err(|e| format!("cannot write the object: {e}"));
-    let patch: Patch = json_patch::diff(&to_value(before)?, &to_value(after)?);
+    let target = overlay(Some(raw), &to_value(before)?, &to_value(after)?).unwrap_or(Value::Null);
+    let patch: Patch = json_patch::diff(raw, &target);
     if patch.0.is_empty() {
         return Ok(response.into_review());
     }
@@ -134,4 +203,72 @@ pub(crate) fn unreadable(
     why: String,
 ) -> AdmissionReview<DynamicObject> {
     AdmissionResponse::from(request).deny(why).into_review()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    /// A kind as kube-derive users write them: an `Option` written as
+    /// `null` when absent, a list defaulted to `[]`, fields it does not model.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Spec {
+        replicas: Option<i32>,
+        #[serde(default)]
+        ports: Vec<Port>,
+        #[serde(default)]
+        hosts: Vec<String>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Port {
+        port: i32,
+    }
+
+    /// The object after applying `patch` to `raw`, as the API server does.
+    fn applied(raw: &Value, before: &Spec, after: &Spec) -> Value {
+        let to_value = |s: &Spec| serde_json::to_value(s).unwrap();
+        let target = overlay(Some(raw), &to_value(before), &to_value(after)).unwrap();
+        let patch = json_patch::diff(raw, &target);
+        let mut patched = raw.clone();
+        json_patch::patch(&mut patched, &patch.0)
+            .expect("the patch applies to the object as it came");
+        patched
+    }
+
+    #[test]
+    fn a_default_patches_the_object_as_it_came_not_the_typed_copy() {
+        // No replicas, no ports, no hosts; a port field the type does not
+        // model, and a field of its own.
+        let raw = json!({"other": {"kept": true}});
+        let before: Spec = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        after.replicas = Some(1);
+        after.ports.push(Port { port: 80 });
+        let patched = applied(&raw, &before, &after);
+        assert_eq!(
+            patched,
+            json!({"other": {"kept": true}, "replicas": 1, "ports": [{"port": 80}]})
+        );
+
+        // Fields the type does not model stay on their list item when the
+        // list keeps its length; an `Option` set to `None` is removed.
+        let raw = json!({"replicas": 3, "ports": [{"port": 80, "name": "http"}], "hosts": ["a"]});
+        let before: Spec = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        after.ports[0].port = 8080;
+        after.replicas = None;
+        after.hosts.push("b".into());
+        let patched = applied(&raw, &before, &after);
+        assert_eq!(
+            patched,
+            json!({"ports": [{"port": 8080, "name": "http"}], "hosts": ["a", "b"]})
+        );
+
+        // Nothing changed: no patch.
+        let target = overlay(Some(&raw), &json!({"a": null}), &json!({"a": null}));
+        assert!(json_patch::diff(&raw, &target.unwrap()).0.is_empty());
+    }
 }

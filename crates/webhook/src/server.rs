@@ -11,8 +11,11 @@
 //!   default), or a 500 ([`OnPanic::Error`]) left to the `failurePolicy`;
 //!   the server goes on either way.
 //! - a handler slower than the call's timeout (the API server sends it as
-//!   `?timeout=`, 10 s unless configured, at most 30 s): a 504 at nine
-//!   tenths of it, before the API server gives up, the handler dropped.
+//!   `?timeout=`, 10 s unless configured, at most 30 s): a 504 a second
+//!   (or a tenth of it) early, before the API server gives up, the
+//!   handler dropped.
+//! - a panic outside the handler (a type's own `Deserialize`): a 500.
+//! - a client that sends no request head within 10 s: cut.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -30,7 +33,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kube_core::Resource;
 use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube_core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
@@ -57,8 +60,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most a webhook configuration may set.
 const MAX_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a TLS handshake may take.
+/// How long a TLS handshake, and then a request's head, may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may finish its request once the server stops.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a handler that panics is answered with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,6 +80,8 @@ pub enum OnPanic {
 enum Outcome {
     Answered(Box<AdmissionReview<DynamicObject>>),
     Converted(Box<ConversionReview>),
+    /// A panic outside a handler: answered 500.
+    Failed(String),
     Malformed(String),
     Panicked {
         response: Box<AdmissionResponse>,
@@ -124,10 +131,12 @@ where
 }
 
 /// The typed part of a route: read the review, answer what is not `K`.
+/// A CONNECT (exec, attach, port-forward: its object is their options, not
+/// a `K`) is admitted without a handler, as controller-runtime does.
 fn typed<K, F, Fut>(handle: F) -> Route
 where
     K: Resource + DeserializeOwned + Send + 'static,
-    F: Fn(AdmissionRequest<K>) -> Fut + Send + Sync + 'static,
+    F: Fn(AdmissionRequest<K>, Bytes) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Outcome> + Send + 'static,
 {
     let handle = Arc::new(handle);
@@ -136,10 +145,18 @@ where
         async move {
             match admission::read::<K>(&body) {
                 Err(Malformed(why)) => Outcome::Malformed(why),
+                Ok(Review::Unreadable(request, _)) if request.operation == Operation::Connect => {
+                    let allowed = admission::answer((&*request).into(), Verdict::allow());
+                    Outcome::Answered(Box::new(allowed))
+                }
                 Ok(Review::Unreadable(request, why)) => {
                     Outcome::Answered(Box::new(admission::unreadable(&request, why)))
                 }
-                Ok(Review::Typed(request)) => handle(*request).await,
+                Ok(Review::Typed(request)) if request.operation == Operation::Connect => {
+                    let allowed = admission::answer((&*request).into(), Verdict::allow());
+                    Outcome::Answered(Box::new(allowed))
+                }
+                Ok(Review::Typed(request)) => handle(*request, body).await,
             }
         }
         .boxed()
@@ -162,7 +179,7 @@ impl Webhooks {
         Fut: Future<Output = Verdict> + Send + 'static,
     {
         let validate = Arc::new(validate);
-        let route = typed(move |request: AdmissionRequest<K>| {
+        let route = typed(move |request: AdmissionRequest<K>, _| {
             let validate = Arc::clone(&validate);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -193,7 +210,7 @@ impl Webhooks {
         Fut: Future<Output = Result<K, Verdict>> + Send + 'static,
     {
         let default = Arc::new(default);
-        let route = typed(move |request: AdmissionRequest<K>| {
+        let route = typed(move |request: AdmissionRequest<K>, body: Bytes| {
             let default = Arc::clone(&default);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -203,16 +220,20 @@ impl Webhooks {
                         Verdict::allow(),
                     )));
                 };
-                if matches!(request.operation, Operation::Delete | Operation::Connect) {
+                if request.operation == Operation::Delete {
                     return Outcome::Answered(Box::new(admission::answer(
                         response,
                         Verdict::allow(),
                     )));
                 }
+                // The object as the API server sent it: the patch is to it.
+                let raw = serde_json::from_slice::<serde_json::Value>(&body)
+                    .map(|mut review| review["request"]["object"].take())
+                    .unwrap_or_default();
                 let object = before.clone();
                 match guarded(|| default(object, request)).await {
                     Ok(Ok(after)) => {
-                        match admission::defaulted(response.clone(), &before, &after) {
+                        match admission::defaulted(response.clone(), &raw, &before, &after) {
                             Ok(review) => Outcome::Answered(Box::new(review)),
                             Err(why) => Outcome::Answered(Box::new(admission::answer(
                                 response,
@@ -352,8 +373,9 @@ impl Server {
         self.local_addr
     }
 
-    /// Serves until `shutdown` is cancelled, then stops accepting, lets
-    /// the requests in flight finish and returns.
+    /// Serves until `shutdown` is cancelled, then stops accepting (new
+    /// connections are refused), lets the requests in flight finish, at
+    /// most 10 s, and returns.
     pub async fn run(self, shutdown: CancellationToken) {
         let connections = TaskTracker::new();
         loop {
@@ -392,17 +414,25 @@ impl Server {
                     let routes = Arc::clone(&routes);
                     async move { Ok::<_, Infallible>(routes.answer(request).await) }
                 });
-                let connection = http1::Builder::new().serve_connection(TokioIo::new(tls), service);
+                // A client that never sends its request (or sends it a
+                // byte at a time) is cut after HANDSHAKE_TIMEOUT.
+                let connection = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HANDSHAKE_TIMEOUT)
+                    .serve_connection(TokioIo::new(tls), service);
                 tokio::pin!(connection);
                 tokio::select! {
                     _ = connection.as_mut() => {}
                     _ = shutdown.cancelled() => {
+                        // Idle keep-alive connections close at once; a
+                        // request in flight gets DRAIN_TIMEOUT.
                         connection.as_mut().graceful_shutdown();
-                        let _ = connection.await;
+                        let _ = tokio::time::timeout(DRAIN_TIMEOUT, connection).await;
                     }
                 }
             });
         }
+        drop(self.listener);
         connections.close();
         connections.wait().await;
     }
@@ -518,7 +548,9 @@ impl Routes {
         }
         let (route, on_panic) = (Arc::clone(route), self.on_panic);
         let body = Limited::new(request.into_body(), self.max_body_bytes);
-        let bound = timeout.mul_f64(0.9);
+        // The API server rounds its remaining time up to whole seconds
+        // when it sends it: answer a second (or a tenth) early.
+        let bound = timeout.saturating_sub((timeout / 10).max(Duration::from_millis(500)));
         let answered = tokio::time::timeout(bound, async move {
             let body = match body.collect().await {
                 Ok(body) => body.to_bytes(),
@@ -532,7 +564,12 @@ impl Routes {
                     ));
                 }
             };
-            Ok(route(body).await)
+            // A panic outside the handler (a type's own Deserialize or
+            // Serialize): a 500, and the server goes on.
+            Ok(AssertUnwindSafe(route(body))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|p| Outcome::Failed(panic_message(&*p))))
         })
         .await;
         match answered {
@@ -546,6 +583,13 @@ impl Routes {
             Ok(Ok(Outcome::Answered(answer))) => review(&*answer),
             Ok(Ok(Outcome::Converted(answer))) => review(&*answer),
             Ok(Ok(Outcome::Malformed(why))) => plain(StatusCode::BAD_REQUEST, why),
+            Ok(Ok(Outcome::Failed(panic))) => {
+                warn!(path, panic = %panic, "a webhook panicked outside its handler");
+                plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the webhook panicked: {panic}"),
+                )
+            }
             Ok(Ok(Outcome::Panicked { response, message })) => {
                 warn!(path, panic = %message, "a webhook handler panicked");
                 let why = format!("the webhook's handler panicked: {message}");

@@ -6,8 +6,8 @@
 //! the first connection after a rotation already gets the new certificate.
 //! A pair that does not load (half written, a key that does not match) is
 //! not used: the last good one serves, the failure is logged and counted,
-//! and the next handshake tries again. So no admission fails across a
-//! rotation.
+//! and it is read again on the next change or a second later. So no
+//! admission fails across a rotation.
 //!
 //! Written here rather than taken from a crate: rustls's
 //! `ResolvesServerCert` is the hook, and what it needs (a stat per
@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -32,8 +32,10 @@ use crate::WebhookError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp {
     modified: Option<SystemTime>,
+    changed: (i64, i64),
     len: u64,
     inode: u64,
+    device: u64,
 }
 
 fn stamp(path: &Path) -> Option<Stamp> {
@@ -41,15 +43,24 @@ fn stamp(path: &Path) -> Option<Stamp> {
     let meta = std::fs::metadata(path).ok()?;
     Some(Stamp {
         modified: meta.modified().ok(),
+        changed: (meta.ctime(), meta.ctime_nsec()),
         len: meta.len(),
         inode: meta.ino(),
+        device: meta.dev(),
     })
 }
 
 struct Loaded {
     stamps: (Option<Stamp>, Option<Stamp>),
     key: Arc<CertifiedKey>,
+    /// When these stamps last failed to load: tried again after
+    /// [`RETRY_AFTER`] (a file rewritten in place may keep its stamp once
+    /// complete).
+    failed_at: Option<Instant>,
 }
+
+/// How soon a pair that did not load is read again, its stamps unchanged.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A serving certificate and key read from PEM files, reloaded when they
 /// change (see the module docs).
@@ -116,6 +127,7 @@ impl CertFiles {
             loaded: parking_lot::RwLock::new(Loaded {
                 stamps,
                 key: loaded,
+                failed_at: None,
             }),
             reloads: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -135,24 +147,29 @@ impl CertFiles {
     /// The pair to serve: reloaded first if the files changed.
     fn current(&self) -> Arc<CertifiedKey> {
         let stamps = (stamp(&self.cert), stamp(&self.key));
+        let settled = |loaded: &Loaded| {
+            loaded.stamps == stamps && loaded.failed_at.is_none_or(|at| at.elapsed() < RETRY_AFTER)
+        };
         {
             let loaded = self.loaded.read();
-            if loaded.stamps == stamps {
+            if settled(&loaded) {
                 return Arc::clone(&loaded.key);
             }
         }
         let mut loaded = self.loaded.write();
-        if loaded.stamps != stamps {
-            // Whatever the outcome, this version of the files is settled:
-            // a failing pair is not read again on every handshake.
+        if !settled(&loaded) {
+            // A failing pair is not read again on every handshake, only
+            // after RETRY_AFTER or a change.
             loaded.stamps = stamps;
             match load(&self.cert, &self.key) {
                 Ok(key) => {
                     loaded.key = key;
+                    loaded.failed_at = None;
                     self.reloads.fetch_add(1, Ordering::Relaxed);
                     info!(cert = %self.cert.display(), "serving certificate reloaded");
                 }
                 Err(error) => {
+                    loaded.failed_at = Some(Instant::now());
                     self.failures.fetch_add(1, Ordering::Relaxed);
                     warn!(%error, "the changed serving certificate does not load; the last good one still serves");
                 }

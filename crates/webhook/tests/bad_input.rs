@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_webhook::dev_certs::DevCerts;
-use kinformer_webhook::{CertFiles, Verdict, Webhooks};
+use kinformer_webhook::{CertFiles, OnPanic, Verdict, Webhooks};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
@@ -71,12 +71,16 @@ async fn call(served: &Served, head: &str, body: &[u8]) -> (u16, String, Vec<u8>
         "{head}\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    tls.write_all(request.as_bytes()).await.unwrap();
-    tls.write_all(body).await.unwrap();
+    // The server may answer (413) and close before the body is all sent.
+    let _ = tls.write_all(request.as_bytes()).await;
+    let _ = tls.write_all(body).await;
     let mut answer = Vec::new();
     let _ = tls.read_to_end(&mut answer).await;
     let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer[9..12].parse().unwrap();
+    let status = answer
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
     let body = answer
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
@@ -85,6 +89,10 @@ async fn call(served: &Served, head: &str, body: &[u8]) -> (u16, String, Vec<u8>
 }
 
 fn review(object: serde_json::Value) -> Vec<u8> {
+    review_of("CREATE", object)
+}
+
+fn review_of(operation: &str, object: serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -92,7 +100,7 @@ fn review(object: serde_json::Value) -> Vec<u8> {
             "uid": "0d9d5b2c-5f3c-4f37-9a65-3f2d1b3c4d5e",
             "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
             "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "operation": "CREATE",
+            "operation": operation,
             "name": "x",
             "namespace": "ns",
             "userInfo": {"username": "someone"},
@@ -235,4 +243,53 @@ async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_no
     assert_eq!(status, 200);
     assert_eq!(second, third);
     assert_eq!((served.tls.reloads(), served.tls.failures()), (1, 1));
+}
+
+#[tokio::test]
+async fn on_panic_error_answers_500_and_the_server_goes_on() {
+    let served = serve(
+        Webhooks::new()
+            .validate("/validate", |request| async move {
+                let cm: ConfigMap = request.object.unwrap_or_default();
+                if cm.data.is_some() {
+                    panic!("asked to panic");
+                }
+                Verdict::allow()
+            })
+            .on_panic(OnPanic::Error),
+    )
+    .await;
+    let head = format!("POST /validate HTTP/1.1\r\n{JSON}");
+    let panics = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
+    let (status, body, _) = call(&served, &head, &panics).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("asked to panic"), "{body}");
+    let fine = review(json!({"metadata": {"name": "x"}}));
+    let (status, body, _) = call(&served, &head, &fine).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_connect_is_admitted_without_calling_the_handler() {
+    let served = serve(Webhooks::new().validate(
+        "/validate",
+        |_: kinformer_webhook::AdmissionRequest<ConfigMap>| async {
+            Verdict::deny("the handler was called")
+        },
+    ))
+    .await;
+    // `kubectl exec`: the object is the exec options, not the kind.
+    let exec = review_of(
+        "CONNECT",
+        json!({"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], "data": 5}),
+    );
+    let (status, body, _) = call(
+        &served,
+        &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+        &exec,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
 }
