@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr" // bench knob
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller" // bench knob
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
@@ -83,7 +84,9 @@ func must(err error, what string) {
 func main() {
 	ctrl.SetLogger(zap.New())
 	// For the benchmark only (lines marked "bench knob"): READ_YOUR_WRITES=true
-	// turns on the cached client's experimental EnableReadYourWritesConsistency.
+	// turns on the cached client's experimental EnableReadYourWritesConsistency,
+	// MAX_CONCURRENT_RECONCILES sets the workers (default 1).
+	workers, _ := strconv.Atoi(os.Getenv("MAX_CONCURRENT_RECONCILES")) // bench knob
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Client: client.Options{Cache: &client.CacheOptions{ // bench knob
@@ -94,6 +97,7 @@ func main() {
 	must(ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.Secret{}).
 		Owns(&corev1.ConfigMap{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}). // bench knob
 		Complete(&Reconciler{Client: mgr.GetClient()}), "unable to create the controller")
 	must(mgr.Start(ctrl.SetupSignalHandler()), "manager stopped")
 }

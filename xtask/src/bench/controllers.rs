@@ -174,6 +174,8 @@ fn rss_mib(pid: Option<u32>, field: &str) -> Option<f64> {
 pub(super) struct Running {
     child: tokio::process::Child,
     lines: mpsc::UnboundedReceiver<(Instant, String)>,
+    /// Where its standard error goes.
+    log: PathBuf,
 }
 
 impl Running {
@@ -187,8 +189,9 @@ impl Running {
             std::process::id(),
             STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
+        let path = log;
         let log =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         let mut child = Command::new(program)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "warn")
@@ -208,7 +211,11 @@ impl Running {
                 }
             }
         });
-        Ok(Self { child, lines })
+        Ok(Self {
+            child,
+            lines,
+            log: path,
+        })
     }
 
     /// The next Deployment the program says it patched: when, and its index.
@@ -233,11 +240,15 @@ impl Running {
 
     /// Waits until the process is idle: under 2% of a core over 2 s (a
     /// standby renewing nothing, a leader done with its initial reconciles).
-    pub(super) async fn settled(&self) -> Result<()> {
+    /// A process that exits meanwhile is an error naming its log.
+    pub(super) async fn settled(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(900);
         let mut before = self.cpu_ms();
         loop {
             tokio::time::sleep(Duration::from_secs(2)).await;
+            if let Some(status) = self.child.try_wait()? {
+                bail!("it exited ({status}); its log: {}", self.log.display());
+            }
             let now = self.cpu_ms();
             if now - before < 40.0 {
                 return Ok(());
@@ -375,7 +386,7 @@ async fn failover(
         Err(kube_client::Error::Api(s)) if s.code == 404 => {}
         Err(e) => return Err(e).context("deleting Lease configmap-hash"),
     }
-    let leader = Running::start(program, kubeconfig, env)?;
+    let mut leader = Running::start(program, kubeconfig, env)?;
     let held = holder(leases, None, Instant::now() + Duration::from_secs(120))
         .await
         .context("the first replica leading")?;
@@ -383,7 +394,7 @@ async fn failover(
     let mut rss = None;
     let standby = match successor {
         Successor::Standby => {
-            let standby = Running::start(program, kubeconfig, env)?;
+            let mut standby = Running::start(program, kubeconfig, env)?;
             standby.settled().await.context("the standby settling")?;
             rss = rss_mib(standby.child.id(), "VmRSS:");
             Some(standby)
