@@ -42,6 +42,9 @@ pub enum ControllerError {
     /// The leader lease was lost; only a leader may reconcile.
     #[error("lost the leader lease")]
     LostLeadership,
+    /// The webhook server could not be set up (its certificate, its address).
+    #[error("webhook server: {0}")]
+    Webhook(#[source] kinformer_webhook::WebhookError),
     /// The admin server could not listen on its address.
     #[error("cannot serve {what} on {addr} (choose another address, or none): {source}")]
     Bind {

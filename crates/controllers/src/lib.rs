@@ -103,6 +103,10 @@ mod worker;
 /// with its `derive` feature, of the same version; its client is this one.
 pub use kinformer_informer::kube;
 
+/// Admission and conversion webhooks (the `kinformer-webhook` crate),
+/// served by [`Manager::webhooks`].
+pub use kinformer_webhook as webhook;
+
 pub use builder::ControllerBuilder;
 pub use error::ControllerError;
 pub use events::{EventRecorder, EventType};

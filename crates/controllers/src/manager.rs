@@ -3,13 +3,15 @@
 //! controller-runtime's `manager.Manager`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kinformer_informer::SharedInformerFactory;
 use kinformer_store::Object;
+use kinformer_webhook::{CertFiles, Webhooks};
 use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
@@ -48,12 +50,27 @@ pub struct ManagerOptions {
     /// reconciles every cached object again (at low priority, reason
     /// `resync`); see [`sync_period`](Self::sync_period). `None`: never.
     pub sync_period: Option<Duration>,
+    /// Where the webhooks given to [`Manager::webhooks`] are served:
+    /// kubebuilder's `:9443` by default. See
+    /// [`webhook_server`](Self::webhook_server).
+    pub webhook_bind_address: SocketAddr,
+    /// The directory of the webhooks' serving certificate (`tls.crt`,
+    /// `tls.key`): `/tmp/k8s-webhook-server/serving-certs` by default.
+    pub webhook_cert_dir: PathBuf,
 }
 
 /// The name [`Manager::new`]'s informers report client-go's informer
 /// metrics under (the `name` label of `informer_queued_items` and the like;
 /// kube-controller-manager's are `kube-controller-manager`).
 pub const INFORMER_NAME: &str = "kinformer-manager";
+
+/// The webhook server's port by default: kubebuilder's.
+pub const DEFAULT_WEBHOOK_PORT: u16 = 9443;
+
+/// Where the webhook server's certificate is read from by default:
+/// controller-runtime's `CertDir` (cert-manager's Secret is mounted there
+/// in kubebuilder's manifests).
+pub const DEFAULT_WEBHOOK_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
 
 /// controller-runtime's `SyncPeriod` default: 10 hours.
 pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(10 * 60 * 60);
@@ -65,6 +82,8 @@ impl Default for ManagerOptions {
             health_probe_bind_address: None,
             leader_election: None,
             sync_period: Some(DEFAULT_SYNC_PERIOD),
+            webhook_bind_address: SocketAddr::from(([0, 0, 0, 0], DEFAULT_WEBHOOK_PORT)),
+            webhook_cert_dir: PathBuf::from(DEFAULT_WEBHOOK_CERT_DIR),
         }
     }
 }
@@ -125,6 +144,16 @@ impl ManagerOptions {
     #[must_use]
     pub fn without_sync_period(mut self) -> Self {
         self.sync_period = None;
+        self
+    }
+
+    /// Serves the Manager's webhooks on `addr` with the certificate in
+    /// `cert_dir` (`tls.crt` and `tls.key`, the keys of a
+    /// `kubernetes.io/tls` Secret), reloaded when they change.
+    #[must_use]
+    pub fn webhook_server(mut self, addr: SocketAddr, cert_dir: impl Into<PathBuf>) -> Self {
+        self.webhook_bind_address = addr;
+        self.webhook_cert_dir = cert_dir.into();
         self
     }
 }
@@ -197,6 +226,9 @@ pub struct Manager {
     identity: String,
     /// The Event recorders handed out, flushed when the Manager stops.
     recorders: parking_lot::Mutex<Vec<Arc<EventRecorder>>>,
+    /// Served on every replica, leader or not, from the start of
+    /// [`run`](Self::run) to its end.
+    webhooks: Option<Webhooks>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -264,6 +296,7 @@ impl Manager {
             controllers: Vec::new(),
             identity,
             recorders: parking_lot::Mutex::new(Vec::new()),
+            webhooks: None,
         })
     }
 
@@ -385,6 +418,18 @@ impl Manager {
         Ok(())
     }
 
+    /// Serves `webhooks` (admission and conversion, see
+    /// [`kinformer_webhook`]) on [`ManagerOptions::webhook_server`]'s
+    /// address while the Manager runs, on every replica (a standby
+    /// answers the API server too, as controller-runtime's does). The
+    /// certificate must be there when [`run`](Self::run) starts; `/readyz`
+    /// fails its `webhook` check once the server has stopped. They stop
+    /// last, after the informers.
+    pub fn webhooks(&mut self, webhooks: Webhooks) -> &mut Self {
+        self.webhooks = Some(webhooks);
+        self
+    }
+
     /// Runs every controller until `shutdown` fires or one of them fails;
     /// returns the first error. See the type's docs for the shutdown order.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
@@ -397,6 +442,9 @@ impl Manager {
         let serving = CancellationToken::new();
         let _stop_serving = serving.clone().drop_guard();
         self.serve(&serving).await?;
+        let webhook_stop = CancellationToken::new();
+        let _stop_webhooks = webhook_stop.clone().drop_guard();
+        let webhooks = self.serve_webhooks(&webhook_stop).await?;
 
         let stop = shutdown.child_token();
         let informer_stop = CancellationToken::new();
@@ -485,7 +533,45 @@ impl Manager {
         informer_stop.cancel();
         informer_tasks.join(INFORMER_STOP_WAIT).await;
         flush_events(self.recorders.into_inner()).await;
+        if let Some(webhooks) = webhooks {
+            webhook_stop.cancel();
+            let _ = webhooks.await;
+        }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Binds the webhook server, if there are webhooks, and serves them
+    /// until `stop`.
+    async fn serve_webhooks(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, ControllerError> {
+        let Some(webhooks) = self.webhooks.clone() else {
+            return Ok(None);
+        };
+        let dir = &self.options.webhook_cert_dir;
+        let tls = CertFiles::new(dir.join("tls.crt"), dir.join("tls.key"))
+            .map_err(ControllerError::Webhook)?;
+        let addr = self.options.webhook_bind_address;
+        let server = webhooks
+            .bind(addr, Arc::new(tls))
+            .await
+            .map_err(ControllerError::Webhook)?;
+        info!(addr = %server.local_addr(), "serving webhooks");
+        let serving = Arc::new(AtomicBool::new(true));
+        let check = Arc::clone(&serving);
+        self.metrics.add_ready_check("webhook", move || {
+            if check.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("the webhook server has stopped".to_owned())
+            }
+        });
+        let stop = stop.clone();
+        Ok(Some(tokio::spawn(async move {
+            server.run(stop).await;
+            serving.store(false, Ordering::SeqCst);
+        })))
     }
 
     /// Runs until SIGTERM or SIGINT (see [`run`](Self::run)); a second

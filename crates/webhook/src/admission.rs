@@ -51,6 +51,7 @@ impl Verdict {
     /// prints it), whether the object is admitted or not. Control
     /// characters (which make the API server drop a warning) become
     /// spaces; the API server shortens warnings past 4 096 bytes in all.
+    #[must_use]
     pub fn warn(mut self, warning: impl Into<String>) -> Self {
         let warning: String = warning
             .into()

@@ -69,6 +69,7 @@ where
     /// Version `S` (another version of the same kind), with its conversion
     /// to the hub and from it. An `Err` is the reason an object does not
     /// convert; the API server shows it to the client.
+    #[must_use]
     pub fn spoke<S>(
         mut self,
         to_hub: impl Fn(S) -> Result<H, String> + Send + Sync + 'static,

@@ -44,6 +44,9 @@
 //!   certificate for development and tests (the CA goes in the webhook
 //!   configuration's `caBundle`).
 
+#![warn(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
+
 mod admission;
 pub mod conversion;
 #[cfg(feature = "dev-certs")]
@@ -65,27 +68,46 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebhookError {
+    /// A file (the certificate or its key) could not be read.
     #[error("reading {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why not.
         source: std::io::Error,
     },
+    /// A file could not be written.
     #[error("writing {path}: {source}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// Why not.
         source: std::io::Error,
     },
+    /// The certificate or key does not load: not PEM, empty, or a key that
+    /// does not go with the certificate.
     #[error("the serving certificate in {path} {reason}")]
-    Certificate { path: PathBuf, reason: String },
+    Certificate {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// rustls refused the configuration.
     #[error("TLS setup: {0}")]
     Tls(String),
+    /// The server could not listen on its address.
     #[error("binding the webhook server to {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// Why not.
         source: std::io::Error,
     },
+    /// A webhook path that does not start with `/`, or is given twice.
     #[error("webhook path {0}")]
     Path(String),
+    /// A development certificate could not be made.
     #[cfg(feature = "dev-certs")]
     #[error("making a development certificate: {0}")]
     DevCerts(#[from] rcgen::Error),

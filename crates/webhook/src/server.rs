@@ -172,6 +172,7 @@ impl Webhooks {
     /// A validating webhook for kind `K` at `path`: `validate` gets each
     /// request (its operation, `object`, `old_object` for an update, the
     /// user) and answers a [`Verdict`].
+    #[must_use]
     pub fn validate<K, F, Fut>(mut self, path: &str, validate: F) -> Self
     where
         K: Resource + DeserializeOwned + Send + 'static,
@@ -203,6 +204,7 @@ impl Webhooks {
     /// should be stored, or a denial; the JSON patch is computed from the
     /// two objects. A request without an object (a delete) is admitted
     /// without calling it.
+    #[must_use]
     pub fn defaulting<K, F, Fut>(mut self, path: &str, default: F) -> Self
     where
         K: Resource + DeserializeOwned + Serialize + Clone + Send + Sync + 'static,
@@ -259,6 +261,7 @@ impl Webhooks {
     /// `spec.conversion.webhook.clientConfig`), hub and spoke: see
     /// [`Conversion`]. A conversion that panics fails its review with a
     /// message naming the panic.
+    #[must_use]
     pub fn convert<H>(mut self, path: &str, conversion: Conversion<H>) -> Self
     where
         H: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -299,6 +302,7 @@ impl Webhooks {
 
     /// What a handler that panics is answered with ([`OnPanic::Deny`] by
     /// default).
+    #[must_use]
     pub fn on_panic(mut self, on_panic: OnPanic) -> Self {
         self.on_panic = on_panic;
         self
@@ -306,6 +310,7 @@ impl Webhooks {
 
     /// The largest request body read ([`DEFAULT_MAX_BODY_BYTES`] by
     /// default); a larger one is answered 413.
+    #[must_use]
     pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = Some(bytes);
         self
