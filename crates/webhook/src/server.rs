@@ -130,6 +130,11 @@ where
         .map_err(|p| panic_message(&*p))
 }
 
+/// The review answering with `verdict`.
+fn answered(response: AdmissionResponse, verdict: Verdict) -> Outcome {
+    Outcome::Answered(Box::new(admission::answer(response, verdict)))
+}
+
 /// The typed part of a route: read the review, answer what is not `K`.
 /// A CONNECT (exec, attach, port-forward: its object is their options, not
 /// a `K`) is admitted without a handler, as controller-runtime does.
@@ -185,9 +190,7 @@ impl Webhooks {
             async move {
                 let response = AdmissionResponse::from(&request);
                 match guarded(|| validate(request)).await {
-                    Ok(verdict) => {
-                        Outcome::Answered(Box::new(admission::answer(response, verdict)))
-                    }
+                    Ok(verdict) => answered(response, verdict),
                     Err(message) => Outcome::Panicked {
                         response: Box::new(response),
                         message,
@@ -216,18 +219,10 @@ impl Webhooks {
             let default = Arc::clone(&default);
             async move {
                 let response = AdmissionResponse::from(&request);
-                let Some(before) = request.object.clone() else {
-                    return Outcome::Answered(Box::new(admission::answer(
-                        response,
-                        Verdict::allow(),
-                    )));
+                let before = match &request.object {
+                    Some(object) if request.operation != Operation::Delete => object.clone(),
+                    _ => return answered(response, Verdict::allow()),
                 };
-                if request.operation == Operation::Delete {
-                    return Outcome::Answered(Box::new(admission::answer(
-                        response,
-                        Verdict::allow(),
-                    )));
-                }
                 // The object as the API server sent it: the patch is to it.
                 let raw = serde_json::from_slice::<serde_json::Value>(&body)
                     .map(|mut review| review["request"]["object"].take())
@@ -237,15 +232,10 @@ impl Webhooks {
                     Ok(Ok(after)) => {
                         match admission::defaulted(response.clone(), &raw, &before, &after) {
                             Ok(review) => Outcome::Answered(Box::new(review)),
-                            Err(why) => Outcome::Answered(Box::new(admission::answer(
-                                response,
-                                Verdict::deny(why),
-                            ))),
+                            Err(why) => answered(response, Verdict::deny(why)),
                         }
                     }
-                    Ok(Err(verdict)) => {
-                        Outcome::Answered(Box::new(admission::answer(response, verdict)))
-                    }
+                    Ok(Err(verdict)) => answered(response, verdict),
                     Err(message) => Outcome::Panicked {
                         response: Box::new(response),
                         message,

@@ -4,7 +4,6 @@
 //! server stopped, and a panicking handler (its denial). What the server
 //! answers to bad requests is in bad_input.rs.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -13,43 +12,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_envtest::TestEnv;
-use kinformer_webhook::dev_certs::DevCerts;
-use kinformer_webhook::{CertFiles, Operation, Verdict, Webhooks};
+use kinformer_webhook::{Operation, Verdict, Webhooks};
 use kube_client::api::{Api, DeleteParams, PostParams};
 use kube_client::{Client, ResourceExt};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-/// A webhook server on loopback with a fresh CA, serving until the token
-/// is cancelled.
-struct Served {
-    port: u16,
-    ca: String,
-    stop: CancellationToken,
-    stopped: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
-
-async fn serve(webhooks: Webhooks) -> Served {
-    let certs = DevCerts::new(&["127.0.0.1"]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certs.write(dir.path()).unwrap();
-    let tls = Arc::new(CertFiles::new(cert, key).unwrap());
-    let server = webhooks
-        .bind("127.0.0.1:0".parse().unwrap(), tls)
-        .await
-        .unwrap();
-    let port = server.local_addr().port();
-    let stop = CancellationToken::new();
-    let stopped = tokio::spawn(server.run(stop.clone()));
-    Served {
-        port,
-        ca: certs.ca,
-        stop,
-        stopped,
-        _dir: dir,
-    }
-}
+mod common;
+use common::{Served, serve};
 
 /// The webhooks of these tests: ConfigMaps with a `forbidden` key are
 /// refused, those with a `warn` key admitted with a warning; every one is
@@ -89,7 +58,7 @@ fn hook(name: &str, served: &Served, path: &str, ns: &str, policy: &str) -> serd
         "name": name,
         "clientConfig": {
             "url": format!("https://127.0.0.1:{}{path}", served.port),
-            "caBundle": base64::engine::general_purpose::STANDARD.encode(&served.ca),
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&served.certs.ca),
         },
         "rules": [{
             "apiGroups": [""], "apiVersions": ["v1"],

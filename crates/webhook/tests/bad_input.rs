@@ -7,44 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kinformer_webhook::dev_certs::DevCerts;
-use kinformer_webhook::{CertFiles, OnPanic, Verdict, Webhooks};
+use kinformer_webhook::{OnPanic, Verdict, Webhooks};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-use tokio_util::sync::CancellationToken;
 
-struct Served {
-    port: u16,
-    certs: DevCerts,
-    tls: Arc<CertFiles>,
-    dir: tempfile::TempDir,
-    _stop: tokio_util::sync::DropGuard,
-}
-
-async fn serve(webhooks: Webhooks) -> Served {
-    let certs = DevCerts::new(&["127.0.0.1"]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certs.write(dir.path()).unwrap();
-    let tls = Arc::new(CertFiles::new(cert, key).unwrap());
-    let server = webhooks
-        .bind("127.0.0.1:0".parse().unwrap(), Arc::clone(&tls))
-        .await
-        .unwrap();
-    let port = server.local_addr().port();
-    let stop = CancellationToken::new();
-    tokio::spawn(server.run(stop.clone()));
-    Served {
-        port,
-        certs,
-        tls,
-        dir,
-        _stop: stop.drop_guard(),
-    }
-}
+mod common;
+use common::{Served, serve};
 
 /// One request on a connection of its own: the status, the body, and the
 /// certificate the server presented.

@@ -42,11 +42,11 @@ const END: &str = "<!-- END cargo xtask bench --controllers -->";
 /// What churn changes and the controllers write.
 const CHURNED: &[&str] = &["configmaps", "deployments"];
 
-/// The three configmap-hash programs.
-struct Programs {
-    kinformer: PathBuf,
-    controller_runtime: PathBuf,
-    kube_runtime: PathBuf,
+/// One controller written three ways: kinformer's and its peers'.
+pub(super) struct Programs {
+    pub(super) kinformer: PathBuf,
+    pub(super) controller_runtime: PathBuf,
+    pub(super) kube_runtime: PathBuf,
 }
 
 /// The framework `s` stands for here.
@@ -59,7 +59,7 @@ pub(super) fn name(s: System) -> &'static str {
 
 impl Programs {
     /// In the table's columns: controller-runtime where client-go stands.
-    fn path(&self, s: System) -> &Path {
+    pub(super) fn path(&self, s: System) -> &Path {
         match s {
             System::Kinformer => &self.kinformer,
             System::ClientGo => &self.controller_runtime,

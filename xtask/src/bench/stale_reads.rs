@@ -27,7 +27,7 @@ use kinformer_envtest::AnsweringProxy;
 use kube_client::ResourceExt;
 use kube_client::api::{DeleteParams, ListParams};
 
-use super::controllers::{Running, Vars};
+use super::controllers::{Programs, Running, Vars};
 use super::*;
 
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --stale-reads -->";
@@ -36,23 +36,6 @@ const END: &str = "<!-- END cargo xtask bench --stale-reads -->";
 const PARENT: &str = "bench.kinformer.dev/parent";
 const CHILDREN: &str = "bench.kinformer.dev/children";
 const RESOURCES: &[&str] = &["secrets", "configmaps"];
-
-/// The three child-per-parent programs.
-struct Programs {
-    kinformer: PathBuf,
-    controller_runtime: PathBuf,
-    kube_runtime: PathBuf,
-}
-
-impl Programs {
-    fn path(&self, s: System) -> &Path {
-        match s {
-            System::Kinformer => &self.kinformer,
-            System::ClientGo => &self.controller_runtime,
-            System::KubeRuntime => &self.kube_runtime,
-        }
-    }
-}
 
 fn build(root: &Path) -> Result<Programs> {
     println!(
