@@ -38,6 +38,7 @@ mod error;
 mod etcd;
 mod process;
 mod proxy;
+mod webhooks;
 
 pub use answering_proxy::AnsweringProxy;
 pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};

@@ -8,8 +8,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kinformer_envtest::TestEnv;
 use kinformer_webhook::dev_certs::DevCerts;
 use kinformer_webhook::{CertFiles, Conversion, Webhooks};
@@ -155,25 +153,23 @@ async fn a_crd_converts_through_the_webhook_both_ways_lists_and_failures() {
             }}},
         })
     };
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": format!("widgets.{GROUP}")},
         "spec": {
             "group": GROUP, "scope": "Namespaced",
             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
             // v3 is served but not known to the webhook.
             "versions": [version("v1", true), version("v2", false), version("v3", false)],
+            // As the project deploys it: calling its Service; envtest points
+            // it at the local server.
             "conversion": {"strategy": "Webhook", "webhook": {
                 "conversionReviewVersions": ["v1"],
-                "clientConfig": {
-                    "url": format!("https://127.0.0.1:{port}/convert"),
-                    "caBundle": base64::engine::general_purpose::STANDARD.encode(&certs.ca),
-                },
+                "clientConfig": {"service": {"name": "widgets", "namespace": "system", "path": "/convert"}},
             }},
         },
-    }))
-    .unwrap();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
+    });
+    env.install_webhooks(&[crd], ([127, 0, 0, 1], port).into(), &certs.ca)
         .await
         .unwrap();
 
