@@ -20,10 +20,17 @@ use common::{Served, serve};
 
 /// One request on a connection of its own: the status, the body, and the
 /// certificate the server presented.
-async fn call(served: &Served, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+/// Where `call` connects: a port, and the CA (PEM) to trust.
+type At<'a> = (u16, &'a str);
+
+fn at(served: &Served) -> At<'_> {
+    (served.port, &served.certs.ca)
+}
+
+async fn call((port, ca): At<'_>, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
     let mut roots = RootCertStore::empty();
     roots
-        .add(CertificateDer::from_pem_slice(served.certs.ca.as_bytes()).unwrap())
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
         .unwrap();
     let config =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
@@ -31,7 +38,7 @@ async fn call(served: &Served, head: &str, body: &[u8]) -> (u16, String, Vec<u8>
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.port))
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
     let mut tls = TlsConnector::from(Arc::new(config))
@@ -111,23 +118,28 @@ const JSON: &str = "Content-Type: application/json";
 async fn bad_requests_get_a_clear_status_and_the_server_goes_on() {
     let served = serve(validating().max_body_bytes(256 << 10)).await;
     let good = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
-    let (status, body, _) = call(&served, "GET /validate HTTP/1.1", b"").await;
+    let (status, body, _) = call(at(&served), "GET /validate HTTP/1.1", b"").await;
     assert_eq!((status, body.as_str()), (405, "webhooks take POST"));
-    let (status, body, _) = call(&served, &format!("POST /nope HTTP/1.1\r\n{JSON}"), &good).await;
+    let (status, body, _) = call(
+        at(&served),
+        &format!("POST /nope HTTP/1.1\r\n{JSON}"),
+        &good,
+    )
+    .await;
     assert_eq!(status, 404);
     assert!(
         body.contains("no webhook at /nope; served: /validate"),
         "{body}"
     );
     let (status, _, _) = call(
-        &served,
+        at(&served),
         "POST /validate HTTP/1.1\r\nContent-Type: text/plain",
         &good,
     )
     .await;
     assert_eq!(status, 415);
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /validate HTTP/1.1\r\n{JSON}"),
         &vec![b' '; 257 << 10],
     )
@@ -135,7 +147,7 @@ async fn bad_requests_get_a_clear_status_and_the_server_goes_on() {
     assert_eq!(status, 413, "{body}");
     // The same without a Content-Length: cut at the limit while read.
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /validate HTTP/1.1\r\n{JSON}\r\nTransfer-Encoding: chunked"),
         &vec![b' '; 257 << 10],
     )
@@ -147,14 +159,18 @@ async fn bad_requests_get_a_clear_status_and_the_server_goes_on() {
         "]".repeat(100_000)
     );
     for bad in [&b"not json"[..], b"\xff\xfe{}", b"{}", deep.as_bytes()] {
-        let (status, body, _) =
-            call(&served, &format!("POST /validate HTTP/1.1\r\n{JSON}"), bad).await;
+        let (status, body, _) = call(
+            at(&served),
+            &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+            bad,
+        )
+        .await;
         assert_eq!(status, 400, "{body}");
         assert!(body.contains("AdmissionReview"), "{body}");
     }
     // Still serving: a good review is answered.
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /validate HTTP/1.1\r\n{JSON}"),
         &good,
     )
@@ -173,7 +189,7 @@ async fn an_object_that_is_not_the_handlers_kind_is_denied_saying_so() {
     let served = serve(validating()).await;
     let wrong = review(json!({"metadata": {"name": "x"}, "data": 5}));
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /validate HTTP/1.1\r\n{JSON}"),
         &wrong,
     )
@@ -200,7 +216,7 @@ async fn a_handler_slower_than_the_calls_timeout_is_answered_504_before_it() {
     .await;
     let good = review(json!({"metadata": {"name": "x"}}));
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /slow?timeout=1s HTTP/1.1\r\n{JSON}"),
         &good,
     )
@@ -214,7 +230,7 @@ async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_no
     let served = serve(validating()).await;
     let good = review(json!({"metadata": {"name": "x"}, "data": {}}));
     let head = format!("POST /validate HTTP/1.1\r\n{JSON}");
-    let (_, _, first) = call(&served, &head, &good).await;
+    let (_, _, first) = call(at(&served), &head, &good).await;
     // Rotated in place, as cert-manager does.
     served
         .certs
@@ -222,7 +238,7 @@ async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_no
         .unwrap()
         .write(served.dir.path())
         .unwrap();
-    let (status, _, second) = call(&served, &head, &good).await;
+    let (status, _, second) = call(at(&served), &head, &good).await;
     assert_eq!(status, 200);
     assert_ne!(first, second, "the old certificate still served");
     assert_eq!((served.tls.reloads(), served.tls.failures()), (1, 0));
@@ -232,7 +248,7 @@ async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_no
         "-----BEGIN CERTIFICATE-----\nMIIB",
     )
     .unwrap();
-    let (status, _, third) = call(&served, &head, &good).await;
+    let (status, _, third) = call(at(&served), &head, &good).await;
     assert_eq!(status, 200);
     assert_eq!(second, third);
     assert_eq!((served.tls.reloads(), served.tls.failures()), (1, 1));
@@ -254,11 +270,11 @@ async fn on_panic_error_answers_500_and_the_server_goes_on() {
     .await;
     let head = format!("POST /validate HTTP/1.1\r\n{JSON}");
     let panics = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
-    let (status, body, _) = call(&served, &head, &panics).await;
+    let (status, body, _) = call(at(&served), &head, &panics).await;
     assert_eq!(status, 500, "{body}");
     assert!(body.contains("asked to panic"), "{body}");
     let fine = review(json!({"metadata": {"name": "x"}}));
-    let (status, body, _) = call(&served, &head, &fine).await;
+    let (status, body, _) = call(at(&served), &head, &fine).await;
     assert_eq!(status, 200, "{body}");
 }
 
@@ -277,7 +293,7 @@ async fn a_connect_is_admitted_without_calling_the_handler() {
         json!({"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], "data": 5}),
     );
     let (status, body, _) = call(
-        &served,
+        at(&served),
         &format!("POST /validate HTTP/1.1\r\n{JSON}"),
         &exec,
     )
@@ -285,4 +301,51 @@ async fn a_connect_is_admitted_without_calling_the_handler() {
     assert_eq!(status, 200, "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], true, "{body}");
+}
+
+/// Writes `certs` as the kubelet writes a Secret volume: the files in a
+/// directory of their own, `..data` a symlink to it (swapped by a rename),
+/// `tls.crt` and `tls.key` symlinks through `..data`.
+fn secret_volume(dir: &std::path::Path, certs: &kinformer_webhook::dev_certs::DevCerts, n: u32) {
+    use std::os::unix::fs::symlink;
+    let version = format!("..2026_12_06_{n}");
+    std::fs::create_dir(dir.join(&version)).unwrap();
+    certs.write(&dir.join(&version)).unwrap();
+    symlink(&version, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    for name in ["tls.crt", "tls.key"] {
+        if !dir.join(name).exists() {
+            symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_secret_volume_rotation_swapping_its_data_link_is_served_on_the_next_connection() {
+    let volume = tempfile::tempdir().unwrap();
+    let certs = kinformer_webhook::dev_certs::DevCerts::new(&["127.0.0.1"]).unwrap();
+    secret_volume(volume.path(), &certs, 1);
+    let tls = Arc::new(
+        kinformer_webhook::CertFiles::new(
+            volume.path().join("tls.crt"),
+            volume.path().join("tls.key"),
+        )
+        .unwrap(),
+    );
+    let server = validating()
+        .bind("127.0.0.1:0".parse().unwrap(), Arc::clone(&tls))
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    tokio::spawn(server.run(stop));
+    let good = review(json!({"metadata": {"name": "x"}, "data": {}}));
+    let head = format!("POST /validate HTTP/1.1\r\n{JSON}");
+    let (_, _, first) = call((port, &certs.ca), &head, &good).await;
+    secret_volume(volume.path(), &certs.renew(&["127.0.0.1"]).unwrap(), 2);
+    let (status, _, second) = call((port, &certs.ca), &head, &good).await;
+    assert_eq!(status, 200);
+    assert_ne!(first, second, "the old certificate still served");
+    assert_eq!((tls.reloads(), tls.failures()), (1, 0));
 }
