@@ -11,8 +11,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use kinformer_informer::SharedInformerFactory;
 use kinformer_store::Object;
-use kinformer_webhook::{CertFiles, Webhooks};
+use kinformer_webhook::{CertFiles, Observer, Webhooks};
 use kube_client::{Client, Resource};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -549,6 +554,7 @@ impl Manager {
         let Some(webhooks) = self.webhooks.clone() else {
             return Ok(None);
         };
+        let webhooks = webhooks.observe(Arc::new(WebhookMetrics::register(&self.metrics)));
         let dir = &self.options.webhook_cert_dir;
         let tls = CertFiles::new(dir.join("tls.crt"), dir.join("tls.key"))
             .map_err(ControllerError::Webhook)?;
@@ -656,5 +662,79 @@ async fn flush_events(recorders: Vec<Arc<EventRecorder>>) {
     };
     if tokio::time::timeout(EVENT_FLUSH_WAIT, flush).await.is_err() {
         warn!(wait = ?EVENT_FLUSH_WAIT, "writing the Events' series at shutdown took too long; gave up");
+    }
+}
+
+/// The webhook server's requests in the Manager's registry, as
+/// controller-runtime's `controller_runtime_webhook_*` metrics.
+struct WebhookMetrics {
+    requests: Family<WebhookCode, Counter>,
+    latency: Family<WebhookLabel, Histogram, fn() -> Histogram>,
+    in_flight: Family<WebhookLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabel {
+    webhook: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookCode {
+    webhook: String,
+    code: String,
+}
+
+fn webhook_histogram() -> Histogram {
+    // controller-runtime's: Prometheus's default buckets, 5 ms to 10 s.
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
+
+impl WebhookMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let this = Self {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(webhook_histogram as fn() -> Histogram),
+            in_flight: Family::default(),
+        };
+        metrics.register(
+            "kinformer_webhook_requests",
+            "Webhook requests answered, by path and HTTP status",
+            this.requests.clone(),
+        );
+        metrics.register(
+            "kinformer_webhook_latency_seconds",
+            "How long webhook requests took to answer",
+            this.latency.clone(),
+        );
+        metrics.register(
+            "kinformer_webhook_requests_in_flight",
+            "Webhook requests being answered",
+            this.in_flight.clone(),
+        );
+        this
+    }
+}
+
+impl Observer for WebhookMetrics {
+    fn started(&self, webhook: &str) {
+        let label = WebhookLabel {
+            webhook: webhook.to_owned(),
+        };
+        self.in_flight.get_or_create(&label).inc();
+    }
+
+    fn finished(&self, webhook: &str, status: u16, seconds: f64) {
+        let label = WebhookLabel {
+            webhook: webhook.to_owned(),
+        };
+        self.in_flight.get_or_create(&label).dec();
+        self.latency.get_or_create(&label).observe(seconds);
+        let code = WebhookCode {
+            webhook: webhook.to_owned(),
+            code: status.to_string(),
+        };
+        self.requests.get_or_create(&code).inc();
     }
 }

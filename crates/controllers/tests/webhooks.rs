@@ -1,6 +1,7 @@
 //! A Manager serving webhooks beside its controllers, called by the real
-//! kube-apiserver over TLS: served from the start of `run`, ready, stopped
-//! with the Manager; a missing certificate fails `run` naming it.
+//! kube-apiserver over TLS: served from the start of `run`, ready, counted
+//! in its metrics, stopped with the Manager; a missing certificate fails
+//! `run` naming it.
 
 mod common;
 
@@ -56,6 +57,7 @@ async fn a_manager_serves_its_webhooks_to_the_api_server_and_reports_them_ready(
     let (webhook_addr, probe_addr) = (free_addr(), free_addr());
     let options = ManagerOptions::new()
         .health_probe_bind_address(probe_addr)
+        .metrics_bind_address(probe_addr)
         .webhook_server(webhook_addr, dir.path());
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(manager(&client, options).run(shutdown.clone()));
@@ -104,6 +106,25 @@ async fn a_manager_serves_its_webhooks_to_the_api_server_and_reports_them_ready(
             .starts_with("HTTP/1.1 200")
     })
     .await;
+    // Counted in the Manager's registry, none left in flight.
+    let scraped = http_get(probe_addr, "/metrics").await;
+    let denied = scraped
+        .lines()
+        .find(|l| {
+            l.starts_with("kinformer_webhook_requests_total{")
+                && l.contains(r#"webhook="/validate""#)
+                && l.contains(r#"code="200""#)
+        })
+        .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok());
+    assert!(denied.is_some_and(|n| n >= 1.0), "{scraped}");
+    assert!(
+        scraped.contains(r#"kinformer_webhook_requests_in_flight{webhook="/validate"} 0"#),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("kinformer_webhook_latency_seconds_count"),
+        "{scraped}"
+    );
 
     shutdown.cancel();
     run.await.unwrap().unwrap();

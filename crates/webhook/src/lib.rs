@@ -57,7 +57,7 @@ mod tls;
 pub use admission::Verdict;
 pub use conversion::Conversion;
 pub use kube_core::admission::{AdmissionRequest, Operation};
-pub use server::{DEFAULT_MAX_BODY_BYTES, OnPanic, Server, Webhooks};
+pub use server::{DEFAULT_MAX_BODY_BYTES, Observer, OnPanic, Server, Webhooks};
 pub use tls::CertFiles;
 
 use std::net::SocketAddr;

@@ -91,12 +91,24 @@ enum Outcome {
 
 type Route = Arc<dyn Fn(Bytes) -> BoxFuture<'static, Outcome> + Send + Sync>;
 
+/// What the server reports of each request, for metrics (the controllers
+/// crate's Manager counts them in its registry). `webhook` is the path
+/// served, or `unknown` for any other (so that a scanner cannot make new
+/// series).
+pub trait Observer: Send + Sync {
+    /// A request to `webhook` is being answered.
+    fn started(&self, webhook: &str);
+    /// It was answered `status` after `seconds`.
+    fn finished(&self, webhook: &str, status: u16, seconds: f64);
+}
+
 /// The webhooks of one server, by path. See the crate docs.
 #[derive(Clone, Default)]
 pub struct Webhooks {
     routes: Vec<(String, Route)>,
     on_panic: OnPanic,
     max_body_bytes: Option<usize>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl std::fmt::Debug for Webhooks {
@@ -298,6 +310,13 @@ impl Webhooks {
         self
     }
 
+    /// Reports every request to `observer` (metrics).
+    #[must_use]
+    pub fn observe(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// The largest request body read ([`DEFAULT_MAX_BODY_BYTES`] by
     /// default); a larger one is answered 413.
     #[must_use]
@@ -333,6 +352,7 @@ impl Webhooks {
             acceptor: TlsAcceptor::from(tls.server_config()?),
             routes: Arc::new(Routes {
                 routes,
+                observer: self.observer,
                 on_panic: self.on_panic,
                 max_body_bytes: self.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             }),
@@ -342,6 +362,7 @@ impl Webhooks {
 
 struct Routes {
     routes: HashMap<String, Route>,
+    observer: Option<Arc<dyn Observer>>,
     on_panic: OnPanic,
     max_body_bytes: usize,
 }
@@ -496,8 +517,46 @@ fn go_duration(mut s: &str) -> Option<Duration> {
     Some(total)
 }
 
+/// A request being answered: reported finished when dropped, as 499 (the
+/// client went away, nginx's code) if no answer was made.
+struct InFlight {
+    observer: Arc<dyn Observer>,
+    webhook: String,
+    started: std::time::Instant,
+    status: Option<u16>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.observer
+            .finished(&self.webhook, self.status.unwrap_or(499), seconds);
+    }
+}
+
 impl Routes {
+    /// [`answer_unobserved`](Self::answer_unobserved), reported to the observer.
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(observer) = &self.observer else {
+            return self.answer_unobserved(request).await;
+        };
+        let webhook = match request.uri().path() {
+            path if self.routes.contains_key(path) => path.to_owned(),
+            _ => "unknown".to_owned(),
+        };
+        observer.started(&webhook);
+        let mut in_flight = InFlight {
+            observer: Arc::clone(observer),
+            webhook,
+            started: std::time::Instant::now(),
+            status: None,
+        };
+        let response = self.answer_unobserved(request).await;
+        in_flight.status = Some(response.status().as_u16());
+        response
+    }
+
+    async fn answer_unobserved(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         if request.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "webhooks take POST");
         }
