@@ -6,6 +6,7 @@
 //! to docs/benchmarks.md (between markers) and docs/benchmarks.svg.
 
 mod controllers;
+mod programs;
 mod stale_reads;
 
 pub use controllers::run as run_controllers;

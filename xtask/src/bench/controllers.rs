@@ -32,8 +32,8 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use tokio::sync::mpsc;
 
+use super::programs::{Programs, Running, Vars, cargo, name};
 use super::*;
 
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --controllers -->";
@@ -41,45 +41,6 @@ const END: &str = "<!-- END cargo xtask bench --controllers -->";
 
 /// What churn changes and the controllers write.
 const CHURNED: &[&str] = &["configmaps", "deployments"];
-
-/// One controller written three ways: kinformer's and its peers'.
-pub(super) struct Programs {
-    pub(super) kinformer: PathBuf,
-    pub(super) controller_runtime: PathBuf,
-    pub(super) kube_runtime: PathBuf,
-}
-
-/// The framework `s` stands for here.
-pub(super) fn name(s: System) -> &'static str {
-    match s {
-        System::ClientGo => "controller-runtime",
-        other => other.name(),
-    }
-}
-
-impl Programs {
-    /// In the table's columns: controller-runtime where client-go stands.
-    pub(super) fn path(&self, s: System) -> &Path {
-        match s {
-            System::Kinformer => &self.kinformer,
-            System::ClientGo => &self.controller_runtime,
-            System::KubeRuntime => &self.kube_runtime,
-        }
-    }
-}
-
-pub(super) fn cargo(dir: &Path, package: &str) -> Result<()> {
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(dir)
-            .args(["build", "--release", "--quiet", "-p", package])
-            .status()
-            .with_context(|| format!("running cargo build -p {package}"))?;
-    if !status.success() {
-        bail!("building {package} failed");
-    }
-    Ok(())
-}
 
 fn build(root: &Path) -> Result<Programs> {
     println!(
@@ -167,103 +128,6 @@ fn quiet_deployment(i: usize) -> Deployment {
 /// Field `field` of the status of process `pid`, in MiB.
 fn rss_mib(pid: Option<u32>, field: &str) -> Option<f64> {
     crate::status_mib(&pid?.to_string(), field)
-}
-
-/// A controller process, and the lines it prints, each stamped when the
-/// bench read it.
-pub(super) struct Running {
-    child: tokio::process::Child,
-    lines: mpsc::UnboundedReceiver<(Instant, String)>,
-    /// Where its standard error goes.
-    log: PathBuf,
-}
-
-impl Running {
-    /// Starts `program`; its standard error goes to a file in the temporary directory,
-    /// `{program's name}.{the bench's pid}.{a count}.log`.
-    pub(super) fn start(program: &Path, kubeconfig: &Path, env: &[(&str, &str)]) -> Result<Self> {
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let log = std::env::temp_dir().join(format!(
-            "{}.{}.{}.log",
-            program.file_name().unwrap_or_default().to_string_lossy(),
-            std::process::id(),
-            STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let path = log;
-        let log =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut child = Command::new(program)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send((Instant::now(), line)).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Self {
-            child,
-            lines,
-            log: path,
-        })
-    }
-
-    /// The next Deployment the program says it patched: when, and its index.
-    async fn next_patch(&mut self, deadline: Instant) -> Result<(Instant, usize)> {
-        loop {
-            let (at, line) = tokio::time::timeout_at(deadline.into(), self.lines.recv())
-                .await
-                .context("no patch in time")?
-                .context("the controller exited")?;
-            let index = line
-                .split_once(": config hash ")
-                .and_then(|(name, _)| name.rsplit_once("/web-")?.1.parse().ok());
-            if let Some(index) = index {
-                return Ok((at, index));
-            }
-        }
-    }
-
-    fn cpu_ms(&self) -> f64 {
-        self.child.id().map_or(0.0, process_cpu_ms)
-    }
-
-    /// Waits until the process is idle: under 2% of a core over 2 s (a
-    /// standby renewing nothing, a leader done with its initial reconciles).
-    /// A process that exits meanwhile is an error naming its log.
-    pub(super) async fn settled(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(900);
-        let mut before = self.cpu_ms();
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            if let Some(status) = self.child.try_wait()? {
-                bail!("it exited ({status}); its log: {}", self.log.display());
-            }
-            let now = self.cpu_ms();
-            if now - before < 40.0 {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("still busy after 900 s");
-            }
-            before = now;
-        }
-    }
-
-    pub(super) async fn kill(mut self) {
-        let _ = self.child.start_kill(); // SIGKILL
-        let _ = self.child.wait().await;
-    }
 }
 
 /// Sets `cm-{i:05}`'s version to `version`.
@@ -356,9 +220,6 @@ async fn holder(leases: &Api<Lease>, not: Option<&str>, deadline: Instant) -> Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-
-/// Environment variables for a program.
-pub(super) type Vars<'a> = [(&'a str, &'a str)];
 
 /// How the new leader comes in.
 #[derive(Clone, Copy, PartialEq)]
@@ -605,7 +466,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
             };
             for &(rate, secs) in rates {
                 let (own, server) = (running.cpu_ms(), apiserver_cpu_ms(&env));
-                let served = super::stale_reads::served(&client, CHURNED).await;
+                let served = super::programs::served(&client, CHURNED).await;
                 let measured = churn(&mut running, &cms, rate, secs, first)
                     .await
                     .with_context(|| format!("{} under churn at {rate}/s", name(system)))?;
@@ -627,7 +488,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
                 let server = (apiserver_cpu_ms(&env) - server) / changes;
                 results.add(&row, "kube-apiserver CPU per change, ms", system, server);
                 if let (Ok(before), Ok(after)) =
-                    (served, super::stale_reads::served(&client, CHURNED).await)
+                    (served, super::programs::served(&client, CHURNED).await)
                 {
                     // Less the bench's own patch of each ConfigMap.
                     let writes = (after.writes - before.writes - changes) / changes;

@@ -27,7 +27,7 @@ use kinformer_envtest::AnsweringProxy;
 use kube_client::ResourceExt;
 use kube_client::api::{DeleteParams, ListParams};
 
-use super::controllers::{Programs, Running, Vars};
+use super::programs::{Programs, Running, Served, Vars, served};
 use super::*;
 
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --stale-reads -->";
@@ -42,8 +42,8 @@ fn build(root: &Path) -> Result<Programs> {
         "==> building child-per-parent (release): kinformer's, its kube-runtime and controller-runtime peers"
     );
     let bench = root.join("bench");
-    super::controllers::cargo(&bench, "child-per-parent")?;
-    super::controllers::cargo(&bench, "child-per-parent-kube-runtime")?;
+    super::programs::cargo(&bench, "child-per-parent")?;
+    super::programs::cargo(&bench, "child-per-parent-kube-runtime")?;
     let controller_runtime = bench.join("target/release/child-per-parent-controller-runtime");
     go_build(
         &bench.join("peers/child-per-parent-controller-runtime"),
@@ -54,68 +54,6 @@ fn build(root: &Path) -> Result<Programs> {
         controller_runtime,
         kube_runtime: bench.join("target/release/child-per-parent-kube-runtime"),
     })
-}
-
-/// kube-apiserver's request counts for some resources: reads (gets and
-/// lists; a watch is counted only when it ends, so watches are left out),
-/// write attempts (refused ones too), and the 409 Conflicts among them.
-#[derive(Clone, Copy, Default, Debug)]
-pub(super) struct Served {
-    pub reads: f64,
-    pub writes: f64,
-    pub conflicts: f64,
-}
-
-impl std::ops::Sub for Served {
-    type Output = Served;
-    fn sub(self, o: Served) -> Served {
-        Served {
-            reads: self.reads - o.reads,
-            writes: self.writes - o.writes,
-            conflicts: self.conflicts - o.conflicts,
-        }
-    }
-}
-
-/// The value of label `name` in a Prometheus sample's label set (what is
-/// between its braces): `name` whole, not the end of a longer label's.
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    let quoted = format!("{name}=\"");
-    let start = labels.match_indices(&quoted).find_map(|(at, _)| {
-        (at == 0 || labels.as_bytes()[at - 1] == b',').then_some(at + quoted.len())
-    })?;
-    let len = labels[start..].find('"')?;
-    Some(&labels[start..start + len])
-}
-
-/// The counts for `resources` (plural names) so far.
-pub(super) async fn served(client: &Client, resources: &[&str]) -> Result<Served> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
-    let mut served = Served::default();
-    for line in text.lines() {
-        let Some(sample) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = sample.rsplit_once("} ") else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        if !label(labels, "resource").is_some_and(|r| resources.contains(&r)) {
-            continue;
-        }
-        match label(labels, "verb") {
-            Some("GET" | "LIST") => served.reads += value,
-            Some("POST" | "PUT" | "PATCH" | "APPLY" | "DELETE") => served.writes += value,
-            _ => {}
-        }
-        if label(labels, "code") == Some("409") {
-            served.conflicts += value;
-        }
-    }
-    Ok(served)
 }
 
 /// What the server holds: for each Secret, its annotation and how many
@@ -289,7 +227,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<String> {
                 rate,
             )
             .await
-            .with_context(|| format!("{} with {env_vars:?}", super::controllers::name(system)))?;
+            .with_context(|| format!("{} with {env_vars:?}", super::programs::name(system)))?;
             let per = |v: f64| v / parents as f64;
             results.add(row, "duplicate children", system, outcome.duplicates as f64);
             results.add(row, "409 Conflicts", system, outcome.served.conflicts);
@@ -314,7 +252,7 @@ pub async fn run(quick: bool, root: &Path) -> Result<String> {
             println!(
                 "    round {} {} {env_vars:?}: {} duplicates, {} conflicts, {:.2} write attempts and {:.2} reads per Secret, {:.1} s",
                 round + 1,
-                super::controllers::name(system),
+                super::programs::name(system),
                 outcome.duplicates,
                 outcome.served.conflicts,
                 per(outcome.served.writes),
