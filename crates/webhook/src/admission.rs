@@ -98,11 +98,29 @@ pub(crate) enum Review<K: Resource> {
 #[derive(Debug)]
 pub(crate) struct Malformed(pub(crate) String);
 
-pub(crate) fn read<K>(body: &[u8]) -> Result<Review<K>, Malformed>
+/// Where a review is read from: the body, or the body already parsed
+/// (once, by a route that also needs the object as it came).
+#[derive(Clone, Copy)]
+pub(crate) enum Body<'a> {
+    Bytes(&'a [u8]),
+    Parsed(&'a Value),
+}
+
+impl Body<'_> {
+    fn parse<T: DeserializeOwned>(self) -> Result<T, serde_json::Error> {
+        match self {
+            Body::Bytes(bytes) => serde_json::from_slice(bytes),
+            Body::Parsed(value) => T::deserialize(value),
+        }
+    }
+}
+
+pub(crate) fn read<K>(body: Body<'_>) -> Result<Review<K>, Malformed>
 where
     K: Resource + DeserializeOwned,
 {
-    let typed = serde_json::from_slice::<AdmissionReview<K>>(body)
+    let typed = body
+        .parse::<AdmissionReview<K>>()
         .map_err(|e| e.to_string())
         .and_then(|review| {
             TryInto::<AdmissionRequest<K>>::try_into(review).map_err(|e| e.to_string())
@@ -110,7 +128,8 @@ where
     match typed {
         Ok(request) => Ok(Review::Typed(Box::new(request))),
         Err(typed_error) => {
-            let review = serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+            let review = body
+                .parse::<AdmissionReview<DynamicObject>>()
                 .map_err(|e| Malformed(format!("not an AdmissionReview: {e}")))?;
             let request: AdmissionRequest<DynamicObject> = review
                 .try_into()

@@ -40,13 +40,14 @@ use kube_core::conversion::{ConversionRequest, ConversionResponse, ConversionRev
 use kube_core::dynamic::DynamicObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::admission::{self, Malformed, Review, Verdict};
+use crate::admission::{self, Body, Malformed, Review, Verdict};
 use crate::conversion::{self, Conversion};
 use crate::{CertFiles, WebhookError};
 
@@ -149,31 +150,42 @@ fn answered(response: AdmissionResponse, verdict: Verdict) -> Outcome {
 
 /// The typed part of a route: read the review, answer what is not `K`.
 /// A CONNECT (exec, attach, port-forward: its object is their options, not
-/// a `K`) is admitted without a handler, as controller-runtime does.
-fn typed<K, F, Fut>(handle: F) -> Route
+/// a `K`) is admitted without a handler, as controller-runtime does. With
+/// `raw`, the body is parsed once into a `Value` and the handler also gets
+/// the object as the API server sent it (`Null` otherwise).
+fn typed<K, F, Fut>(raw: bool, handle: F) -> Route
 where
     K: Resource + DeserializeOwned + Send + 'static,
-    F: Fn(AdmissionRequest<K>, Bytes) -> Fut + Send + Sync + 'static,
+    F: Fn(AdmissionRequest<K>, Value) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Outcome> + Send + 'static,
 {
     let handle = Arc::new(handle);
     Arc::new(move |body: Bytes| {
         let handle = Arc::clone(&handle);
         async move {
-            match admission::read::<K>(&body) {
+            let parsed = match raw.then(|| serde_json::from_slice::<Value>(&body)) {
+                None => None,
+                Some(Ok(value)) => Some(value),
+                Some(Err(e)) => return Outcome::Malformed(format!("not an AdmissionReview: {e}")),
+            };
+            let source = parsed.as_ref().map_or(Body::Bytes(&body), Body::Parsed);
+            match admission::read::<K>(source) {
                 Err(Malformed(why)) => Outcome::Malformed(why),
                 Ok(Review::Unreadable(request, _)) if request.operation == Operation::Connect => {
-                    let allowed = admission::answer((&*request).into(), Verdict::allow());
-                    Outcome::Answered(Box::new(allowed))
+                    answered((&*request).into(), Verdict::allow())
                 }
                 Ok(Review::Unreadable(request, why)) => {
                     Outcome::Answered(Box::new(admission::unreadable(&request, why)))
                 }
                 Ok(Review::Typed(request)) if request.operation == Operation::Connect => {
-                    let allowed = admission::answer((&*request).into(), Verdict::allow());
-                    Outcome::Answered(Box::new(allowed))
+                    answered((&*request).into(), Verdict::allow())
                 }
-                Ok(Review::Typed(request)) => handle(*request, body).await,
+                Ok(Review::Typed(request)) => {
+                    let object = parsed
+                        .map(|mut review| review["request"]["object"].take())
+                        .unwrap_or_default();
+                    handle(*request, object).await
+                }
             }
         }
         .boxed()
@@ -197,7 +209,7 @@ impl Webhooks {
         Fut: Future<Output = Verdict> + Send + 'static,
     {
         let validate = Arc::new(validate);
-        let route = typed(move |request: AdmissionRequest<K>, _| {
+        let route = typed(false, move |request: AdmissionRequest<K>, _| {
             let validate = Arc::clone(&validate);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -227,7 +239,7 @@ impl Webhooks {
         Fut: Future<Output = Result<K, Verdict>> + Send + 'static,
     {
         let default = Arc::new(default);
-        let route = typed(move |request: AdmissionRequest<K>, body: Bytes| {
+        let route = typed(true, move |request: AdmissionRequest<K>, raw: Value| {
             let default = Arc::clone(&default);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -235,10 +247,7 @@ impl Webhooks {
                     Some(object) if request.operation != Operation::Delete => object.clone(),
                     _ => return answered(response, Verdict::allow()),
                 };
-                // The object as the API server sent it: the patch is to it.
-                let raw = serde_json::from_slice::<serde_json::Value>(&body)
-                    .map(|mut review| review["request"]["object"].take())
-                    .unwrap_or_default();
+                // `raw`, the object as the API server sent it: the patch is to it.
                 let object = before.clone();
                 match guarded(|| default(object, request)).await {
                     Ok(Ok(after)) => {

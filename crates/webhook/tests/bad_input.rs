@@ -349,3 +349,34 @@ async fn a_secret_volume_rotation_swapping_its_data_link_is_served_on_the_next_c
     assert_ne!(first, second, "the old certificate still served");
     assert_eq!((tls.reloads(), tls.failures()), (1, 0));
 }
+
+#[tokio::test]
+async fn a_defaulting_route_reads_bad_bodies_as_a_validating_one_does() {
+    // It parses the body once into a JSON value (it needs the object as
+    // it came): the same answers, and the same recursion limit.
+    let served =
+        serve(Webhooks::new().defaulting("/default", |cm: ConfigMap, _| async move { Ok(cm) }))
+            .await;
+    let head = format!("POST /default HTTP/1.1\r\n{JSON}");
+    let deep = format!(
+        "{{\"request\":{{\"object\":{}{}}}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    for bad in [&b"not json"[..], b"\xff\xfe{}", b"{}", deep.as_bytes()] {
+        let (status, body, _) = call(at(&served), &head, bad).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("AdmissionReview"), "{body}");
+    }
+    let wrong = review(json!({"metadata": {"name": "x"}, "data": 5}));
+    let (status, body, _) = call(at(&served), &head, &wrong).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{body}");
+    let good = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
+    let (status, body, _) = call(at(&served), &head, &good).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
+    assert!(answer["response"].get("patch").is_none(), "{body}");
+}
