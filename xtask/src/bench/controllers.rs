@@ -33,7 +33,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use super::programs::{Programs, Running, Vars, cargo, name};
+use super::programs::{Programs, Running, Vars, apiserver_requests, cargo, name};
 use super::*;
 
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --controllers -->";
@@ -190,18 +190,6 @@ async fn churn(
         per_second: writes as f64 / last.duration_since(started).as_secs_f64(),
         latencies,
     })
-}
-
-/// The sum of kube-apiserver's `apiserver_request_total` counters: every
-/// request it has answered.
-async fn apiserver_requests(client: &Client) -> Result<f64> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum())
 }
 
 /// The holder of Lease configmap-hash, once it has one.

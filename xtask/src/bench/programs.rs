@@ -177,21 +177,36 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     Some(&labels[start..start + len])
 }
 
+/// kube-apiserver's `/metrics` text.
+async fn apiserver_metrics(client: &Client) -> Result<String> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(client.request_text(request).await?)
+}
+
+/// Each `apiserver_request_total` sample in `text`: its labels (between
+/// the braces) and its count.
+fn request_samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter_map(|line| {
+        let (labels, value) = line
+            .strip_prefix("apiserver_request_total{")?
+            .rsplit_once("} ")?;
+        Some((labels, value.parse().ok()?))
+    })
+}
+
+/// The sum of kube-apiserver's `apiserver_request_total` counters: every
+/// request it has answered.
+pub(crate) async fn apiserver_requests(client: &Client) -> Result<f64> {
+    Ok(request_samples(&apiserver_metrics(client).await?)
+        .map(|(_, count)| count)
+        .sum())
+}
+
 /// The counts for `resources` (plural names) so far.
 pub(crate) async fn served(client: &Client, resources: &[&str]) -> Result<Served> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
+    let text = apiserver_metrics(client).await?;
     let mut served = Served::default();
-    for line in text.lines() {
-        let Some(sample) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = sample.rsplit_once("} ") else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
+    for (labels, value) in request_samples(&text) {
         if !label(labels, "resource").is_some_and(|r| resources.contains(&r)) {
             continue;
         }
