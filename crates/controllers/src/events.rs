@@ -451,6 +451,11 @@ impl EventRecorder {
     /// Records one occurrence of an event about `regarding`, which must name
     /// the object's namespace (for namespaced objects) and name.
     ///
+    /// A note longer than the API server takes (1024 bytes) is cut to its
+    /// first 1021 bytes (at a character boundary) followed by `...`, so that
+    /// a long error message still makes its Event; client-go sends it whole,
+    /// and the server refuses the Event.
+    ///
     /// Returns the error of the write this occurrence made, if it made one
     /// and it failed; an occurrence that is only counted returns `Ok` (its
     /// count is written when its series' interval ends).
@@ -474,6 +479,23 @@ impl EventRecorder {
     pub async fn flush(&self) -> Result<(), kube_client::Error> {
         self.inner.flush().await
     }
+}
+
+/// The most an Event's note may hold, in bytes (the API server's
+/// `NoteLengthLimit`).
+const NOTE_LIMIT: usize = 1024;
+
+/// `note`, cut to [`NOTE_LIMIT`] bytes with `...` at the end if it is
+/// longer.
+fn bounded_note(note: &str) -> std::borrow::Cow<'_, str> {
+    if note.len() <= NOTE_LIMIT {
+        return note.into();
+    }
+    let mut end = NOTE_LIMIT - 3;
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &note[..end]).into()
 }
 
 /// How room was made for a new series, for the log.
@@ -505,6 +527,7 @@ impl Recorder {
         action: &str,
         note: &str,
     ) -> Result<(), kube_client::Error> {
+        let note = bounded_note(note);
         let key = EventKey {
             regarding: (
                 regarding.namespace.clone().unwrap_or_default(),
@@ -515,7 +538,7 @@ impl Recorder {
             type_,
             reason: reason.to_owned(),
             action: action.to_owned(),
-            note: note.to_owned(),
+            note: note.clone().into_owned(),
         };
         let window = self.window();
         let (claim, room) = {
@@ -565,7 +588,7 @@ impl Recorder {
                     book.next_id += 1;
                     let mut s = Series {
                         id,
-                        event: self.new_event(regarding, type_, reason, action, note),
+                        event: self.new_event(regarding, type_, reason, action, &note),
                         first_seen: now,
                         last_seen: now,
                         count: 1,

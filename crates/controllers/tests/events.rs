@@ -422,3 +422,31 @@ async fn a_series_whose_final_write_is_refused_is_given_up_and_its_occurrences_c
     assert_eq!(recorder.writes(), 3);
     assert_eq!(counts(&events(&admin, &ns).await), [1, 1]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_longer_than_the_server_takes_is_cut_and_its_event_written() {
+    let (admin, ns) = setup("events-long-note").await;
+    let target = regarding(&admin, &ns, "long-note").await;
+    let recorder = EventRecorder::new(admin.clone(), "kinformer.dev/test", "test-0");
+    // 2 000 bytes, with a two-byte character across the cut at 1 021.
+    let note = format!("{}é{}", "x".repeat(1020), "y".repeat(978));
+    recorder
+        .publish(&target, EventType::Warning, "SyncFailed", "Sync", &note)
+        .await
+        .unwrap();
+    let events = events(&admin, &ns).await;
+    let written = events[0].note.as_deref().unwrap();
+    assert_eq!(written, format!("{}...", "x".repeat(1020)));
+    // A note within the limit is written as it is.
+    let short = "é".repeat(512);
+    recorder
+        .publish(&target, EventType::Warning, "Other", "Sync", &short)
+        .await
+        .unwrap();
+    let events = self::events(&admin, &ns).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.note.as_deref() == Some(short.as_str()))
+    );
+}
