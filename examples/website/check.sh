@@ -7,7 +7,9 @@
 #
 # PROGRAM is started with LEASE_NAMESPACE (the namespace of its Lease,
 # "website-controller"), METRICS_ADDR and PROBE_ADDR (where it serves
-# /metrics and /healthz, /readyz) in its environment. It must:
+# /metrics and /healthz, /readyz), WEBHOOK_ADDR and CERT_DIR (where it
+# serves its webhooks over HTTPS, with tls.crt and tls.key from CERT_DIR) in
+# its environment. It must:
 # - hold the Lease website-controller in LEASE_NAMESPACE while it runs;
 # - for each Website, add the finalizer example.kinformer.dev/cleanup;
 #   server-side apply (field manager "website-controller") a Deployment and
@@ -21,8 +23,16 @@
 # - on a failed reconcile, record a Warning Event about the Website;
 # - on deletion, print a line with "cleanup" and the Website's name, then
 #   remove the finalizer;
+# - serve, at kubebuilder's paths for the kind, a defaulting webhook that
+#   sets an empty spec.host to NAME.example.com, a validating one that
+#   refuses spec.replicas outside 0 to 10 with the message "spec.replicas
+#   must be 0 to 10, not N" and warns of an image without a tag ("... has
+#   no tag ..."), and at /convert the conversion between v1 and v2
+#   (v2: spec.host, spec.pods.image, spec.pods.replicas);
 # - exit 0 on SIGTERM.
-# Needs kubectl and curl. Exits non-zero at the first failed check.
+# The webhook configurations this script installs call the program only for
+# Websites in its own namespace, and are removed when it ends.
+# Needs kubectl, curl and openssl. Exits non-zero at the first failed check.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 PROGRAM [ARGS...]" >&2; exit 2; }
@@ -31,12 +41,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 ns="website-check-$$-$RANDOM"
 metrics_port=$((20000 + RANDOM % 20000))
 probe_port=$((metrics_port + 1))
+webhook_port=$((metrics_port + 2))
 log="$(mktemp -t website-check.XXXXXX.log)"
+certs="$(mktemp -d -t website-check-certs.XXXXXX)"
 pid=""
 
 cleanup() {
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+    [ -n "${KEEP:-}" ] || kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$ns" \
+        --wait=false >/dev/null 2>&1 || true
     kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+    rm -rf "$certs"
 }
 trap cleanup EXIT
 
@@ -53,11 +68,29 @@ until_ok() {
     done
 }
 jp() { kubectl -n "$ns" get "$1" -o "jsonpath=$2" 2>/dev/null; }
+# kubectl reads and patches a kind in its highest version, v2; the checks name v1.
+v1=websites.v1.example.kinformer.dev
 is() { [ "$(jp "$1" "$2")" = "$3" ]; }
 has() { jp "$1" "$2" | grep -q -- "$3"; }
 
-step "CRD installed and established"
-kubectl apply -f "$here/crd.yaml" >/dev/null
+step "a CA and a serving certificate for 127.0.0.1"
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=website-check-ca" \
+    -keyout "$certs/ca.key" -out "$certs/ca.crt" >/dev/null 2>&1 || fail "CA"
+openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+    -keyout "$certs/tls.key" -out "$certs/tls.csr" >/dev/null 2>&1 || fail "CSR"
+openssl x509 -req -in "$certs/tls.csr" -CA "$certs/ca.crt" -CAkey "$certs/ca.key" -CAcreateserial \
+    -days 1 -extfile <(printf 'subjectAltName=IP:127.0.0.1\n') -out "$certs/tls.crt" >/dev/null 2>&1 \
+    || fail "serving certificate"
+ca_bundle="$(base64 -w0 <"$certs/ca.crt")"
+url="https://127.0.0.1:$webhook_port"
+ok
+
+step "CRD installed, its conversion pointed at the program"
+# crd.yaml's clientConfig names a Service; here the webhook is on loopback.
+crd="$(sed "s|{service: {namespace: website-system, name: website-webhook, path: /convert}}|{url: \"$url/convert\", caBundle: \"$ca_bundle\"}|" \
+    "$here/crd.yaml")"
+grep -q "$url/convert" <<<"$crd" || fail "crd.yaml's conversion clientConfig not found"
+kubectl apply -f - <<<"$crd" >/dev/null || fail "CRD"
 kubectl wait --for=condition=Established crd/websites.example.kinformer.dev --timeout=60s >/dev/null || fail "CRD"
 kubectl create namespace "$ns" >/dev/null
 ok
@@ -65,7 +98,7 @@ ok
 step "controller started, ready"
 started=$SECONDS
 LEASE_NAMESPACE="$ns" METRICS_ADDR="127.0.0.1:$metrics_port" PROBE_ADDR="127.0.0.1:$probe_port" \
-    "$@" >"$log" 2>&1 &
+    WEBHOOK_ADDR="127.0.0.1:$webhook_port" CERT_DIR="$certs" "$@" >"$log" 2>&1 &
 pid=$!
 until_ok 60 curl -fsS "http://127.0.0.1:$probe_port/readyz" || fail "/readyz never answered 200"
 curl -fsS "http://127.0.0.1:$probe_port/healthz" >/dev/null || fail "/healthz"
@@ -76,25 +109,59 @@ until_ok 30 bash -c "[ -n \"\$(kubectl -n $ns get lease website-controller -o js
     || fail "no holder on Lease $ns/website-controller"
 ok "$(jp lease/website-controller '{.spec.holderIdentity}')"
 
-step "a Website gets its finalizer, Deployment and Service"
-kubectl -n "$ns" apply -f - >/dev/null <<EOF
-apiVersion: example.kinformer.dev/v1
-kind: Website
-metadata: {name: shop}
-spec: {image: "nginx:1.27", replicas: 2, host: shop.example.com}
+# website NAME REPLICAS [IMAGE [VERSION]]: a Website's manifest (v1 with no host).
+website() {
+    if [ "${4:-v1}" = v2 ]; then
+        printf 'apiVersion: example.kinformer.dev/v2\nkind: Website\nmetadata: {name: %s}\n' "$1"
+        printf 'spec: {host: %s.example.org, pods: {image: "%s", replicas: %s}}\n' "$1" "${3:-nginx:1.27}" "$2"
+    else
+        printf 'apiVersion: example.kinformer.dev/v1\nkind: Website\nmetadata: {name: %s}\n' "$1"
+        printf 'spec: {image: "%s", replicas: %s}\n' "${3:-nginx:1.27}" "$2"
+    fi
+}
+# dry_run ARGS...: a server-side dry run of `kubectl apply ARGS` of stdin (webhooks are called).
+dry_run() { kubectl -n "$ns" apply --dry-run=server -f - "$@" 2>&1; }
+
+step "webhooks installed, pointing at it"
+for kind in Mutating Validating; do
+    path="$( [ $kind = Mutating ] && echo mutate || echo validate )-example-kinformer-dev-v1-website"
+    kubectl apply -f - >/dev/null <<EOF || fail "${kind}WebhookConfiguration"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ${kind}WebhookConfiguration
+metadata: {name: $ns}
+webhooks:
+  - name: ${path%%-*}.website.$ns.kinformer.dev
+    clientConfig: {url: "$url/$path", caBundle: "$ca_bundle"}
+    rules:
+      - {apiGroups: [example.kinformer.dev], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [websites]}
+    namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: $ns}}
+    failurePolicy: Fail
+    sideEffects: None
+    admissionReviewVersions: [v1]
 EOF
-until_ok 30 has website/shop '{.metadata.finalizers}' 'example.kinformer.dev/cleanup' || fail "finalizer"
+done
+# The API server loads configurations from a watch: wait until both are in use.
+defaulting() { [ "$(website probe 1 | dry_run -o jsonpath='{.spec.host}')" = probe.example.com ]; }
+validating() { grep -q 'spec.replicas must be 0 to 10, not 11' <<<"$(website probe 11 | dry_run)"; }
+until_ok 30 defaulting || fail "the defaulting webhook is never called"
+until_ok 30 validating || fail "the validating webhook is never called"
+ok
+
+step "a Website gets its finalizer, Deployment and Service"
+website shop 2 | kubectl -n "$ns" apply -f - >/dev/null || fail "Website shop not created"
+is $v1/shop '{.spec.host}' shop.example.com || fail "spec.host not defaulted by the webhook"
+until_ok 30 has $v1/shop '{.metadata.finalizers}' 'example.kinformer.dev/cleanup' || fail "finalizer"
 until_ok 30 is deployment/shop '{.spec.replicas}' 2 || fail "Deployment shop with 2 replicas"
 until_ok 30 is service/shop '{.spec.selector.app}' shop || fail "Service shop selecting app=shop"
 is deployment/shop '{.spec.template.spec.containers[0].name}' web || fail "container name"
 is deployment/shop '{.spec.template.spec.containers[0].image}' nginx:1.27 || fail "image"
 is deployment/shop '{.spec.template.spec.containers[0].ports[0].containerPort}' 80 || fail "container port"
 is deployment/shop '{.spec.template.spec.containers[0].env[?(@.name=="WEBSITE_HOST")].value}' shop.example.com \
-    || fail "WEBSITE_HOST"
+    || fail "WEBSITE_HOST (the defaulted spec.host)"
 is deployment/shop '{.spec.selector.matchLabels.app}' shop || fail "Deployment selector"
 is deployment/shop '{.spec.template.metadata.labels.app}' shop || fail "pod labels"
 is service/shop '{.spec.ports[0].port}' 80 || fail "Service port"
-uid="$(jp website/shop '{.metadata.uid}')"
+uid="$(jp $v1/shop '{.metadata.uid}')"
 for kind in deployment service; do
     is "$kind/shop" '{.metadata.ownerReferences[0].uid}' "$uid" || fail "$kind owner"
     is "$kind/shop" '{.metadata.ownerReferences[0].controller}' true || fail "$kind controller owner"
@@ -104,10 +171,10 @@ done
 ok
 
 step "status.readyReplicas follows the Deployment"
-until_ok 30 is website/shop '{.status.readyReplicas}' 0 || fail "status.readyReplicas 0"
+until_ok 30 is $v1/shop '{.status.readyReplicas}' 0 || fail "status.readyReplicas 0"
 kubectl -n "$ns" patch deployment shop --subresource=status --type=merge \
     -p '{"status":{"replicas":2,"readyReplicas":2}}' >/dev/null
-until_ok 30 is website/shop '{.status.readyReplicas}' 2 || fail "status.readyReplicas 2"
+until_ok 30 is $v1/shop '{.status.readyReplicas}' 2 || fail "status.readyReplicas 2"
 ok
 
 step "a deleted Service is created again"
@@ -116,19 +183,49 @@ until_ok 30 is service/shop '{.spec.selector.app}' shop || fail "Service not rec
 ok
 
 step "a spec change reaches the Deployment"
-kubectl -n "$ns" patch website shop --type=merge -p '{"spec":{"replicas":3}}' >/dev/null
+kubectl -n "$ns" patch "$v1" shop --type=merge -p '{"spec":{"replicas":3}}' >/dev/null
 until_ok 30 is deployment/shop '{.spec.replicas}' 3 || fail "replicas 3"
 ok
 
+step "more than 10 replicas: refused with the webhook's message"
+out="$(website big 11 | kubectl -n "$ns" apply -f - 2>&1)" && fail "a Website with 11 replicas was created"
+grep -q 'spec.replicas must be 0 to 10, not 11' <<<"$out" || fail "create refused without the message: $out"
+out="$(kubectl -n "$ns" patch "$v1" shop --type=merge -p '{"spec":{"replicas":12}}' 2>&1)" \
+    && fail "shop was updated to 12 replicas"
+grep -q 'spec.replicas must be 0 to 10, not 12' <<<"$out" || fail "update refused without the message: $out"
+ok
+
+step "an image without a tag: admitted, with a warning"
+out="$(website latest 1 nginx | kubectl -n "$ns" apply -f - 2>&1)" || fail "Website latest refused: $out"
+grep -q 'Warning:.*spec.image nginx has no tag' <<<"$out" || fail "no warning: $out"
+ok
+
+step "conversion: v1 read in v2, v2 written and read in v1"
+v2() { kubectl -n "$ns" get "websites.v2.example.kinformer.dev/$1" -o "jsonpath=$2" 2>/dev/null; }
+[ "$(v2 shop '{.spec.host} {.spec.pods.image} {.spec.pods.replicas} {.status.readyReplicas}')" \
+    = "shop.example.com nginx:1.27 3 2" ] || fail "shop in v2: $(v2 shop '{.spec}')"
+website blog 1 "httpd:2.4" v2 | kubectl -n "$ns" apply -f - >/dev/null || fail "Website blog (v2) not created"
+is $v1/blog '{.spec.host} {.spec.image} {.spec.replicas}' "blog.example.org httpd:2.4 1" \
+    || fail "blog in v1: $(jp $v1/blog '{.spec}')"
+until_ok 30 is deployment/blog '{.spec.template.spec.containers[0].image}' httpd:2.4 || fail "no Deployment for blog"
+[ "$(v2 blog '{.spec.host} {.spec.pods.image} {.spec.pods.replicas}')" = "blog.example.org httpd:2.4 1" ] \
+    || fail "blog back in v2: $(v2 blog '{.spec}')"
+kubectl -n "$ns" get websites.v2.example.kinformer.dev -o name | grep -q website.example.kinformer.dev/shop \
+    || fail "the list in v2"
+ok
+
 step "a failing reconcile records a Warning Event"
-kubectl -n "$ns" apply -f - >/dev/null <<EOF
-apiVersion: example.kinformer.dev/v1
-kind: Website
-metadata: {name: broken}
-spec: {image: "nginx:1.27", replicas: -1, host: broken.example.com}
-EOF
+# Admitted, but its Deployment is not: a quota allows no more Deployments here.
+# (No quota controller runs here: its status is written as it would write it.)
+kubectl -n "$ns" create quota no-deployments --hard=count/deployments.apps=0 >/dev/null || fail "quota"
+kubectl -n "$ns" patch quota no-deployments --subresource=status --type=merge \
+    -p '{"status":{"hard":{"count/deployments.apps":"0"},"used":{"count/deployments.apps":"0"}}}' >/dev/null
+quota_in_force() { ! kubectl -n "$ns" create deployment probe --image=nginx:1.27 --dry-run=server >/dev/null 2>&1; }
+until_ok 30 quota_in_force || fail "quota no-deployments never in force"
+website broken 1 | kubectl -n "$ns" apply -f - >/dev/null || fail "Website broken not created"
 until_ok 60 bash -c "kubectl -n $ns get events --field-selector type=Warning,involvedObject.name=broken,involvedObject.kind=Website -o name | grep -q ." \
     || fail "no Warning Event about Website broken"
+kubectl -n "$ns" delete quota no-deployments >/dev/null
 ok "$(kubectl -n "$ns" get events --field-selector type=Warning,involvedObject.name=broken -o jsonpath='{.items[0].reason}')"
 
 step "metrics served"

@@ -2,13 +2,17 @@
 //! by a Deployment and a Service that it owns, written by server-side apply;
 //! `status.readyReplicas` follows the Deployment's, a failed reconcile is a
 //! Warning Event on the Website, and a finalizer logs its cleanup. Leader
-//! elected, with metrics and probes. The same controller is written for
+//! elected, with metrics and probes. Its webhooks (served on WEBHOOK_ADDR
+//! with the certificate in CERT_DIR) default `spec.host` from the name,
+//! refuse more than 10 replicas, warn of an image without a tag, and
+//! convert the second version, `v2`, to and from `v1`. The same controller is written for
 //! kube-runtime and controller-runtime in `bench/peers/website-*`, and
 //! `check.sh` runs the same checks on each (docs/controllers.md).
 //!
 //! ```sh
 //! kubectl apply -f examples/website/crd.yaml
 //! LEASE_NAMESPACE=default METRICS_ADDR=127.0.0.1:8080 PROBE_ADDR=127.0.0.1:8081 \
+//!     WEBHOOK_ADDR=127.0.0.1:9443 CERT_DIR=/tmp/k8s-webhook-server/serving-certs \
 //!     cargo run -p example-website
 //! ```
 
@@ -17,6 +21,7 @@ use std::sync::Arc;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
 use kinformer_controllers::kube::{Client, Resource, ResourceExt};
+use kinformer_controllers::webhook::{AdmissionRequest, Conversion, Verdict, Webhooks};
 use kinformer_controllers::{
     Action, EventRecorder, EventType, FinalizerEvent, LeaderElectionConfig, Lookup, Manager,
     ManagerOptions, ReconcileError, apply_status, finalizer,
@@ -38,7 +43,30 @@ use serde_json::json;
 pub struct WebsiteSpec {
     pub image: String,
     pub replicas: i32,
+    #[serde(default)] // defaulted by the webhook
     pub host: String,
+}
+
+/// The second version: the Pods' settings grouped.
+pub mod v2 {
+    use super::*;
+    #[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
+    #[kube(
+        group = "example.kinformer.dev",
+        version = "v2",
+        kind = "Website",
+        namespaced
+    )]
+    #[kube(status = "WebsiteStatus")]
+    pub struct WebsiteSpec {
+        pub host: String,
+        pub pods: Pods,
+    }
+    #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+    pub struct Pods {
+        pub image: String,
+        pub replicas: i32,
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -130,6 +158,57 @@ async fn apply(website: &Website, client: &Client) -> Result<Action, ReconcileEr
     Ok(Action::Done)
 }
 
+async fn default(mut site: Website, _: AdmissionRequest<Website>) -> Result<Website, Verdict> {
+    if site.spec.host.is_empty() {
+        site.spec.host = format!("{}.example.com", site.name_any());
+    }
+    Ok(site)
+}
+
+async fn validate(request: AdmissionRequest<Website>) -> Verdict {
+    let Some(site) = request.object else {
+        return Verdict::allow();
+    };
+    let (image, replicas) = (&site.spec.image, site.spec.replicas);
+    if !(0..=10).contains(&replicas) {
+        return Verdict::deny(format!("spec.replicas must be 0 to 10, not {replicas}"));
+    }
+    match image.rsplit('/').next().unwrap_or(image).contains(':') {
+        true => Verdict::allow(),
+        false => Verdict::allow().warn(format!("spec.image {image} has no tag: latest is pulled")),
+    }
+}
+
+fn to_v1(site: v2::Website) -> Result<Website, String> {
+    let v2::Pods { image, replicas } = site.spec.pods;
+    let spec = WebsiteSpec {
+        image,
+        replicas,
+        host: site.spec.host,
+    };
+    Ok(Website {
+        metadata: site.metadata,
+        spec,
+        status: site.status,
+    })
+}
+
+fn from_v1(site: Website) -> Result<v2::Website, String> {
+    let pods = v2::Pods {
+        image: site.spec.image,
+        replicas: site.spec.replicas,
+    };
+    let spec = v2::WebsiteSpec {
+        host: site.spec.host,
+        pods,
+    };
+    Ok(v2::Website {
+        metadata: site.metadata,
+        spec,
+        status: site.status,
+    })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().init(); // INFO and above
@@ -138,6 +217,7 @@ async fn main() -> anyhow::Result<()> {
     let options = ManagerOptions::new()
         .metrics_bind_address(env("METRICS_ADDR")?.parse()?)
         .health_probe_bind_address(env("PROBE_ADDR")?.parse()?)
+        .webhook_server(env("WEBHOOK_ADDR")?.parse()?, env("CERT_DIR")?)
         .leader_election(LeaderElectionConfig::new(
             &env("LEASE_NAMESPACE")?,
             MANAGER,
@@ -152,5 +232,14 @@ async fn main() -> anyhow::Result<()> {
         .owns::<Service>()
         .reconcile(Arc::new(Context { client, events }), reconcile)?;
     manager.add(controller);
+    manager.webhooks(
+        Webhooks::new()
+            .defaulting("/mutate-example-kinformer-dev-v1-website", default)
+            .validate("/validate-example-kinformer-dev-v1-website", validate)
+            .convert(
+                "/convert",
+                Conversion::<Website>::hub().spoke(to_v1, from_v1),
+            ),
+    );
     Ok(manager.run_until_signal().await?)
 }

@@ -1,7 +1,9 @@
 //! The Website controller against a real kube-apiserver, through the same
 //! `check.sh` that checks its kube-runtime and controller-runtime peers:
-//! finalizer, applied Deployment and Service, status, repair, a Warning
-//! Event, metrics, probes, the Lease, cleanup and a clean SIGTERM.
+//! finalizer, applied Deployment and Service, status, repair, its
+//! defaulting, validating and conversion webhooks called by the API server
+//! over TLS, a Warning Event, metrics, probes, the Lease, cleanup and a
+//! clean SIGTERM.
 
 use kinformer_envtest::TestEnv;
 
