@@ -37,6 +37,7 @@ count kube-runtime "$root/bench/peers/configmap-hash-kube-runtime/src/main.rs"
 count controller-runtime "$root/bench/peers/configmap-hash-controller-runtime/main.go"
 count kinformer "$root/examples/website/src/main.rs"
 count kube-runtime "$root/bench/peers/website-kube-runtime/src/main.rs"
-count controller-runtime "$root/bench/peers/website-controller-runtime/main.go" \
-    "$root/bench/peers/website-controller-runtime/api/v1/groupversion_info.go" \
-    "$root/bench/peers/website-controller-runtime/api/v1/website_types.go"
+cr="$root/bench/peers/website-controller-runtime"
+count controller-runtime "$cr/main.go" "$cr/webhook.go" \
+    "$cr/api/v1/groupversion_info.go" "$cr/api/v1/website_types.go" "$cr/api/v1/website_conversion.go" \
+    "$cr/api/v2/groupversion_info.go" "$cr/api/v2/website_types.go" "$cr/api/v2/website_conversion.go"

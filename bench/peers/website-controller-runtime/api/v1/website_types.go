@@ -6,7 +6,7 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 type WebsiteSpec struct {
 	Image    string `json:"image"`
 	Replicas int32  `json:"replicas"`
-	Host     string `json:"host"`
+	Host     string `json:"host,omitempty"` // defaulted by the webhook
 }
 
 // WebsiteStatus is the observed state of a Website.
