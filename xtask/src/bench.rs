@@ -8,9 +8,11 @@
 mod controllers;
 mod programs;
 mod stale_reads;
+mod webhooks;
 
 pub use controllers::run as run_controllers;
 pub use stale_reads::run_alone as run_stale_reads;
+pub use webhooks::run_alone as run_webhooks;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -51,6 +51,9 @@ enum Task {
         /// Only the stale-read rows of --controllers: child-per-parent with watch answers 1 s behind its writes, in kinformer (read-your-writes on and off), controller-runtime (with and without EnableReadYourWritesConsistency) and kube-runtime (about 10 minutes; --quick: 3).
         #[arg(long, conflicts_with_all = ["sharding", "defaults", "controllers"])]
         stale_reads: bool,
+        /// Only the webhook rows: the Website example's validating, defaulting and conversion webhooks in kinformer, controller-runtime and kube-runtime, called by the same API server (create latency p50/p99, a 10 000-object list converted; about 10 minutes; --quick: 2).
+        #[arg(long, conflicts_with_all = ["sharding", "defaults", "controllers", "stale_reads"])]
+        webhooks: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -129,12 +132,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             defaults,
             controllers,
             stale_reads,
+            webhooks,
         } => {
             let root = workspace_root();
             if sharding {
                 runtime()?.block_on(bench::run_sharding(quick, &root))?;
             } else if defaults {
                 runtime()?.block_on(bench::run_defaults(quick, &root))?;
+            } else if webhooks {
+                runtime()?.block_on(bench::run_webhooks(quick, &root))?;
             } else if stale_reads {
                 runtime()?.block_on(bench::run_stale_reads(quick, &root))?;
             } else if controllers {

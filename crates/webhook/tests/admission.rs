@@ -1,7 +1,9 @@
 //! Admission webhooks called by a real kube-apiserver over TLS: a
 //! validating webhook's denial and warning reach the client, a defaulting
-//! webhook's changes are stored, failurePolicy Fail and Ignore with the
-//! server stopped, and a panicking handler (its denial). What the server
+//! webhook's changes are stored, the serving certificate rotated while
+//! the API server calls (no admission fails; its new connections get the
+//! new certificate), failurePolicy Fail and Ignore with the server
+//! stopped, and a panicking handler (its denial). What the server
 //! answers to bad requests is in bad_input.rs.
 
 use std::time::{Duration, Instant};
@@ -198,6 +200,36 @@ async fn the_api_server_admits_through_the_webhooks_their_denials_and_defaults()
     api.create(&PostParams::default(), &config_map("after-panic", "fine"))
         .await
         .unwrap();
+
+    // The certificate rotated in place, as cert-manager does (same CA):
+    // every admission goes through (failurePolicy Fail), and the API
+    // server's new connections (16 calls at once need more than the one it
+    // has) are served the new pair.
+    assert_eq!(served.tls.reloads(), 0);
+    let renewed = served.certs.renew(&["127.0.0.1"]).unwrap();
+    renewed.write(served.dir.path()).unwrap();
+    for round in 0..3 {
+        let creates: Vec<_> = (0..16)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let name = format!("rotated-{round}-{i}");
+                    api.create(&PostParams::default(), &config_map(&name, "fine"))
+                        .await
+                        .map(|cm| cm.labels().get("defaulted").cloned())
+                }
+            })
+            .collect();
+        for created in futures::future::join_all(creates).await {
+            assert_eq!(created.unwrap().as_deref(), Some("yes"));
+        }
+    }
+    assert_eq!(
+        served.tls.reloads(),
+        1,
+        "failures: {}",
+        served.tls.failures()
+    );
 
     // The server stopped: Fail refuses, Ignore admits.
     let patch =

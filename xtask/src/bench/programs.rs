@@ -178,7 +178,7 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// kube-apiserver's `/metrics` text.
-async fn apiserver_metrics(client: &Client) -> Result<String> {
+pub(crate) async fn apiserver_metrics(client: &Client) -> Result<String> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     Ok(client.request_text(request).await?)
 }
