@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
 use kinformer_controllers::{
     ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy, Ring,
     RingConfig, pod_stdout, service_strategy, shutdown_on_signal,
@@ -84,6 +84,16 @@ struct Cli {
     /// process id and a random suffix).
     #[arg(long, global = true)]
     identity: Option<String>,
+    /// Print the least-privilege RBAC this controller needs with these
+    /// flags (a ServiceAccount `kinformer-<controller>`, its Roles or
+    /// ClusterRole and bindings, as a JSON List for `kubectl apply -f -`)
+    /// and exit, without connecting to a cluster.
+    #[arg(long, global = true)]
+    print_rbac: bool,
+    /// The namespace of --print-rbac's ServiceAccount (default: the Lease's
+    /// namespace).
+    #[arg(long, global = true)]
+    service_account_namespace: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -226,7 +236,13 @@ async fn client(cli: &Cli) -> Result<Client> {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let client = client(&cli).await?;
+    let client = if cli.print_rbac {
+        // Never used: the rules come from what is built, not from a server.
+        let config = Config::new("https://kubernetes.invalid".parse()?);
+        Client::try_from(config).context("building an offline client")?
+    } else {
+        client(&cli).await?
+    };
     let shutdown = CancellationToken::new();
     shutdown_on_signal(shutdown.clone()).context("installing the signal handlers")?;
 
@@ -302,9 +318,24 @@ async fn run(cli: Cli) -> Result<()> {
             let lister = builder.informer().lister();
             // The Manager's client: its writes are awaited before a reconcile reads.
             let writer = manager.client();
+            let builder = builder
+                .writes::<Service>(&["update"])
+                .writes::<CoreEvent>(&["create"]);
             manager
                 .add(builder.reconciler(service_strategy::ServiceStrategy::new(lister, writer))?);
         }
+    }
+    if cli.print_rbac {
+        let account = format!("kinformer-{name}");
+        let account_namespace = cli
+            .service_account_namespace
+            .as_deref()
+            .unwrap_or(&lease_ns);
+        let manifests = manager
+            .permissions()
+            .manifests(&account, account_namespace, &account);
+        println!("{}", serde_json::to_string_pretty(&manifests)?);
+        return Ok(());
     }
     manager.run(shutdown).await?;
     info!("stopped cleanly");

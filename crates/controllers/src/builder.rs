@@ -11,6 +11,7 @@ use kube_client::core::ClusterResourceScope;
 use serde::de::DeserializeOwned;
 
 use crate::options::EventFilter;
+use crate::rbac::Permissions;
 use crate::{
     Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, LeaderElector,
     Lookup, Metrics, ReconcileError, Reconciler, Ring,
@@ -39,6 +40,16 @@ pub struct ControllerBuilder<'f, K> {
     /// The Manager's metrics and election, when the Manager made this
     /// builder: kept whatever [`options`](ControllerBuilder::options) says.
     managed: Option<(Arc<Metrics>, Option<Arc<LeaderElector>>)>,
+    /// What the reconciler writes (see [`writes`](Self::writes)).
+    writes: Permissions,
+}
+
+/// Whether `K` is cluster-scoped.
+fn cluster_scoped<K: Resource>() -> bool
+where
+    K::Scope: 'static,
+{
+    std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>()
 }
 
 impl<K> Controller<K>
@@ -58,6 +69,7 @@ where
             wiring: Vec::new(),
             ring: None,
             managed: None,
+            writes: Permissions::new(),
         }
     }
 }
@@ -170,15 +182,66 @@ where
     /// ```
     pub fn sharded(mut self, ring: Arc<Ring>) -> Self {
         let dt = K::DynamicType::default();
-        let cluster_scoped =
-            std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
         let mut scope = InformerScope::all().shard(ring.scope());
-        if let Some(ns) = self.factory.namespace_of().filter(|_| !cluster_scoped) {
+        if let Some(ns) = self
+            .factory
+            .namespace_of()
+            .filter(|_| !cluster_scoped::<K>())
+        {
             scope = scope.namespace(ns);
         }
         self.informer = Some(self.factory.informer_with(&dt, scope));
         self.ring = Some(ring);
         self
+    }
+
+    /// Declares that the reconciler writes `C` with `verbs` (RBAC verbs:
+    /// `create`, `update`, `patch`, `delete`, ...), in the factory's
+    /// namespace (every namespace if it has none; cluster-scoped kinds
+    /// cluster-wide), for [`Manager::permissions`](crate::Manager::permissions):
+    /// the rules a Manager derives cover what it reads and runs, and what
+    /// reconcile code does with the client only the code knows. The
+    /// [`finalizer`](crate::finalizer) helper patches its object;
+    /// [`apply_status`](crate::apply_status) patches the status
+    /// subresource ([`writes_status`](Self::writes_status)). Reads through
+    /// the client (a `get` the cache does not serve) are declared here too.
+    pub fn writes<C>(mut self, verbs: &[&str]) -> Self
+    where
+        C: Resource,
+        C::DynamicType: Default,
+        C::Scope: 'static,
+    {
+        self.allow::<C>("", verbs);
+        self
+    }
+
+    /// Declares that the reconciler patches the `status` subresource of
+    /// `C` (as [`apply_status`](crate::apply_status) does); see
+    /// [`writes`](Self::writes).
+    pub fn writes_status<C>(mut self) -> Self
+    where
+        C: Resource,
+        C::DynamicType: Default,
+        C::Scope: 'static,
+    {
+        self.allow::<C>("/status", &["patch"]);
+        self
+    }
+
+    fn allow<C>(&mut self, subresource: &str, verbs: &[&str])
+    where
+        C: Resource,
+        C::DynamicType: Default,
+        C::Scope: 'static,
+    {
+        let dt = C::DynamicType::default();
+        let namespace = self
+            .factory
+            .namespace_of()
+            .filter(|_| !cluster_scoped::<C>());
+        let resource = format!("{}{subresource}", C::plural(&dt));
+        self.writes
+            .allow(namespace, &C::group(&dt), &resource, verbs);
     }
 
     /// The primary informer, for a Lister the reconciler reads: the
@@ -322,6 +385,8 @@ where
         }
         let informer = self.informer();
         let mut controller = Controller::new(&self.name, informer, reconciler, self.options)?;
+        controller.writes = self.writes;
+        controller.cluster_scoped = cluster_scoped::<K>();
         for wire in self.wiring {
             controller = wire(controller)?;
         }

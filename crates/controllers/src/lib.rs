@@ -83,6 +83,7 @@ mod metrics;
 mod options;
 pub mod pod_stdout;
 pub mod predicate;
+pub mod rbac;
 mod read_your_writes;
 mod reason;
 mod reconcile;
@@ -118,6 +119,7 @@ pub use manager::{
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, Metrics};
 pub use options::{ControllerOptions, Event, PanicPolicy};
+pub use rbac::Permissions;
 pub use read_your_writes::{DEFAULT_READ_YOUR_WRITES_BOUND, untracked};
 pub use reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError};
 pub use runtime::Controller;

@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::rbac::{self, Permissions};
 use crate::read_your_writes::{TrackerCollector, WriteTracker};
 use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
 use crate::{
@@ -169,6 +170,8 @@ trait Runnable: Send + Sync {
     fn uses_elector(&self, elector: &Arc<LeaderElector>) -> bool;
     fn has_own_elector(&self) -> bool;
     fn uses_metrics(&self, metrics: &Arc<Metrics>) -> bool;
+    fn permissions(&self) -> Permissions;
+    fn primary_scope(&self) -> (Option<String>, bool);
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
@@ -194,6 +197,12 @@ impl<K: Object + Clone> Runnable for Controller<K> {
             .metrics
             .as_ref()
             .is_some_and(|m| Arc::ptr_eq(m, metrics))
+    }
+    fn permissions(&self) -> Permissions {
+        Controller::permissions(self)
+    }
+    fn primary_scope(&self) -> (Option<String>, bool) {
+        Controller::primary_scope(self)
     }
     fn run(
         self: Box<Self>,
@@ -421,6 +430,34 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// The RBAC rules this Manager needs to run what it has now (see
+    /// [`Permissions`]; render them with [`Permissions::manifests`]):
+    /// - each controller's ([`Controller::permissions`]): list and watch of
+    ///   its informers, what its builder declared it writes, its ring's
+    ///   Leases;
+    /// - the election's Lease ([`ManagerOptions::leader_election`]);
+    /// - if an Events recorder was made ([`event_recorder`](Self::event_recorder)),
+    ///   creating and patching events.k8s.io Events where each controller's
+    ///   objects are (in `default` for cluster-scoped ones).
+    ///
+    /// Call it once every controller is added.
+    pub fn permissions(&self) -> Permissions {
+        let mut permissions = Permissions::new();
+        let recorded = !self.recorders.lock().is_empty();
+        for controller in &self.controllers {
+            permissions.merge(&controller.permissions());
+            if recorded {
+                let (namespace, cluster_scoped) = controller.primary_scope();
+                rbac::events(&mut permissions, namespace.as_deref(), cluster_scoped);
+            }
+        }
+        if let Some(elector) = &self.elector {
+            let config = elector.config();
+            rbac::lease(&mut permissions, &config.namespace, &config.lease_name);
+        }
+        permissions
     }
 
     /// Serves `webhooks` (admission and conversion, see

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinformer_informer::{
-    HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync,
+    GroupResource, HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync,
 };
 use kinformer_store::{
     Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
@@ -33,6 +33,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::key_slots::{KeySlots, Sharding, prime, wanted_on_taking};
 use crate::options::{ControllerOptions, Event};
+use crate::rbac::{self, Permissions};
 use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker, api_group};
 use crate::reason::{self, Reason, Reasons};
 use crate::reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler};
@@ -57,6 +58,10 @@ pub struct Controller<K> {
     key_slots: Option<Arc<KeySlots>>,
     /// Why each queued key is queued.
     reasons: Arc<Reasons>,
+    /// What its reconciler writes, as its builder declared it (RBAC).
+    pub(crate) writes: Permissions,
+    /// Whether its primary kind is cluster-scoped, when its builder knew.
+    pub(crate) cluster_scoped: bool,
     /// The informers it reads and how, for read-your-writes.
     reads: Vec<Read>,
     /// How events queue keys.
@@ -177,6 +182,8 @@ impl<K: Object + Clone> Controller<K> {
             reads,
             informer,
             dependencies: Vec::new(),
+            writes: Permissions::new(),
+            cluster_scoped: false,
             queue,
             reconciler: Arc::new(reconciler),
             options,
@@ -353,6 +360,43 @@ impl<K: Object + Clone> Controller<K> {
     /// The controller's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The RBAC rules it needs (see [`Permissions`]): list and watch of
+    /// each informer it reads, in that informer's namespace (or
+    /// cluster-wide), what its builder declared it writes
+    /// ([`ControllerBuilder::writes`](crate::ControllerBuilder::writes)),
+    /// and its sharding ring's Leases. An informer over a lister-watcher
+    /// of your own names no resource: add its rules yourself.
+    pub fn permissions(&self) -> Permissions {
+        let mut permissions = self.writes.clone();
+        let primary: &dyn Dependency = &self.informer;
+        for dependency in
+            std::iter::once(primary).chain(self.dependencies.iter().map(|d| d.as_ref()))
+        {
+            if let (Some(read), namespace) = dependency.reads() {
+                permissions.allow(
+                    namespace.as_deref(),
+                    &read.group,
+                    &read.resource,
+                    &["list", "watch"],
+                );
+            }
+        }
+        if let Some(ring) = &self.options.ring {
+            rbac::ring(&mut permissions, &ring.config().namespace);
+        }
+        permissions
+    }
+
+    /// Where its primary objects are, for the rules of Events about them:
+    /// the primary informer's namespace (`None`: all), and whether its kind
+    /// is cluster-scoped.
+    pub(crate) fn primary_scope(&self) -> (Option<String>, bool) {
+        (
+            self.informer.namespace().map(str::to_owned),
+            self.cluster_scoped,
+        )
     }
 
     pub(crate) fn options(&self) -> &ControllerOptions<K> {
@@ -670,6 +714,8 @@ impl InformerTasks {
 
 /// An informer a controller reads: started unless running, waited for.
 trait Dependency: HasSynced + Send + Sync {
+    /// What it lists and watches, and in which namespace (`None`: all).
+    fn reads(&self) -> (Option<GroupResource>, Option<String>);
     /// Starts it on `informer_stop` unless someone runs it already; if it
     /// fails, the controller stops with `InformerFailed`.
     fn start_unless_running(
@@ -682,6 +728,10 @@ trait Dependency: HasSynced + Send + Sync {
 }
 
 impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
+    fn reads(&self) -> (Option<GroupResource>, Option<String>) {
+        (self.resource(), self.namespace().map(str::to_owned))
+    }
+
     fn start_unless_running(
         &self,
         informer_stop: &CancellationToken,

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube_client::api::{Api, ObjectMeta, PostParams};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_client::{Client, Config};
@@ -448,6 +449,58 @@ impl TestEnv {
         let via = direct.replace(&server, &format!("server: https://127.0.0.1:{port}\n"));
         let path = self.dir.path().join(format!("kubeconfig-via-{port}"));
         std::fs::write(&path, via).map_err(|e| EnvtestError::io("writing", path.clone(), e))?;
+        Ok(path)
+    }
+
+    /// A kubeconfig file that acts as the ServiceAccount `name` of
+    /// `namespace` (which must exist), with a token from the TokenRequest
+    /// API valid for an hour: no admin credentials, so a program run with
+    /// it has exactly the RBAC bound to that account.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<PathBuf, EnvtestError> {
+        let request: TokenRequest = serde_json::from_value(serde_json::json!({
+            "spec": {"expirationSeconds": 3600},
+        }))
+        .map_err(|e| EnvtestError::Client(format!("a TokenRequest: {e}")))?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
+        let answered: TokenRequest = accounts
+            .create_subresource("token", name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                EnvtestError::Client(format!(
+                    "a token for ServiceAccount {namespace}/{name}: {e}"
+                ))
+            })?;
+        let token = answered
+            .status
+            .and_then(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                EnvtestError::Client(format!("no token for ServiceAccount {namespace}/{name}"))
+            })?;
+        let admin = std::fs::read_to_string(&self.kubeconfig)
+            .map_err(|e| EnvtestError::io("reading", self.kubeconfig.clone(), e))?;
+        let users = admin.find("users:\n").zip(admin.find("contexts:\n"));
+        let Some((users, contexts)) = users else {
+            return Err(EnvtestError::Client(format!(
+                "{} has no users and contexts",
+                self.kubeconfig.display()
+            )));
+        };
+        let kubeconfig = format!(
+            "{}users:\n- name: admin\n  user:\n    token: {token}\n{}",
+            &admin[..users],
+            &admin[contexts..]
+        );
+        let path = self
+            .dir
+            .path()
+            .join(format!("kubeconfig-{namespace}-{name}"));
+        std::fs::write(&path, kubeconfig)
+            .map_err(|e| EnvtestError::io("writing", path.clone(), e))?;
         Ok(path)
     }
 
