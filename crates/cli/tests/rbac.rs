@@ -17,8 +17,9 @@ use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kinformer");
 
-/// The controller's flags: watching `ns`, its Lease and ServiceAccount there.
-fn flags(ns: &str) -> Vec<String> {
+/// The controller's flags: watching `ns`, its Lease and ServiceAccount
+/// there, its probes on `probes` (`0`: none).
+fn flags(ns: &str, probes: &str) -> Vec<String> {
     [
         "--namespace",
         ns,
@@ -28,16 +29,50 @@ fn flags(ns: &str) -> Vec<String> {
         "--metrics-bind-address",
         "0",
         "--health-probe-bind-address",
-        "0",
+        probes,
     ]
     .map(str::to_owned)
     .to_vec()
 }
 
+/// A free loopback address.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// GET `path` of `addr`: the status line and body.
+fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// Polls `/readyz` of `addr` (every 100 ms, up to 60 s) until `done` says so.
+async fn readyz_until(addr: &str, done: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..600 {
+        if let Ok(answer) = http_get(addr, "/readyz") {
+            if done(&answer) {
+                return answer;
+            }
+            last = answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("/readyz never as wanted; last:\n{last}");
+}
+
 fn printed_rbac(ns: &str) -> Value {
     let out = Command::new(BIN)
         .arg("service-strategy")
-        .args(flags(ns))
+        .args(flags(ns, "0"))
         .arg("--print-rbac")
         .env_remove("KUBECONFIG")
         .output()
@@ -102,7 +137,12 @@ fn kubectl(env: &TestEnv, args: &[&str], stdin: &str) -> String {
 
 /// Applies `manifests` in a fresh namespace and starts the controller as
 /// its ServiceAccount; its log lines arrive on the receiver.
-async fn start(env: &TestEnv, ns: &str, manifests: &Value) -> (Child, mpsc::Receiver<String>) {
+async fn start(
+    env: &TestEnv,
+    ns: &str,
+    manifests: &Value,
+    probes: &str,
+) -> (Child, mpsc::Receiver<String>) {
     kubectl(env, &["apply", "-f", "-"], &manifests.to_string());
     let kubeconfig = env
         .service_account_kubeconfig(ns, "kinformer-service-strategy")
@@ -111,7 +151,7 @@ async fn start(env: &TestEnv, ns: &str, manifests: &Value) -> (Child, mpsc::Rece
     let mut child = Command::new(BIN)
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(flags(ns))
+        .args(flags(ns, probes))
         .arg("service-strategy")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -170,7 +210,7 @@ async fn service_strategy_works_as_a_service_account_bound_to_exactly_what_it_pr
         .map(|i| i["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding"]);
-    let (child, lines) = start(env, &ns, &manifests).await;
+    let (child, lines) = start(env, &ns, &manifests, "0").await;
     services(env, &ns).await;
     let client = env.client().unwrap();
     let api: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -228,13 +268,21 @@ async fn each_printed_rule_taken_away_alone_is_named_by_the_request_it_forbids()
     for (verb, resource) in cases {
         let ns = env.create_namespace("rbac-less").await.unwrap();
         let manifests = without(printed_rbac(&ns), verb, resource);
-        let (child, lines) = start(env, &ns, &manifests).await;
+        let probes = free_addr();
+        let (child, lines) = start(env, &ns, &manifests, &probes).await;
         services(env, &ns).await;
         let forbidden = format!("cannot {verb} resource \\\"{resource}\\\"");
         let plain = format!("cannot {verb} resource \"{resource}\"");
         let (a, b) = (forbidden.as_str(), plain.as_str());
         let line = wait_for_any(&lines, &[a, b]);
         assert!(line.contains(&ns), "{line}");
+        if (verb, resource) == ("watch", "services") {
+            // Not ready while refused, saying what; ready once allowed.
+            let refused = readyz_until(&probes, |a| a.contains(&plain)).await;
+            assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+            kubectl(env, &["apply", "-f", "-"], &printed_rbac(&ns).to_string());
+            readyz_until(&probes, |a| a.starts_with("HTTP/1.1 200")).await;
+        }
         stop(child);
     }
 }

@@ -172,6 +172,7 @@ trait Runnable: Send + Sync {
     fn uses_metrics(&self, metrics: &Arc<Metrics>) -> bool;
     fn permissions(&self) -> Permissions;
     fn primary_scope(&self) -> (Option<String>, bool);
+    fn informers_check(&self) -> crate::Check;
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
@@ -203,6 +204,9 @@ impl<K: Object + Clone> Runnable for Controller<K> {
     }
     fn primary_scope(&self) -> (Option<String>, bool) {
         Controller::primary_scope(self)
+    }
+    fn informers_check(&self) -> crate::Check {
+        Controller::informers_check(self)
     }
     fn run(
         self: Box<Self>,
@@ -518,6 +522,9 @@ impl Manager {
         let mut names = std::collections::HashMap::new();
         for controller in self.controllers {
             let name = controller.name().to_owned();
+            let check = controller.informers_check();
+            self.metrics
+                .add_ready_check(&format!("informers of {name}"), move || check());
             let external_election = self
                 .elector
                 .as_ref()

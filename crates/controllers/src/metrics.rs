@@ -133,7 +133,12 @@ impl Collector for InformerCollector {
             return Ok(());
         }
         type Read = fn(&ReflectorStats) -> u64;
-        let counters: [(&str, &str, Read); 2] = [
+        let counters: [(&str, &str, Read); 3] = [
+            (
+                "kinformer_informer_denied",
+                "Lists and watches the server refused for the credentials (401 or 403): the informer retries with back-off, and /readyz fails while it is refused",
+                |s| s.denied.load(Ordering::Relaxed),
+            ),
             (
                 "kinformer_informer_undecodable_objects",
                 "Objects of lists and watches that could not be decoded: left out, their cached version kept",

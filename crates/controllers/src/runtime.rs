@@ -389,6 +389,30 @@ impl<K: Object + Clone> Controller<K> {
         permissions
     }
 
+    /// A readiness check over its informers: failing while one has not
+    /// synced, or while the server refuses its list or watch (401, 403;
+    /// the message names the verb, resource and namespace), even after it
+    /// synced: a controller over a cache the server no longer updates is
+    /// not ready.
+    pub(crate) fn informers_check(&self) -> crate::Check {
+        let informers: Vec<Box<dyn Dependency>> = std::iter::once(self.informer.boxed())
+            .chain(self.dependencies.iter().map(|d| d.boxed()))
+            .collect();
+        Arc::new(move || {
+            let problems: Vec<String> = informers
+                .iter()
+                .filter_map(|i| match i.denied() {
+                    Some(denied) => Some(format!("{}: {denied}", i.what())),
+                    None => (!i.has_synced()).then(|| format!("{}: not synced yet", i.what())),
+                })
+                .collect();
+            match problems.is_empty() {
+                true => Ok(()),
+                false => Err(problems.join("; ")),
+            }
+        })
+    }
+
     /// Where its primary objects are, for the rules of Events about them:
     /// the primary informer's namespace (`None`: all), and whether its kind
     /// is cluster-scoped.
@@ -716,6 +740,11 @@ impl InformerTasks {
 trait Dependency: HasSynced + Send + Sync {
     /// What it lists and watches, and in which namespace (`None`: all).
     fn reads(&self) -> (Option<GroupResource>, Option<String>);
+    /// What it is, for messages.
+    fn what(&self) -> String;
+    /// The server's refusal of its list or watch, while it lasts.
+    fn denied(&self) -> Option<String>;
+    fn boxed(&self) -> Box<dyn Dependency>;
     /// Starts it on `informer_stop` unless someone runs it already; if it
     /// fails, the controller stops with `InformerFailed`.
     fn start_unless_running(
@@ -730,6 +759,15 @@ trait Dependency: HasSynced + Send + Sync {
 impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
     fn reads(&self) -> (Option<GroupResource>, Option<String>) {
         (self.resource(), self.namespace().map(str::to_owned))
+    }
+    fn what(&self) -> String {
+        self.describe().to_owned()
+    }
+    fn denied(&self) -> Option<String> {
+        self.reflector_stats()?.denied_now()
+    }
+    fn boxed(&self) -> Box<dyn Dependency> {
+        Box::new(self.clone())
     }
 
     fn start_unless_running(

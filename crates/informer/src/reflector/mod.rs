@@ -261,11 +261,32 @@ pub struct ReflectorStats {
     pub undecodable_objects: AtomicU64,
     /// Panics of the watch error handler, caught.
     pub error_handler_panics: AtomicU64,
+    /// Lists and watches the server refused for the credentials: 401
+    /// Unauthorized or 403 Forbidden (RBAC).
+    pub denied: AtomicU64,
+    /// The last such refusal, until a list or watch is served again.
+    denied_now: parking_lot::Mutex<Option<String>>,
 }
 
 impl ReflectorStats {
     fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The server's message of the last 401 or 403 answer to a list or
+    /// watch, while no list or watch has been served since: the informer
+    /// cannot follow the server, and the message names the verb, resource
+    /// and namespace refused.
+    pub fn denied_now(&self) -> Option<String> {
+        self.denied_now.lock().clone()
+    }
+
+    /// A list or watch was served: a refusal is over.
+    fn served(&self) {
+        let mut denied = self.denied_now.lock();
+        if denied.is_some() {
+            *denied = None;
+        }
     }
 }
 
@@ -438,7 +459,10 @@ impl<K: Object + Clone> Reflector<K> {
         match state {
             State::List { reason } => self.list_step(reason, run, shutdown).await,
             State::OpenWatch => match self.open_watch(shutdown).await {
-                Ok(Some(stream)) => State::Watch(stream),
+                Ok(Some(stream)) => {
+                    self.stats.served();
+                    State::Watch(stream)
+                }
                 Ok(None) => State::Stopped,
                 Err(e) if e.is_retryable_in_place() => self.rewatch(&e, run, "watch refused"),
                 Err(e) => self.relist(e, run),
@@ -468,6 +492,7 @@ impl<K: Object + Clone> Reflector<K> {
             return match self.watch_list(shutdown, &reason).await {
                 Ok(Some(stream)) => {
                     run.internal_errors.reset();
+                    self.stats.served();
                     State::Watch(stream)
                 }
                 Ok(None) => State::Stopped,
@@ -492,6 +517,7 @@ impl<K: Object + Clone> Reflector<K> {
         match listed {
             Ok(()) => {
                 run.internal_errors.reset();
+                self.stats.served();
                 State::OpenWatch
             }
             Err(e) => self.relist(e, run),
@@ -577,6 +603,13 @@ impl<K: Object + Clone> Reflector<K> {
 
     fn report(&self, e: &ListWatchError) {
         ReflectorStats::bump(&self.stats.errors);
+        if let ListWatchError::Api {
+            code: 401 | 403, ..
+        } = e
+        {
+            ReflectorStats::bump(&self.stats.denied);
+            *self.stats.denied_now.lock() = Some(e.to_string());
+        }
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.error_handler)(e))) {
             ReflectorStats::bump(&self.stats.error_handler_panics);
             error!(error = %e, panic = %panic_message(panic.as_ref()), "the watch error handler panicked on this error; going on");
