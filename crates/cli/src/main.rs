@@ -94,6 +94,15 @@ struct Cli {
     /// namespace).
     #[arg(long, global = true)]
     service_account_namespace: Option<String>,
+    /// Print what --print-rbac prints and a Deployment running this
+    /// controller with these flags as that ServiceAccount (two replicas
+    /// with --leader-elect, else one; probes, metrics port, resource
+    /// requests, non-root), then exit without connecting to a cluster.
+    #[arg(long, global = true, conflicts_with = "print_rbac")]
+    print_manifests: bool,
+    /// The container image of --print-manifests' Deployment.
+    #[arg(long, global = true, default_value = concat!("kinformer:", env!("CARGO_PKG_VERSION")))]
+    image: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -236,7 +245,8 @@ async fn client(cli: &Cli) -> Result<Client> {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let client = if cli.print_rbac {
+    let offline = cli.print_rbac || cli.print_manifests;
+    let client = if offline {
         // Never used: the rules come from what is built, not from a server.
         let config = Config::new("https://kubernetes.invalid".parse()?);
         Client::try_from(config).context("building an offline client")?
@@ -251,10 +261,16 @@ async fn run(cli: Cli) -> Result<()> {
     let mut manager_options = ManagerOptions::new();
     manager_options.metrics_bind_address = cli.metrics_bind_address.0;
     manager_options.health_probe_bind_address = cli.health_probe_bind_address.0;
+    // Printed manifests name where they will run, not where they are printed.
+    let pod_namespace = || {
+        (!offline)
+            .then(LeaderElectionConfig::pod_namespace)
+            .flatten()
+    };
     let lease_ns = cli
         .leader_election_namespace
         .clone()
-        .or_else(LeaderElectionConfig::pod_namespace)
+        .or_else(pod_namespace)
         .unwrap_or_else(|| namespace.unwrap_or("default").to_owned());
     let identity = cli
         .identity
@@ -325,21 +341,110 @@ async fn run(cli: Cli) -> Result<()> {
                 .add(builder.reconciler(service_strategy::ServiceStrategy::new(lister, writer))?);
         }
     }
-    if cli.print_rbac {
+    if offline {
         let account = format!("kinformer-{name}");
         let account_namespace = cli
             .service_account_namespace
             .as_deref()
             .unwrap_or(&lease_ns);
-        let manifests = manager
+        let mut manifests = manager
             .permissions()
             .manifests(&account, account_namespace, &account);
+        if cli.print_manifests {
+            let items = manifests["items"]
+                .as_array_mut()
+                .context("manifests without items")?;
+            items.push(deployment(&cli, &account, account_namespace, &lease_ns));
+        }
         println!("{}", serde_json::to_string_pretty(&manifests)?);
         return Ok(());
     }
     manager.run(shutdown).await?;
     info!("stopped cleanly");
     Ok(())
+}
+
+/// The Deployment of --print-manifests: this controller with the flags it
+/// was given, as the ServiceAccount `account` of `namespace`.
+fn deployment(cli: &Cli, account: &str, namespace: &str, lease_ns: &str) -> serde_json::Value {
+    let mut args = vec![cli.command.name().to_owned()];
+    match cli.all_namespaces {
+        true => args.push("--all-namespaces".into()),
+        false => args.extend(["--namespace".into(), cli.namespace.clone()]),
+    }
+    if cli.leader_elect {
+        args.extend([
+            "--leader-elect".into(),
+            "--leader-election-namespace".into(),
+            lease_ns.to_owned(),
+        ]);
+        if let Some(lease) = &cli.lease_name {
+            args.extend(["--lease-name".into(), lease.clone()]);
+        }
+    }
+    if let Some(ring) = &cli.shard_ring {
+        args.extend([
+            "--shard-ring".into(),
+            ring.clone(),
+            "--shard-slots".into(),
+            cli.shard_slots.to_string(),
+        ]);
+    }
+    if cli.fatal_panics {
+        args.push("--fatal-panics".into());
+    }
+    args.extend([
+        "--workers".into(),
+        cli.workers.to_string(),
+        "--max-retries".into(),
+        cli.max_retries.to_string(),
+        "--metrics-bind-address".into(),
+        ":8080".into(),
+        "--health-probe-bind-address".into(),
+        ":8081".into(),
+        "--log-format".into(),
+        "json".into(),
+    ]);
+    let labels = serde_json::json!({"app.kubernetes.io/name": account});
+    let probe = |path: &str| serde_json::json!({"httpGet": {"path": path, "port": "health"}, "periodSeconds": 10});
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": account, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": if cli.leader_elect { 2 } else { 1 },
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": account,
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{
+                        "name": "controller",
+                        "image": cli.image,
+                        "args": args,
+                        "ports": [
+                            {"name": "metrics", "containerPort": 8080},
+                            {"name": "health", "containerPort": 8081},
+                        ],
+                        "livenessProbe": probe("/healthz"),
+                        "readinessProbe": probe("/readyz"),
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "64Mi"},
+                            "limits": {"memory": "256Mi"},
+                        },
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "runAsUser": 65532,
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }],
+                },
+            },
+        },
+    })
 }
 
 fn options<K>(cli: &Cli, manager: &Manager) -> ControllerOptions<K> {
