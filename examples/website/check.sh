@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs one Website controller against the cluster of $KUBECONFIG and checks
 # what it does, step by step: the same checks for kinformer's example and
-# its kube-runtime and controller-runtime peers (docs/controllers.md).
+# its kube-runtime and controller-runtime peers (docs/controllers.md). The
+# program's webhooks listen on 127.0.0.1, so the API server must run on
+# this machine (`cargo xtask envtest up`, or a local control plane).
 #
 #   bash examples/website/check.sh PROGRAM [ARGS...]
 #
@@ -43,13 +45,23 @@ metrics_port=$((20000 + RANDOM % 20000))
 probe_port=$((metrics_port + 1))
 webhook_port=$((metrics_port + 2))
 log="$(mktemp -t website-check.XXXXXX.log)"
+# kubectl reads and patches a kind in its highest version, v2; the checks name v1.
+v1=websites.v1.example.kinformer.dev
 certs="$(mktemp -d -t website-check-certs.XXXXXX)"
 pid=""
 
 cleanup() {
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
-    [ -n "${KEEP:-}" ] || kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$ns" \
+    [ -n "${KEEP:-}" ] && return
+    kubectl delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$ns" \
         --wait=false >/dev/null 2>&1 || true
+    # The CRD's conversion back to crd.yaml's (not this program's URL, gone
+    # now: every read in v2, kubectl's default, would fail), and the
+    # Websites' finalizers off (no controller runs to remove them).
+    for w in $(kubectl -n "$ns" get "$v1" -o 'jsonpath={.items[*].metadata.name}' 2>/dev/null); do
+        kubectl -n "$ns" patch "$v1" "$w" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    done
+    kubectl apply -f "$here/crd.yaml" >/dev/null 2>&1 || true
     kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
     rm -rf "$certs"
 }
@@ -68,8 +80,7 @@ until_ok() {
     done
 }
 jp() { kubectl -n "$ns" get "$1" -o "jsonpath=$2" 2>/dev/null; }
-# kubectl reads and patches a kind in its highest version, v2; the checks name v1.
-v1=websites.v1.example.kinformer.dev
+
 is() { [ "$(jp "$1" "$2")" = "$3" ]; }
 has() { jp "$1" "$2" | grep -q -- "$3"; }
 

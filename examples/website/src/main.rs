@@ -72,6 +72,7 @@ pub mod v2 {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WebsiteStatus {
+    #[serde(default)] // absent when 0, as controller-runtime's peer writes it
     pub ready_replicas: i32,
 }
 
