@@ -446,7 +446,11 @@ impl Manager {
     ///   creating and patching events.k8s.io Events where each controller's
     ///   objects are (in `default` for cluster-scoped ones).
     ///
-    /// Call it once every controller is added.
+    /// Call it once every controller is added. The Events rule is given
+    /// for every controller's objects once any recorder exists (a
+    /// recorder is not tied to one controller); a controller made with
+    /// [`Controller::new`] rather than a builder is taken to be over a
+    /// namespaced kind for it.
     pub fn permissions(&self) -> Permissions {
         let mut permissions = Permissions::new();
         let recorded = !self.recorders.lock().is_empty();
