@@ -394,3 +394,86 @@ async fn printed_manifests_pass_a_server_side_dry_run_under_the_restricted_pod_s
         assert!(!stderr.contains("PodSecurity"), "{command}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_stdout_works_as_a_service_account_bound_to_exactly_what_it_prints_and_not_without_watch()
+ {
+    let env = TestEnv::shared().await.unwrap();
+    for take_away in [None, Some(("watch", "pods"))] {
+        let ns = env.create_namespace("rbac-pods").await.unwrap();
+        let account = "kinformer-pod-stdout";
+        let out = Command::new(BIN)
+            .arg("pod-stdout")
+            .args(flags(&ns, "0"))
+            .arg("--print-rbac")
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut manifests: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if let Some((verb, resource)) = take_away {
+            manifests = without(manifests, verb, resource);
+        }
+        kubectl(env, &["apply", "-f", "-"], &manifests.to_string());
+        let kubeconfig = env.service_account_kubeconfig(&ns, account).await.unwrap();
+        let mut child = Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(flags(&ns, "0"))
+            .arg("pod-stdout")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        for pipe in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-0"},
+            "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]},
+        }))
+        .unwrap();
+        Api::namespaced(env.client().unwrap(), &ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        let line = match take_away {
+            None => wait_for_any(&lines, &["Sync/Add/Update for Pod web-0"]),
+            Some(_) => wait_for_any(
+                &lines,
+                &[
+                    "cannot watch resource \\\"pods\\\"",
+                    "cannot watch resource \"pods\"",
+                ],
+            ),
+        };
+        stop(child);
+        let log: Vec<String> = lines.iter().collect();
+        if take_away.is_none() {
+            assert!(
+                !log.iter().any(|l| l.contains("forbidden")),
+                "a request was forbidden:\n{}",
+                log.join("\n")
+            );
+        } else {
+            assert!(line.contains(&ns), "{line}");
+        }
+    }
+}
