@@ -417,6 +417,12 @@ impl Server {
                     continue;
                 }
             };
+            // A review's answer goes out as soon as it is written, not held
+            // back for the peer's acknowledgement of the last segment
+            // (Nagle), as Go's servers (controller-runtime's) do by default.
+            if let Err(error) = tcp.set_nodelay(true) {
+                debug!(%error, "TCP_NODELAY not set on a webhook connection");
+            }
             let (acceptor, routes, shutdown) = (
                 self.acceptor.clone(),
                 Arc::clone(&self.routes),

@@ -501,8 +501,19 @@ pub async fn run_alone(quick: bool, root: &Path) -> Result<()> {
             convert_at(&client, &url("/convert"), &certs.ca).await?;
             let v2 = websites(&client, &list_ns, "v2");
             loop {
+                // Converted, not relabelled by the storage of the strategy
+                // None it replaces (the CRD's change reaches the handler
+                // after the patch returns).
                 match v2.list(&ListParams::default()).await {
-                    Ok(list) if list.items.len() == listed => break,
+                    Ok(list)
+                        if list.items.len() == listed
+                            && list
+                                .items
+                                .iter()
+                                .all(|w| w.data["spec"].get("pods").is_some()) =>
+                    {
+                        break;
+                    }
                     _ if t0.elapsed() > Duration::from_secs(600) => {
                         bail!(
                             "{who}: no full list in v2 600 s after the conversion webhook changed"
