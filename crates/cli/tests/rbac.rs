@@ -72,8 +72,13 @@ async fn readyz_until(addr: &str, done: impl Fn(&str) -> bool) -> String {
 }
 
 fn printed_rbac(ns: &str) -> Value {
+    printed("service-strategy", ns)
+}
+
+/// What `kinformer COMMAND --print-rbac` prints for `ns`.
+fn printed(command: &str, ns: &str) -> Value {
     let out = Command::new(BIN)
-        .arg("service-strategy")
+        .arg(command)
         .args(flags(ns, "0"))
         .arg("--print-rbac")
         .env_remove("KUBECONFIG")
@@ -137,37 +142,52 @@ fn kubectl(env: &TestEnv, args: &[&str], stdin: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Applies `manifests` in a fresh namespace and starts the controller as
-/// its ServiceAccount; its log lines arrive on the receiver.
+/// Applies `manifests` in a fresh namespace and starts service-strategy
+/// as its ServiceAccount; its log lines arrive on the receiver.
 async fn start(
     env: &TestEnv,
     ns: &str,
     manifests: &Value,
     probes: &str,
 ) -> (Child, mpsc::Receiver<String>) {
+    start_as(env, "service-strategy", ns, manifests, probes).await
+}
+
+/// [`start`] for `command`: its output and log lines, as they come.
+async fn start_as(
+    env: &TestEnv,
+    command: &str,
+    ns: &str,
+    manifests: &Value,
+    probes: &str,
+) -> (Child, mpsc::Receiver<String>) {
     kubectl(env, &["apply", "-f", "-"], &manifests.to_string());
-    let kubeconfig = env
-        .service_account_kubeconfig(ns, "kinformer-service-strategy")
-        .await
-        .unwrap();
+    let account = format!("kinformer-{command}");
+    let kubeconfig = env.service_account_kubeconfig(ns, &account).await.unwrap();
     let mut child = Command::new(BIN)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(flags(ns, probes))
-        .arg("service-strategy")
-        .stdout(Stdio::null())
+        .arg(command)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
+    let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
+    for pipe in [
+        Box::new(stdout) as Box<dyn std::io::Read + Send>,
+        Box::new(stderr),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
+    }
     (child, lines)
 }
 
@@ -401,50 +421,11 @@ async fn pod_stdout_works_as_a_service_account_bound_to_exactly_what_it_prints_a
     let env = TestEnv::shared().await.unwrap();
     for take_away in [None, Some(("watch", "pods"))] {
         let ns = env.create_namespace("rbac-pods").await.unwrap();
-        let account = "kinformer-pod-stdout";
-        let out = Command::new(BIN)
-            .arg("pod-stdout")
-            .args(flags(&ns, "0"))
-            .arg("--print-rbac")
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut manifests: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut manifests = printed("pod-stdout", &ns);
         if let Some((verb, resource)) = take_away {
             manifests = without(manifests, verb, resource);
         }
-        kubectl(env, &["apply", "-f", "-"], &manifests.to_string());
-        let kubeconfig = env.service_account_kubeconfig(&ns, account).await.unwrap();
-        let mut child = Command::new(BIN)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(flags(&ns, "0"))
-            .arg("pod-stdout")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        for pipe in [
-            Box::new(stdout) as Box<dyn std::io::Read + Send>,
-            Box::new(stderr),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(tx);
+        let (child, lines) = start_as(env, "pod-stdout", &ns, &manifests, "0").await;
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
             "metadata": {"name": "web-0"},
             "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]},
