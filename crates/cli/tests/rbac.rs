@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 const BIN: &str = env!("CARGO_BIN_EXE_kinformer");
 
 /// The controller's flags: watching `ns`, its Lease and ServiceAccount
-/// there, its probes on `probes` (`0`: none).
+/// there, its metrics and probes on `probes` (`0`: none).
 fn flags(ns: &str, probes: &str) -> Vec<String> {
     [
         "--namespace",
@@ -29,7 +29,7 @@ fn flags(ns: &str, probes: &str) -> Vec<String> {
         "--leader-election-namespace",
         ns,
         "--metrics-bind-address",
-        "0",
+        probes,
         "--health-probe-bind-address",
         probes,
     ]
@@ -315,6 +315,15 @@ async fn each_printed_rule_taken_away_alone_is_named_by_the_request_it_forbids()
             // Not ready while refused, saying what; ready once allowed.
             let refused = readyz_until(&probes, |a| a.contains(&plain)).await;
             assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+            let metrics = http_get(&probes, "/metrics").unwrap();
+            let denied = format!(
+                "kinformer_informer_denied_total{{informer=\"services in namespace {ns}\"}} "
+            );
+            let count = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&denied))
+                .unwrap_or_else(|| panic!("no {denied} in:\n{metrics}"));
+            assert!(count.trim().parse::<u64>().unwrap() > 0, "{count}");
             kubectl(env, &["apply", "-f", "-"], &printed_rbac(&ns).to_string());
             readyz_until(&probes, |a| a.starts_with("HTTP/1.1 200")).await;
         }
