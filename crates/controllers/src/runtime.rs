@@ -370,10 +370,7 @@ impl<K: Object + Clone> Controller<K> {
     /// of your own names no resource: add its rules yourself.
     pub fn permissions(&self) -> Permissions {
         let mut permissions = self.writes.clone();
-        let primary: &dyn Dependency = &self.informer;
-        for dependency in
-            std::iter::once(primary).chain(self.dependencies.iter().map(|d| d.as_ref()))
-        {
+        for dependency in self.informers() {
             if let (Some(read), namespace) = dependency.reads() {
                 permissions.allow(
                     namespace.as_deref(),
@@ -395,9 +392,7 @@ impl<K: Object + Clone> Controller<K> {
     /// synced: a controller over a cache the server no longer updates is
     /// not ready.
     pub(crate) fn informers_check(&self) -> crate::Check {
-        let informers: Vec<Box<dyn Dependency>> = std::iter::once(self.informer.boxed())
-            .chain(self.dependencies.iter().map(|d| d.boxed()))
-            .collect();
+        let informers: Vec<Box<dyn Dependency>> = self.informers().map(|i| i.boxed()).collect();
         Arc::new(move || {
             let problems: Vec<String> = informers
                 .iter()
@@ -411,6 +406,12 @@ impl<K: Object + Clone> Controller<K> {
                 false => Err(problems.join("; ")),
             }
         })
+    }
+
+    /// Its primary informer, then those it depends on.
+    fn informers(&self) -> impl Iterator<Item = &dyn Dependency> {
+        std::iter::once(&self.informer as &dyn Dependency)
+            .chain(self.dependencies.iter().map(|d| d.as_ref()))
     }
 
     /// Where its primary objects are, for the rules of Events about them:
@@ -481,9 +482,7 @@ impl<K: Object + Clone> Controller<K> {
             .is_none()
             .then(|| informer_stop.clone().drop_guard());
         let external_election = managed.as_ref().is_some_and(|m| m.external_election);
-        let informers: Vec<&dyn Dependency> = std::iter::once(&self.informer as &dyn Dependency)
-            .chain(self.dependencies.iter().map(|d| d.as_ref()))
-            .collect();
+        let informers: Vec<&dyn Dependency> = self.informers().collect();
         for informer in &informers {
             informer.start_unless_running(&informer_stop, &self.fatal, &stop, &tasks);
         }

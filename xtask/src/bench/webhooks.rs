@@ -26,6 +26,7 @@ use kube_client::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKin
 
 use super::programs::{Programs, Running};
 use super::*;
+use crate::demo::free_port;
 
 const BEGIN: &str = "<!-- BEGIN cargo xtask bench --webhooks -->";
 const END: &str = "<!-- END cargo xtask bench --webhooks -->";
@@ -74,14 +75,6 @@ fn website(name: &str, host: Option<&str>, replicas: i32) -> Result<DynamicObjec
         "apiVersion": format!("{GROUP}/v1"), "kind": "Website",
         "metadata": {"name": name}, "spec": spec,
     }))?)
-}
-
-/// A free port on loopback (bound and let go: a race only with other
-/// programs picking ports at the same moment).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A webhook configuration of `kind` (`Mutating` or `Validating`) calling
