@@ -441,6 +441,9 @@ impl Manager {
     /// - each controller's ([`Controller::permissions`]): list and watch of
     ///   its informers, what its builder declared it writes, its ring's
     ///   Leases;
+    /// - list and watch of every informer made from its
+    ///   [`factory`](Self::factory), a controller's or not
+    ///   ([`SharedInformerFactory::permissions`]);
     /// - the election's Lease ([`ManagerOptions::leader_election`]);
     /// - if an Events recorder was made ([`event_recorder`](Self::event_recorder)),
     ///   creating and patching events.k8s.io Events where each controller's
@@ -452,7 +455,7 @@ impl Manager {
     /// [`Controller::new`] rather than a builder is taken to be over a
     /// namespaced kind for it.
     pub fn permissions(&self) -> Permissions {
-        let mut permissions = Permissions::new();
+        let mut permissions = self.factory.permissions();
         let recorded = !self.recorders.lock().is_empty();
         for controller in &self.controllers {
             permissions.merge(&controller.permissions());

@@ -3,8 +3,9 @@
 //! writes ([`ControllerBuilder::writes`](crate::ControllerBuilder::writes)),
 //! the election's Lease, a sharding ring's Leases, and the Events of its
 //! recorders. [`Manager::permissions`](crate::Manager::permissions) gives
-//! them; [`Permissions::manifests`] renders them as a ServiceAccount, Roles
-//! (one per namespace) and a ClusterRole, with their bindings.
+//! them (a [`Permissions`], the informer crate's, re-exported here);
+//! [`Permissions::manifests`] renders them as a ServiceAccount, Roles (one
+//! per namespace) and a ClusterRole, with their bindings.
 //!
 //! Least privilege: a namespace-scoped informer gets a Role in its
 //! namespace, not a ClusterRole; the election's Lease is named
@@ -13,188 +14,7 @@
 //! kubebuilder gets the same from `+kubebuilder:rbac` markers written by
 //! hand, which drift from the code; here the code is the source.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use serde_json::{Value, json};
-
-/// Where a rule applies: a namespace, or the whole cluster (`None`).
-type Scope = Option<String>;
-
-/// A rule's subject: API group, resource (with `/subresource`), and the
-/// object names it is limited to (none: every object).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Subject {
-    group: String,
-    resource: String,
-    names: Vec<String>,
-}
-
-/// RBAC rules by scope. See the module docs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Permissions {
-    rules: BTreeMap<Scope, BTreeMap<Subject, BTreeSet<String>>>,
-}
-
-impl Permissions {
-    /// No rules yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Allows `verbs` on `resource` (plural, with `/subresource` for one)
-    /// of API group `group` ("" for the core group), in `namespace`, or
-    /// cluster-wide for `None` (every namespace of a namespaced resource).
-    pub fn allow(
-        &mut self,
-        namespace: Option<&str>,
-        group: &str,
-        resource: &str,
-        verbs: &[&str],
-    ) -> &mut Self {
-        self.allow_named(namespace, group, resource, &[], verbs)
-    }
-
-    /// [`allow`](Self::allow), limited to the objects named `names`.
-    pub fn allow_named(
-        &mut self,
-        namespace: Option<&str>,
-        group: &str,
-        resource: &str,
-        names: &[&str],
-        verbs: &[&str],
-    ) -> &mut Self {
-        let mut names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        names.sort();
-        names.dedup();
-        let subject = Subject {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            names,
-        };
-        self.rules
-            .entry(namespace.map(str::to_owned))
-            .or_default()
-            .entry(subject)
-            .or_default()
-            .extend(verbs.iter().map(|v| (*v).to_owned()));
-        self
-    }
-
-    /// Adds every rule of `other`.
-    pub fn merge(&mut self, other: &Permissions) -> &mut Self {
-        for (scope, subjects) in &other.rules {
-            for (subject, verbs) in subjects {
-                self.rules
-                    .entry(scope.clone())
-                    .or_default()
-                    .entry(subject.clone())
-                    .or_default()
-                    .extend(verbs.iter().cloned());
-            }
-        }
-        self
-    }
-
-    /// The namespaces with rules of their own (a Role each).
-    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
-        self.rules.keys().filter_map(|scope| scope.as_deref())
-    }
-
-    /// Whether any rule is cluster-wide (a ClusterRole).
-    pub fn is_cluster_wide(&self) -> bool {
-        self.rules.contains_key(&None)
-    }
-
-    /// The verbs allowed on `resource` of `group` in `namespace` (`None`:
-    /// cluster-wide rules only), whatever the names.
-    pub fn verbs(&self, namespace: Option<&str>, group: &str, resource: &str) -> BTreeSet<&str> {
-        self.rules
-            .get(&namespace.map(str::to_owned))
-            .into_iter()
-            .flatten()
-            .filter(|(s, _)| s.group == group && s.resource == resource)
-            .flat_map(|(_, verbs)| verbs.iter().map(String::as_str))
-            .collect()
-    }
-
-    /// The rules of one scope as RBAC `PolicyRule`s (JSON): one per API
-    /// group and set of names and verbs, listing its resources, sorted.
-    pub fn policy_rules(&self, namespace: Option<&str>) -> Vec<Value> {
-        // (group, names, verbs): the resources they apply to.
-        type Rule<'a> = (&'a str, &'a [String], Vec<&'a str>);
-        let mut merged: BTreeMap<Rule<'_>, Vec<&str>> = BTreeMap::new();
-        for (subject, verbs) in self
-            .rules
-            .get(&namespace.map(str::to_owned))
-            .into_iter()
-            .flatten()
-        {
-            let verbs: Vec<&str> = verbs.iter().map(String::as_str).collect();
-            merged
-                .entry((&subject.group, &subject.names, verbs))
-                .or_default()
-                .push(&subject.resource);
-        }
-        merged
-            .into_iter()
-            .map(|((group, names, verbs), resources)| {
-                let mut rule = json!({
-                    "apiGroups": [group],
-                    "resources": resources,
-                    "verbs": verbs,
-                });
-                if !names.is_empty() {
-                    rule["resourceNames"] = json!(names);
-                }
-                rule
-            })
-            .collect()
-    }
-
-    /// The manifests that grant these rules to the ServiceAccount
-    /// `account` of namespace `account_namespace`: the ServiceAccount, a
-    /// ClusterRole `name` and its ClusterRoleBinding if any rule is
-    /// cluster-wide, and a Role `name` with its RoleBinding in each
-    /// namespace with rules of its own. Apply them with `kubectl apply -f`
-    /// (the `List` they are in is JSON, which kubectl reads).
-    pub fn manifests(&self, name: &str, account_namespace: &str, account: &str) -> Value {
-        let subject = json!([{
-            "kind": "ServiceAccount", "name": account, "namespace": account_namespace,
-        }]);
-        let mut items = vec![json!({
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": account, "namespace": account_namespace},
-        })];
-        let rbac = "rbac.authorization.k8s.io/v1";
-        if self.is_cluster_wide() {
-            items.push(json!({
-                "apiVersion": rbac, "kind": "ClusterRole",
-                "metadata": {"name": name},
-                "rules": self.policy_rules(None),
-            }));
-            items.push(json!({
-                "apiVersion": rbac, "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": subject,
-            }));
-        }
-        for namespace in self.namespaces() {
-            items.push(json!({
-                "apiVersion": rbac, "kind": "Role",
-                "metadata": {"name": name, "namespace": namespace},
-                "rules": self.policy_rules(Some(namespace)),
-            }));
-            items.push(json!({
-                "apiVersion": rbac, "kind": "RoleBinding",
-                "metadata": {"name": name, "namespace": namespace},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": subject,
-            }));
-        }
-        json!({"apiVersion": "v1", "kind": "List", "items": items})
-    }
-}
+pub use kinformer_informer::Permissions;
 
 /// The rules of a leader election on the Lease `lease` of `namespace`:
 /// read, acquire, renew and release it (get and update, by name), watch it
@@ -239,58 +59,11 @@ pub(crate) fn events(permissions: &mut Permissions, namespace: Option<&str>, clu
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::json;
+
     use super::*;
-
-    #[test]
-    fn rules_are_merged_per_scope_group_and_names_and_rendered_sorted() {
-        let mut p = Permissions::new();
-        p.allow(None, "", "pods", &["watch", "list"]);
-        p.allow(None, "", "services", &["list", "watch"]);
-        p.allow(None, "apps", "deployments", &["list", "watch"]);
-        p.allow(None, "", "pods", &["list"]);
-        lease(&mut p, "ops", "my-lease");
-        assert_eq!(
-            p.policy_rules(None),
-            [
-                json!({"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["list", "watch"]}),
-                json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch"]}),
-            ]
-        );
-        assert_eq!(
-            p.policy_rules(Some("ops")),
-            [
-                json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}),
-                json!({
-                    "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                    "verbs": ["get", "list", "update", "watch"], "resourceNames": ["my-lease"],
-                }),
-            ]
-        );
-        assert_eq!(p.namespaces().collect::<Vec<_>>(), ["ops"]);
-    }
-
-    #[test]
-    fn manifests_bind_a_cluster_role_and_one_role_per_namespace_to_the_account() {
-        let mut p = Permissions::new();
-        p.allow(Some("a"), "", "pods", &["list", "watch"]);
-        let list = p.manifests("ctl", "ops", "ctl-sa");
-        let kinds: Vec<&str> = list["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["kind"].as_str().unwrap())
-            .collect();
-        assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding"]);
-        assert_eq!(list["items"][1]["metadata"]["namespace"], "a");
-        assert_eq!(
-            list["items"][2]["subjects"][0],
-            json!({"kind": "ServiceAccount", "name": "ctl-sa", "namespace": "ops"})
-        );
-        p.allow(None, "", "nodes", &["get"]);
-        let list = p.manifests("ctl", "ops", "ctl-sa");
-        assert_eq!(list["items"].as_array().unwrap().len(), 5);
-        assert_eq!(list["items"][1]["kind"], "ClusterRole");
-    }
 
     async fn done(
         _: crate::Lookup<k8s_openapi::api::core::v1::ConfigMap>,

@@ -21,8 +21,8 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiListerWatcher, HasSynced, InformerOptions, LatencySnapshot, ReflectorStats, ShardScope,
-    SharedIndexInformer, WireFormat, wait_for_cache_sync,
+    ApiListerWatcher, GroupResource, HasSynced, InformerOptions, LatencySnapshot, Permissions,
+    ReflectorStats, ShardScope, SharedIndexInformer, WireFormat, wait_for_cache_sync,
 };
 
 /// Which objects an informer of the factory watches.
@@ -84,6 +84,8 @@ trait Startable: Send + Sync {
     fn queued(&self) -> usize;
     fn processing_latency(&self) -> LatencySnapshot;
     fn store_resource_version(&self) -> Option<String>;
+    /// What it lists and watches, and in which namespace (`None`: all).
+    fn reads(&self) -> (Option<GroupResource>, Option<String>);
 }
 
 impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
@@ -111,6 +113,9 @@ impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
     }
     fn store_resource_version(&self) -> Option<String> {
         self.last_store_sync_resource_version()
+    }
+    fn reads(&self) -> (Option<GroupResource>, Option<String>) {
+        (self.resource(), self.namespace().map(str::to_owned))
     }
 }
 
@@ -275,6 +280,27 @@ impl SharedInformerFactory {
     /// them as metrics.
     pub fn stats(&self) -> FactoryStats {
         FactoryStats(Arc::clone(&self.informers))
+    }
+
+    /// The RBAC rules its informers made so far need: list and watch of
+    /// each one's resource, in its namespace, or cluster-wide for one over
+    /// all namespaces or of a cluster-scoped resource. Render them with
+    /// [`Permissions::manifests`]. (`list` is there for a server that
+    /// refuses the streaming list; on one that serves it, `watch` alone
+    /// lists.)
+    pub fn permissions(&self) -> Permissions {
+        let mut permissions = Permissions::new();
+        for entry in self.informers.lock().values() {
+            if let (Some(read), namespace) = entry.startable.reads() {
+                permissions.allow(
+                    namespace.as_deref(),
+                    &read.group,
+                    &read.resource,
+                    &["list", "watch"],
+                );
+            }
+        }
+        permissions
     }
 
     /// Informers of this factory watch only `namespace` (unless a scope says otherwise).

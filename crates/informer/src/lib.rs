@@ -131,6 +131,7 @@ mod lister;
 mod lister_watcher;
 mod panics;
 mod processor;
+pub mod rbac;
 mod reflector;
 mod shard;
 mod strip;
@@ -166,6 +167,7 @@ pub use lister_watcher::{
     ApiListerWatcher, GroupResource, ListPage, ListRequest, ListerWatcher, ShardScope, Undecodable,
     WatchRequest, WatchStream, WireFormat,
 };
+pub use rbac::Permissions;
 pub use reflector::{
     DEFAULT_PAGE_SIZE, LIST_BATCH, MIN_WATCH_TIMEOUT, Reflector, ReflectorOptions, ReflectorStats,
     default_watch_error_handler,
