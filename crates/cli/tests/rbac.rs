@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Service};
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, rbac};
 use kube_client::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
@@ -92,56 +92,6 @@ fn printed(command: &str, ns: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// `manifests` without `verb` on `resource` (a rule left with no verb goes).
-fn without(mut manifests: Value, verb: &str, resource: &str) -> Value {
-    let mut removed = false;
-    for item in manifests["items"].as_array_mut().unwrap() {
-        let Some(rules) = item.get_mut("rules").and_then(Value::as_array_mut) else {
-            continue;
-        };
-        for rule in rules.iter_mut() {
-            if rule["resources"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|r| r == resource)
-            {
-                let verbs = rule["verbs"].as_array_mut().unwrap();
-                let before = verbs.len();
-                verbs.retain(|v| v != verb);
-                removed |= verbs.len() < before;
-            }
-        }
-        rules.retain(|rule| !rule["verbs"].as_array().unwrap().is_empty());
-    }
-    assert!(removed, "no rule gives {verb} on {resource}");
-    manifests
-}
-
-fn kubectl(env: &TestEnv, args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(env.binaries().kubectl())
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Applies `manifests` in a fresh namespace and starts service-strategy
 /// as its ServiceAccount; its log lines arrive on the receiver.
 async fn start(
@@ -161,7 +111,8 @@ async fn start_as(
     manifests: &Value,
     probes: &str,
 ) -> (Child, mpsc::Receiver<String>) {
-    kubectl(env, &["apply", "-f", "-"], &manifests.to_string());
+    env.kubectl(&["apply", "-f", "-"], &manifests.to_string())
+        .unwrap();
     let account = format!("kinformer-{command}");
     let kubeconfig = env.service_account_kubeconfig(ns, &account).await.unwrap();
     let mut child = Command::new(BIN)
@@ -295,7 +246,7 @@ async fn each_printed_rule_taken_away_alone_is_named_by_the_request_it_forbids()
     ];
     for (verb, resource) in cases {
         let ns = env.create_namespace("rbac-less").await.unwrap();
-        let manifests = without(printed_rbac(&ns), verb, resource);
+        let manifests = rbac::without(printed_rbac(&ns), verb, resource).unwrap();
         if resource == "leases" && (verb == "list" || verb == "watch") {
             // The Lease is followed by a replica waiting for it: held by
             // another, for an hour.
@@ -324,7 +275,8 @@ async fn each_printed_rule_taken_away_alone_is_named_by_the_request_it_forbids()
                 .find_map(|l| l.strip_prefix(&denied))
                 .unwrap_or_else(|| panic!("no {denied} in:\n{metrics}"));
             assert!(count.trim().parse::<u64>().unwrap() > 0, "{count}");
-            kubectl(env, &["apply", "-f", "-"], &printed_rbac(&ns).to_string());
+            env.kubectl(&["apply", "-f", "-"], &printed_rbac(&ns).to_string())
+                .unwrap();
             readyz_until(&probes, |a| a.starts_with("HTTP/1.1 200")).await;
         }
         stop(child);
@@ -368,16 +320,8 @@ async fn printed_manifests_pass_a_server_side_dry_run_under_the_restricted_pod_s
     let watched = env.create_namespace("watched").await.unwrap();
     for (command, scope) in [("pod-stdout", None), ("service-strategy", Some(&watched))] {
         let ns = env.create_namespace("manifests").await.unwrap();
-        kubectl(
-            env,
-            &[
-                "label",
-                "namespace",
-                &ns,
-                "pod-security.kubernetes.io/warn=restricted",
-            ],
-            "",
-        );
+        let warn = "pod-security.kubernetes.io/warn=restricted";
+        env.kubectl(&["label", "namespace", &ns, warn], "").unwrap();
         let mut args = vec![
             command,
             "--leader-elect",
@@ -432,7 +376,7 @@ async fn pod_stdout_works_as_a_service_account_bound_to_exactly_what_it_prints_a
         let ns = env.create_namespace("rbac-pods").await.unwrap();
         let mut manifests = printed("pod-stdout", &ns);
         if let Some((verb, resource)) = take_away {
-            manifests = without(manifests, verb, resource);
+            manifests = rbac::without(manifests, verb, resource).unwrap();
         }
         let (child, lines) = start_as(env, "pod-stdout", &ns, &manifests, "0").await;
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({

@@ -504,6 +504,57 @@ impl TestEnv {
         Ok(path)
     }
 
+    /// Runs this control plane's kubectl as admin with `args`, `stdin` on
+    /// its standard input (`kubectl apply -f -` applies it); its standard
+    /// output. Blocks until kubectl exits; an exit other than 0 is an
+    /// error carrying kubectl's standard error.
+    pub fn kubectl(&self, args: &[&str], stdin: &str) -> Result<String, EnvtestError> {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let kubectl = self.binaries().kubectl();
+        let failed = |why: String| EnvtestError::Client(format!("kubectl {args:?}: {why}"));
+        let mut child = Command::new(&kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| failed(format!("starting {}: {e}", kubectl.display())))?;
+        let written = child
+            .stdin
+            .take()
+            .map(|mut input| input.write_all(stdin.as_bytes()));
+        let out = child
+            .wait_with_output()
+            .map_err(|e| failed(e.to_string()))?;
+        if !out.status.success() {
+            return Err(failed(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        if let Some(Err(e)) = written {
+            return Err(failed(format!("writing its input: {e}")));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Applies `manifests` (what a program's `--print-rbac` prints: a
+    /// ServiceAccount and the roles bound to it) as admin, and gives a
+    /// kubeconfig acting as that ServiceAccount, `account` of `namespace`
+    /// ([`service_account_kubeconfig`](Self::service_account_kubeconfig)).
+    pub async fn bind(
+        &self,
+        manifests: &str,
+        namespace: &str,
+        account: &str,
+    ) -> Result<PathBuf, EnvtestError> {
+        self.kubectl(&["apply", "-f", "-"], manifests)?;
+        self.service_account_kubeconfig(namespace, account).await
+    }
+
     /// `https://127.0.0.1:<port>`.
     pub fn server_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.api_port)

@@ -38,6 +38,7 @@ mod error;
 mod etcd;
 mod process;
 mod proxy;
+pub mod rbac;
 mod webhooks;
 
 pub use answering_proxy::AnsweringProxy;

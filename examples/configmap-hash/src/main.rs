@@ -40,6 +40,8 @@ fn configmaps(d: &Deployment) -> Vec<String> {
     keys
 }
 
+const MANAGER: &str = "configmap-hash";
+
 type Context = (Client, Lister<ConfigMap>);
 
 async fn reconcile(d: Lookup<Deployment>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
@@ -77,11 +79,14 @@ async fn reconcile(d: Lookup<Deployment>, ctx: Arc<Context>) -> Result<Action, R
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init(); // INFO and above
     let client = Client::try_default().await?;
     let mut options = ManagerOptions::new();
     if let Ok(namespace) = std::env::var("LEADER_ELECTION_NAMESPACE") {
         let identity = LeaderElectionConfig::default_identity();
-        let election = LeaderElectionConfig::new(&namespace, "configmap-hash", &identity);
+        let election = LeaderElectionConfig::new(&namespace, MANAGER, &identity);
         options = options.leader_election(election);
     }
     // COMPACT_CACHE=true (for the benchmark: lines marked "bench knob",
@@ -105,7 +110,7 @@ async fn main() -> anyhow::Result<()> {
         deployments.indexer(),
     );
     let controller = manager
-        .controller::<Deployment>("configmap-hash")
+        .controller::<Deployment>(MANAGER)
         .watches(configmaps, move |cm| {
             by_configmap
                 .index_keys(
@@ -114,8 +119,14 @@ async fn main() -> anyhow::Result<()> {
                 )
                 .unwrap_or_default()
         })
+        .writes::<Deployment>(&["patch"])
         .options(manager.controller_options().read_your_writes(wait)) // bench knob
         .reconcile(context, reconcile)?;
     manager.add(controller);
+    // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
+    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+        return Ok(());
+    }
     Ok(manager.run_until_signal().await?)
 }

@@ -122,13 +122,25 @@ async fn install_crd(client: &Client) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init(); // INFO and above
     let client = Client::try_default().await?;
-    install_crd(&client).await?;
-    let mut manager = Manager::new(client, ManagerOptions::new())?;
+    let mut manager = Manager::new(client.clone(), ManagerOptions::new())?;
     let controller = manager
         .controller::<Greeting>("greetings")
         .owns::<ConfigMap>()
+        .writes::<ConfigMap>(&["patch", "delete"])
+        .writes::<Greeting>(&["patch"]) // the finalizer
+        .writes_status::<Greeting>()
+        .writes::<CustomResourceDefinition>(&["get", "patch"]) // install_crd
         .reconcile(Arc::new(manager.client()), reconcile)?;
     manager.add(controller);
+    // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
+    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+        return Ok(());
+    }
+    install_crd(&client).await?;
     Ok(manager.run_until_signal().await?)
 }

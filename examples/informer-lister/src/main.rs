@@ -3,6 +3,7 @@
 //!
 //! ```sh
 //! cargo run -p example-informer-lister -- [NAMESPACE]   # all namespaces without one
+//! cargo run -p example-informer-lister -- [NAMESPACE] --print-rbac SA-NAMESPACE
 //! ```
 
 use std::sync::Arc;
@@ -27,11 +28,20 @@ fn census(lister: &Lister<ConfigMap>) -> String {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init(); // INFO and above
     let mut factory = SharedInformerFactory::new(Client::try_default().await?);
-    if let Some(namespace) = std::env::args().nth(1) {
+    if let Some(namespace) = std::env::args().nth(1).filter(|a| a != "--print-rbac") {
         factory = factory.namespace(namespace);
     }
     let informer = factory.informer::<ConfigMap>();
+    // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
+    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+        let name = "informer-lister";
+        println!("{}", factory.permissions().manifests(name, &ns, name));
+        return Ok(());
+    }
     let (la, lu, ld) = (informer.lister(), informer.lister(), informer.lister());
     informer.add_event_handler(
         ResourceEventHandlerFuncs::new()

@@ -1,13 +1,14 @@
-//! Runs the example against a real kube-apiserver and reads what it prints.
+//! Runs the example against a real kube-apiserver, as a ServiceAccount
+//! bound to the rules it prints, and reads what it prints.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, rbac};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::ChildStdout;
+use tokio::process::{Child, ChildStdout};
 
 fn configmap(name: &str, app: &str) -> ConfigMap {
     serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"app": app}}}))
@@ -23,6 +24,28 @@ async fn expect_line(lines: &mut Lines<BufReader<ChildStdout>>, want: &str) {
     assert_eq!(line, want);
 }
 
+const BIN: &str = env!("CARGO_BIN_EXE_informer-lister");
+
+/// The example over `ns`, as the ServiceAccount its `--print-rbac ns`
+/// prints, bound to what it prints less `take_away` (verb, resource).
+async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+    let args = [ns, "--print-rbac", ns];
+    let mut manifests = rbac::printed(BIN.as_ref(), &args, env.kubeconfig_path()).unwrap();
+    if let Some((verb, resource)) = take_away {
+        manifests = rbac::without(manifests, verb, resource).unwrap();
+    }
+    let manifests = manifests.to_string();
+    let kubeconfig = env.bind(&manifests, ns, "informer-lister").await.unwrap();
+    tokio::process::Command::new(BIN)
+        .arg(ns)
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_lists_then_follows_and_answers_from_its_cache() {
     let env = TestEnv::shared().await.unwrap();
@@ -31,13 +54,7 @@ async fn the_example_lists_then_follows_and_answers_from_its_cache() {
     api.create(&PostParams::default(), &configmap("a", "web"))
         .await
         .unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_informer-lister"))
-        .arg(&ns)
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = as_printed(env, &ns, None).await;
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     expect_line(
         &mut lines,
@@ -68,4 +85,25 @@ async fn the_example_lists_then_follows_and_answers_from_its_cache() {
         &format!("deleted {ns}/a (1 cached, 1 with app=web)"),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_watch_on_configmaps_it_logs_the_refusal_naming_it() {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("lister-denied").await.unwrap();
+    let mut child = as_printed(env, &ns, Some(("watch", "configmaps"))).await;
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let refusal = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if rbac::names_refusal(&line, "watch", "configmaps") {
+                return line;
+            }
+            seen.push(line);
+        }
+        panic!("the example ended; it logged:\n{}", seen.join("\n"))
+    })
+    .await
+    .expect("no refusal of watch on configmaps logged within 30 s");
+    assert!(refusal.contains(&ns), "{refusal}");
 }

@@ -17,8 +17,13 @@ use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_controllers::{Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions};
 use kinformer_informer::SharedInformerFactory;
 
+const MANAGER: &str = "leader-elected";
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init(); // INFO and above
     let mut args = std::env::args().skip(1);
     let usage = "usage: leader-elected NAMESPACE IDENTITY METRICS-ADDRESS";
     let (Some(namespace), Some(identity), Some(addr)) = (args.next(), args.next(), args.next())
@@ -26,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!(usage);
     };
     let addr: SocketAddr = addr.parse().with_context(|| format!("{addr:?}: {usage}"))?;
-    let mut election = LeaderElectionConfig::new(&namespace, "leader-elected", &identity);
+    let mut election = LeaderElectionConfig::new(&namespace, MANAGER, &identity);
     // Shorter than client-go's 15/10/2 s, so a takeover is quick to watch.
     (election.lease_duration, election.renew_deadline) =
         (Duration::from_secs(6), Duration::from_secs(4));
@@ -38,17 +43,20 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let factory = SharedInformerFactory::new(client.clone()).namespace(&namespace);
     let mut manager = Manager::with_factory(factory, client, options)?;
-    let controller = manager
-        .controller::<ConfigMap>("leader-elected")
-        .reconcile(
-            identity.into(),
-            |cm, identity: std::sync::Arc<String>| async move {
-                if let Lookup::Found(cm) = cm {
-                    println!("{identity} reconciled {}", cm.name_any());
-                }
-                Ok(Action::Done)
-            },
-        )?;
+    let controller = manager.controller::<ConfigMap>(MANAGER).reconcile(
+        identity.into(),
+        |cm, identity: std::sync::Arc<String>| async move {
+            if let Lookup::Found(cm) = cm {
+                println!("{identity} reconciled {}", cm.name_any());
+            }
+            Ok(Action::Done)
+        },
+    )?;
     manager.add(controller);
+    // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
+    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+        return Ok(());
+    }
     Ok(manager.run_until_signal().await?)
 }

@@ -212,7 +212,9 @@ fn from_v1(site: Website) -> Result<v2::Website, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().init(); // INFO and above
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init(); // INFO and above
     let env = |name: &str| std::env::var(name).map_err(|_| anyhow::anyhow!("{name} is not set"));
     let identity = LeaderElectionConfig::default_identity();
     let options = ManagerOptions::new()
@@ -231,6 +233,10 @@ async fn main() -> anyhow::Result<()> {
         .controller::<Website>("website")
         .owns::<Deployment>()
         .owns::<Service>()
+        .writes::<Deployment>(&["patch"])
+        .writes::<Service>(&["patch"])
+        .writes::<Website>(&["patch"]) // the finalizer
+        .writes_status::<Website>()
         .reconcile(Arc::new(Context { client, events }), reconcile)?;
     manager.add(controller);
     manager.webhooks(
@@ -242,5 +248,10 @@ async fn main() -> anyhow::Result<()> {
                 Conversion::<Website>::hub().spoke(to_v1, from_v1),
             ),
     );
+    // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
+    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+        return Ok(());
+    }
     Ok(manager.run_until_signal().await?)
 }
