@@ -34,13 +34,17 @@
 # - exit 0 on SIGTERM.
 # The webhook configurations this script installs call the program only for
 # Websites in its own namespace, and are removed when it ends.
+# With NAMESPACE set, the checks run in that namespace (it must exist, and
+# is deleted at the end); with PROGRAM_KUBECONFIG set, PROGRAM runs with
+# that kubeconfig (a ServiceAccount bound to the rules it needs, say) while
+# the checks use KUBECONFIG.
 # Needs kubectl, curl and openssl. Exits non-zero at the first failed check.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 PROGRAM [ARGS...]" >&2; exit 2; }
 : "${KUBECONFIG:?set KUBECONFIG to the cluster to check against}"
 
-ns="website-check-$$-$RANDOM"
+ns="${NAMESPACE:-website-check-$$-$RANDOM}"
 metrics_port=$((20000 + RANDOM % 20000))
 probe_port=$((metrics_port + 1))
 webhook_port=$((metrics_port + 2))
@@ -103,12 +107,13 @@ crd="$(sed "s|{service: {namespace: website-system, name: website-webhook, path:
 grep -q "$url/convert" <<<"$crd" || fail "crd.yaml's conversion clientConfig not found"
 kubectl apply -f - <<<"$crd" >/dev/null || fail "CRD"
 kubectl wait --for=condition=Established crd/websites.example.kinformer.dev --timeout=60s >/dev/null || fail "CRD"
-kubectl create namespace "$ns" >/dev/null
+[ -n "${NAMESPACE:-}" ] || kubectl create namespace "$ns" >/dev/null
 ok
 
 step "controller started, ready"
 started=$SECONDS
-LEASE_NAMESPACE="$ns" METRICS_ADDR="127.0.0.1:$metrics_port" PROBE_ADDR="127.0.0.1:$probe_port" \
+KUBECONFIG="${PROGRAM_KUBECONFIG:-$KUBECONFIG}" LEASE_NAMESPACE="$ns" \
+    METRICS_ADDR="127.0.0.1:$metrics_port" PROBE_ADDR="127.0.0.1:$probe_port" \
     WEBHOOK_ADDR="127.0.0.1:$webhook_port" CERT_DIR="$certs" "$@" >"$log" 2>&1 &
 pid=$!
 until_ok 60 curl -fsS "http://127.0.0.1:$probe_port/readyz" || fail "/readyz never answered 200"

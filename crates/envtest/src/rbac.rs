@@ -2,7 +2,7 @@
 //! take one verb away, and recognise the server's refusal in a log line,
 //! to check that a run without a rule fails by naming it.
 
-use std::path::Path;
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -52,27 +52,24 @@ pub fn names_refusal(line: &str, verb: &str, resource: &str) -> bool {
     line.contains(&plain) || line.contains(&quoted)
 }
 
-/// What `program args` prints on standard output, read as JSON: the
-/// manifests a program's `--print-rbac` gives. Run with `KUBECONFIG`
-/// set to `kubeconfig` (a program may need one to build its client, which
-/// it does not use to print); an error carries its standard error.
-pub fn printed(program: &Path, args: &[&str], kubeconfig: &Path) -> Result<Value, EnvtestError> {
-    let what = || format!("{} {}", program.display(), args.join(" "));
-    let out = std::process::Command::new(program)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
+/// What `command` prints on standard output, read as JSON: the
+/// manifests a program's `--print-rbac` gives (a program may need a
+/// kubeconfig in its environment to build its client, which it does not
+/// use to print). An error carries its standard error.
+pub fn printed(command: &mut Command) -> Result<Value, EnvtestError> {
+    let what = format!("{command:?}");
+    let out = command
         .output()
-        .map_err(|e| EnvtestError::Client(format!("running {}: {e}", what())))?;
+        .map_err(|e| EnvtestError::Client(format!("running {what}: {e}")))?;
     if !out.status.success() {
         return Err(EnvtestError::Client(format!(
-            "{} exited {}: {}",
-            what(),
+            "{what} exited {}: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
     serde_json::from_slice(&out.stdout)
-        .map_err(|e| EnvtestError::Client(format!("what {} printed is not JSON: {e}", what())))
+        .map_err(|e| EnvtestError::Client(format!("what {what} printed is not JSON: {e}")))
 }
 
 #[cfg(test)]

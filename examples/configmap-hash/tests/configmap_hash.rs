@@ -1,10 +1,14 @@
-//! Runs the example against a real kube-apiserver.
+//! Runs the example against a real kube-apiserver, as a ServiceAccount
+//! bound to the rules it prints, and once without one of them.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams, PostParams};
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, rbac};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
 
 fn deployment(name: &str, configmap: &str) -> Deployment {
     serde_json::from_value(serde_json::json!({
@@ -51,8 +55,39 @@ async fn new_hash(api: &Api<Deployment>, name: &str, not: Option<&str>) -> Strin
     panic!("the hash of {name} never moved from {not:?}");
 }
 
+const BIN: &str = env!("CARGO_BIN_EXE_configmap-hash");
+
+/// The example, as the ServiceAccount `configmap-hash` of `ns` bound to
+/// what its `--print-rbac ns` prints less `take_away` (verb, resource):
+/// a ClusterRole, as it watches every namespace, so one test at a time.
+async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+    let args = ["--print-rbac", ns];
+    let mut manifests = rbac::printed(
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", env.kubeconfig_path()),
+    )
+    .unwrap();
+    if let Some((verb, resource)) = take_away {
+        manifests = rbac::without(manifests, verb, resource).unwrap();
+    }
+    let manifests = manifests.to_string();
+    let kubeconfig = env.bind(&manifests, ns, "configmap-hash").await.unwrap();
+    tokio::process::Command::new(BIN)
+        .env("KUBECONFIG", kubeconfig)
+        // Piped when a refusal is awaited there; else the test's own.
+        .stderr(match take_away {
+            Some(_) => Stdio::piped(),
+            None => Stdio::inherit(),
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using_it() {
+async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using_it_not_without_patch()
+ {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("cmhash").await.unwrap();
     let client = env.client().unwrap();
@@ -71,11 +106,7 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         .create(&PostParams::default(), &deployment("late", "not-yet"))
         .await
         .unwrap();
-    let _example = tokio::process::Command::new(env!("CARGO_BIN_EXE_configmap-hash"))
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut example = as_printed(env, &ns, None).await;
 
     let first = new_hash(&deploys, "web", None).await;
     let patch = serde_json::json!({"data": {"k": "2"}});
@@ -99,4 +130,28 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         hash_of(&deploys, "web").await.as_deref(),
         Some(second.as_str())
     );
+    example.kill().await.unwrap();
+
+    // Without patch on deployments, the refusal is logged, naming it.
+    let ns = env.create_namespace("cmhash-denied").await.unwrap();
+    let deploys: Api<Deployment> = Api::namespaced(env.client().unwrap(), &ns);
+    deploys
+        .create(&PostParams::default(), &deployment("web", "settings"))
+        .await
+        .unwrap();
+    let mut example = as_printed(env, &ns, Some(("patch", "deployments"))).await;
+    let mut lines = BufReader::new(example.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let refusal = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if rbac::names_refusal(&line, "patch", "deployments") {
+                return line;
+            }
+            seen.push(line);
+        }
+        panic!("the example ended; it logged:\n{}", seen.join("\n"))
+    })
+    .await
+    .expect("no refusal of patch on deployments logged within 30 s");
+    assert!(refusal.contains(&ns), "{refusal}");
 }

@@ -130,10 +130,10 @@ async fn main() -> anyhow::Result<()> {
     let controller = manager
         .controller::<Greeting>("greetings")
         .owns::<ConfigMap>()
-        .writes::<ConfigMap>(&["patch", "delete"])
+        .writes::<ConfigMap>(&["create", "patch", "delete"]) // apply creates
         .writes::<Greeting>(&["patch"]) // the finalizer
         .writes_status::<Greeting>()
-        .writes::<CustomResourceDefinition>(&["get", "patch"]) // install_crd
+        .writes::<CustomResourceDefinition>(&["create", "get", "patch"]) // install_crd
         .reconcile(Arc::new(manager.client()), reconcile)?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.

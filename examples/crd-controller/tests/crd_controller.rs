@@ -1,14 +1,18 @@
-//! The CRD controller end to end against a real kube-apiserver: create,
-//! repair, update and delete a Greeting.
+//! The CRD controller end to end against a real kube-apiserver, as a
+//! ServiceAccount bound to the rules it prints: create, repair, update and
+//! delete a Greeting; then without each write it declares.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, rbac};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
 
 /// Waits (up to 30 s) until `check` returns something.
 async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
@@ -29,16 +33,42 @@ fn greeting(name: &str, message: &str) -> DynamicObject {
     .unwrap()
 }
 
+const BIN: &str = env!("CARGO_BIN_EXE_crd-controller");
+
+/// The example, as the ServiceAccount `crd-controller` of `ns` bound to
+/// what its `--print-rbac ns` prints less `take_away` (verb, resource):
+/// a ClusterRole, as it watches every namespace, so one run at a time.
+async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+    let args = ["--print-rbac", ns];
+    let mut manifests = rbac::printed(
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", env.kubeconfig_path()),
+    )
+    .unwrap();
+    if let Some((verb, resource)) = take_away {
+        manifests = rbac::without(manifests, verb, resource).unwrap();
+    }
+    let manifests = manifests.to_string();
+    let kubeconfig = env.bind(&manifests, ns, "crd-controller").await.unwrap();
+    tokio::process::Command::new(BIN)
+        .env("KUBECONFIG", kubeconfig)
+        // Piped when a refusal is awaited there; else the test's own.
+        .stderr(match take_away {
+            Some(_) => Stdio::piped(),
+            None => Stdio::inherit(),
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("crd").await.unwrap();
     let client = env.client().unwrap();
-    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_crd-controller"))
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut controller = as_printed(env, &ns, None).await;
     // The controller installs its CRD.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     until("the CRD to be Established", async || {
@@ -152,4 +182,34 @@ async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
             .is_none(),
         "the cleanup did not delete the ConfigMap"
     );
+    controller.kill().await.unwrap();
+
+    // Each write it declares, taken away alone, is named in its log.
+    for (verb, resource) in [
+        ("patch", "customresourcedefinitions"),
+        ("patch", "greetings"),
+        ("patch", "greetings/status"),
+    ] {
+        let ns = env.create_namespace("crd-denied").await.unwrap();
+        let mut controller = as_printed(env, &ns, Some((verb, resource))).await;
+        let greetings: Api<DynamicObject> = Api::namespaced_with(env.client().unwrap(), &ns, &ar);
+        greetings
+            .create(&PostParams::default(), &greeting("hello", "hi"))
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(controller.stderr.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if rbac::names_refusal(&line, verb, resource) {
+                    return;
+                }
+                seen.push(line);
+            }
+            panic!("it ended; it logged:\n{}", seen.join("\n"))
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no refusal of {verb} on {resource} logged within 30 s"));
+        controller.kill().await.unwrap();
+    }
 }

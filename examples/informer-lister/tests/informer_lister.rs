@@ -30,7 +30,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_informer-lister");
 /// prints, bound to what it prints less `take_away` (verb, resource).
 async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
     let args = [ns, "--print-rbac", ns];
-    let mut manifests = rbac::printed(BIN.as_ref(), &args, env.kubeconfig_path()).unwrap();
+    let mut manifests = rbac::printed(
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", env.kubeconfig_path()),
+    )
+    .unwrap();
     if let Some((verb, resource)) = take_away {
         manifests = rbac::without(manifests, verb, resource).unwrap();
     }
@@ -40,7 +45,11 @@ async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) ->
         .arg(ns)
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        // Piped when a refusal is awaited there; else the test's own.
+        .stderr(match take_away {
+            Some(_) => Stdio::piped(),
+            None => Stdio::inherit(),
+        })
         .kill_on_drop(true)
         .spawn()
         .unwrap()

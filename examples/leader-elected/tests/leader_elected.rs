@@ -1,13 +1,15 @@
-//! Two replicas of the example against a real kube-apiserver: one leads,
-//! the other takes over when the leader is stopped.
+//! Two replicas of the example against a real kube-apiserver, as a
+//! ServiceAccount bound to the rules the example prints: one leads, the
+//! other takes over when the leader is stopped.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::kube::api::{Api, PostParams};
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, rbac};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -39,11 +41,29 @@ struct Replica {
     lines: UnboundedReceiver<String>,
 }
 
-fn replica(env: &TestEnv, ns: &str, identity: &str) -> Replica {
+const BIN: &str = env!("CARGO_BIN_EXE_leader-elected");
+
+/// A kubeconfig acting as the ServiceAccount `leader-elected` of `ns`,
+/// bound to exactly what the example prints for it.
+async fn least_privilege(env: &TestEnv, ns: &str) -> PathBuf {
+    let args = [ns, "printer", "127.0.0.1:0", "--print-rbac", ns];
+    let printed = rbac::printed(
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", env.kubeconfig_path()),
+    )
+    .unwrap();
+    env.bind(&printed.to_string(), ns, "leader-elected")
+        .await
+        .unwrap()
+}
+
+/// A replica acting with `kubeconfig`.
+fn replica(kubeconfig: &Path, ns: &str, identity: &str) -> Replica {
     let addr = free_addr();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leader-elected"))
+    let mut child = tokio::process::Command::new(BIN)
         .args([ns, identity, &addr.to_string()])
-        .env("KUBECONFIG", env.kubeconfig_path())
+        .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -92,7 +112,11 @@ async fn one_replica_leads_and_the_other_takes_over_when_it_stops() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("elected").await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(env.client().unwrap(), &ns);
-    let mut replicas = [replica(env, &ns, "one"), replica(env, &ns, "two")];
+    let kubeconfig = least_privilege(env, &ns).await;
+    let mut replicas = [
+        replica(&kubeconfig, &ns, "one"),
+        replica(&kubeconfig, &ns, "two"),
+    ];
     let leader = the_leader(&[&replicas[0], &replicas[1]]).await;
     let standby = 1 - leader;
     let names = ["one", "two"];

@@ -233,8 +233,8 @@ async fn main() -> anyhow::Result<()> {
         .controller::<Website>("website")
         .owns::<Deployment>()
         .owns::<Service>()
-        .writes::<Deployment>(&["patch"])
-        .writes::<Service>(&["patch"])
+        .writes::<Deployment>(&["create", "patch"]) // apply creates
+        .writes::<Service>(&["create", "patch"])
         .writes::<Website>(&["patch"]) // the finalizer
         .writes_status::<Website>()
         .reconcile(Arc::new(Context { client, events }), reconcile)?;

@@ -3,32 +3,80 @@
 //! finalizer, applied Deployment and Service, status, repair, its
 //! defaulting, validating and conversion webhooks called by the API server
 //! over TLS, a Warning Event, metrics, probes, the Lease, cleanup and a
-//! clean SIGTERM.
+//! clean SIGTERM; run as a ServiceAccount bound to exactly the rules the
+//! example prints, and once without the Events rule.
 
-use kinformer_envtest::TestEnv;
+use std::process::Output;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_website_controller_passes_the_checks_its_peers_pass() {
-    let env = TestEnv::shared().await.unwrap();
+use kinformer_envtest::{TestEnv, rbac};
+
+const BIN: &str = env!("CARGO_BIN_EXE_website");
+
+/// check.sh over the example in a new namespace, the example acting as
+/// the ServiceAccount `website-controller` bound to what its
+/// `--print-rbac` prints less `take_away` (verb, resource). One at a
+/// time: the rules are a ClusterRole, as it watches every namespace.
+async fn check(env: &TestEnv, take_away: Option<(&str, &str)>) -> Output {
+    let ns = env.create_namespace("website").await.unwrap();
+    let mut manifests = rbac::printed(
+        std::process::Command::new(BIN)
+            .args(["--print-rbac", &ns])
+            .env("KUBECONFIG", env.kubeconfig_path())
+            .env("LEASE_NAMESPACE", &ns)
+            .env("METRICS_ADDR", "127.0.0.1:0")
+            .env("PROBE_ADDR", "127.0.0.1:0")
+            .env("WEBHOOK_ADDR", "127.0.0.1:0")
+            .env("CERT_DIR", env.dir()),
+    )
+    .unwrap();
+    if let Some((verb, resource)) = take_away {
+        manifests = rbac::without(manifests, verb, resource).unwrap();
+    }
+    let manifests = manifests.to_string();
+    let kubeconfig = env
+        .bind(&manifests, &ns, "website-controller")
+        .await
+        .unwrap();
     let kubectl_dir = env.binaries().kubectl().parent().unwrap().to_owned();
     let path = std::env::join_paths(std::iter::once(kubectl_dir).chain(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     )))
     .unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/check.sh");
-    let output = tokio::process::Command::new("bash")
+    tokio::process::Command::new("bash")
         .arg(script)
-        .arg(env!("CARGO_BIN_EXE_website"))
+        .arg(BIN)
         .env("KUBECONFIG", env.kubeconfig_path())
+        .env("PROGRAM_KUBECONFIG", kubeconfig)
+        .env("NAMESPACE", &ns)
         .env("PATH", path)
         .kill_on_drop(true)
         .output()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_website_controller_passes_the_checks_its_peers_pass_under_its_printed_rbac() {
+    let env = TestEnv::shared().await.unwrap();
+    let output = check(env, None).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success() && stdout.ends_with("PASS\n"),
         "check.sh failed:\n{stdout}\n{stderr}"
+    );
+
+    // Without create on events, the Warning Event step fails, and the
+    // log it shows names the refusal.
+    let output = check(env, Some(("create", "events"))).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "check.sh passed:\n{stdout}");
+    assert!(
+        stdout.contains("FAILED: no Warning Event about Website broken")
+            && stdout
+                .lines()
+                .any(|l| rbac::names_refusal(l, "create", "events")),
+        "{stdout}"
     );
 }
