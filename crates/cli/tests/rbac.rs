@@ -262,6 +262,24 @@ async fn each_printed_rule_taken_away_alone_is_named_by_the_request_it_forbids()
         let escaped = format!("in the namespace \\\"{ns}\\\"");
         let quoted = format!("in the namespace \"{ns}\"");
         assert!(line.contains(&escaped) || line.contains(&quoted), "{line}");
+        // Counted where it was refused: the election's Lease, a reconcile.
+        let counted = match (verb, resource) {
+            (_, "leases") => {
+                Some("kinformer_leader_election_denied_total{name=\"kinformer-service-strategy\"} ")
+            }
+            ("update", "services") => {
+                Some("kinformer_reconcile_denied_total{controller=\"service-strategy\"} ")
+            }
+            _ => None,
+        };
+        if let Some(counter) = counted {
+            let metrics = http_get(&probes, "/metrics").unwrap();
+            let count = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(counter))
+                .unwrap_or_else(|| panic!("no {counter} in:\n{metrics}"));
+            assert!(count.trim().parse::<u64>().unwrap() > 0, "{counter}{count}");
+        }
         if (verb, resource) == ("watch", "services") {
             // Not ready while refused, saying what; ready once allowed.
             let refused = readyz_until(&probes, |a| a.contains(&plain)).await;

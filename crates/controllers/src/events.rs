@@ -111,6 +111,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::Metrics;
+use crate::reconcile::is_denied;
 
 /// The back-off after failed writes stops growing at this many series
 /// intervals; see the module docs.
@@ -307,6 +308,10 @@ struct Recorder {
     /// drop once.
     dropped: AtomicU64,
     dropped_metric: OnceLock<Counter>,
+    /// Writes the server refused for the credentials; changed with the
+    /// metric's lock, as `dropped`.
+    denied: AtomicU64,
+    denied_metric: OnceLock<Counter>,
     /// Bumped whenever a write ends, so that `flush` can wait for a write
     /// in flight without polling (a watch: a receiver taken before looking
     /// at the series sees an end that happens after the look).
@@ -384,6 +389,8 @@ impl EventRecorder {
                 writes: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
                 dropped_metric: OnceLock::new(),
+                denied: AtomicU64::new(0),
+                denied_metric: OnceLock::new(),
                 settled: watch::Sender::new(0),
             }),
         }
@@ -423,9 +430,20 @@ impl EventRecorder {
         self.inner.dropped.load(Ordering::Relaxed)
     }
 
-    /// Exports [`dropped_occurrences`](Self::dropped_occurrences) in
-    /// `metrics` as `kinformer_event_dropped_occurrences_total`, labelled
-    /// with the reporting controller (recorders of one controller add up).
+    /// Event writes (create or patch) the server refused for the
+    /// credentials (401, 403: RBAC without `create` or `patch` on
+    /// events.k8s.io Events where they go). Each is logged with the
+    /// server's message, which names the verb, resource and namespace, and
+    /// tried again later as any failed write.
+    pub fn denied_writes(&self) -> u64 {
+        self.inner.denied.load(Ordering::Relaxed)
+    }
+
+    /// Exports [`dropped_occurrences`](Self::dropped_occurrences) and
+    /// [`denied_writes`](Self::denied_writes) in `metrics` as
+    /// `kinformer_event_dropped_occurrences_total` and
+    /// `kinformer_event_denied_total`, labelled with the reporting
+    /// controller (recorders of one controller add up).
     /// Once per recorder: later calls do nothing. A
     /// [`Manager::event_recorder`](crate::Manager::event_recorder) is
     /// exported already; this is for a recorder made with
@@ -440,11 +458,16 @@ impl EventRecorder {
     /// # }
     /// ```
     pub fn export_metrics(&self, metrics: &Metrics) {
-        let counter = metrics.event_dropped_occurrences(&self.inner.reporting_controller);
-        // Locked, so that no drop is counted between the two lines.
+        let controller = &self.inner.reporting_controller;
+        let counter = metrics.event_dropped_occurrences(controller);
+        let denied = metrics.event_denied_writes(controller);
+        // Locked, so that nothing is counted between the two lines.
         let _book = self.inner.book.lock();
         if self.inner.dropped_metric.set(counter.clone()).is_ok() {
             counter.inc_by(self.dropped_occurrences());
+        }
+        if self.inner.denied_metric.set(denied.clone()).is_ok() {
+            denied.inc_by(self.denied_writes());
         }
     }
 
@@ -819,6 +842,15 @@ impl Recorder {
                 Err(e) => (Outcome::Failed { gone: false }, Err(e)),
             }
         };
+        if let Err(e) = &result
+            && is_denied(e)
+        {
+            let _book = self.book.lock();
+            self.denied.fetch_add(1, Ordering::Relaxed);
+            if let Some(counter) = self.denied_metric.get() {
+                counter.inc();
+            }
+        }
         match (flight.settle(outcome), &result) {
             (Next::WriteIn(next_in), Err(e)) => warn!(
                 event = %claim.name(),
@@ -1325,6 +1357,23 @@ mod tests {
         assert_eq!(recorder.dropped_occurrences(), 2);
         let counter = metrics.event_dropped_occurrences("kinformer.dev/test");
         assert_eq!(counter.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_writes_are_counted_as_denied_before_and_after_the_export() {
+        let fake = FakeEvents::new();
+        fake.refuse_create.store(true, Ordering::SeqCst);
+        let recorder = fake.recorder().series_window(Duration::ZERO);
+        assert!(publish(&recorder, "boom").await.is_err());
+        let metrics = Metrics::new();
+        recorder.export_metrics(&metrics);
+        assert!(publish(&recorder, "boom").await.is_err());
+        assert_eq!(recorder.denied_writes(), 2);
+        assert_eq!(metrics.event_denied_writes("kinformer.dev/test").get(), 2);
+        // A write that goes through is not a refusal.
+        fake.refuse_create.store(false, Ordering::SeqCst);
+        publish(&recorder, "fine").await.unwrap();
+        assert_eq!(recorder.denied_writes(), 2);
     }
 
     #[test]

@@ -66,12 +66,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube_client::Client;
 use kube_client::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::ControllerError;
+use crate::reconcile::is_denied;
 
 /// Timing and identity of a leader election. Defaults are client-go's:
 /// 15 s lease, 10 s renew deadline, 2 s retry period.
@@ -217,6 +219,8 @@ pub struct LeaderElector {
     /// by someone unknown for a lease duration (see
     /// [`presume_missing_lease_held`](Self::presume_missing_lease_held)).
     presume_missing_held: AtomicBool,
+    /// Requests for the Lease the server refused (401, 403).
+    denied: Counter,
 }
 
 /// What one acquire-or-renew attempt found.
@@ -316,6 +320,30 @@ impl LeaderElector {
             valid_until: Mutex::new(None),
             release_on_cancel: AtomicBool::new(true),
             presume_missing_held: AtomicBool::new(false),
+            denied: Counter::default(),
+        }
+    }
+
+    /// Counts refused requests into `counter` (the Manager's metric)
+    /// rather than a counter of its own.
+    pub(crate) fn count_denied_in(mut self, counter: Counter) -> Self {
+        self.denied = counter;
+        self
+    }
+
+    /// How many requests for the Lease (read, acquire, renew, watch,
+    /// release) the server refused for the credentials (401, 403: RBAC
+    /// without that verb on the Lease). Each is logged with the server's
+    /// message, which names the verb, resource and namespace; a candidate
+    /// refused keeps trying, and never leads on a Lease it cannot write.
+    pub fn denied(&self) -> u64 {
+        self.denied.get()
+    }
+
+    /// Counts `error` if it is a refusal.
+    fn note(&self, error: &kube_client::Error) {
+        if is_denied(error) {
+            self.denied.inc();
         }
     }
 
@@ -501,7 +529,10 @@ impl LeaderElector {
     /// One attempt to acquire or renew, ended after `limit`.
     async fn attempt(&self, limit: Duration) -> Result<Attempt, String> {
         match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
-            Ok(result) => result.map_err(|e| e.to_string()),
+            Ok(result) => result.map_err(|e| {
+                self.note(&e);
+                e.to_string()
+            }),
             Err(_) => Err(format!("no answer within {limit:?}")),
         }
     }
@@ -697,7 +728,10 @@ impl LeaderElector {
                         let version = list.metadata.resource_version.unwrap_or_default();
                         self.follow(&params, version).await
                     }
-                    Err(e) => Ended::Failed(e.to_string()),
+                    Err(e) => {
+                        self.note(&e);
+                        Ended::Failed(e.to_string())
+                    }
                 },
             };
             let why = match ended {
@@ -732,7 +766,10 @@ impl LeaderElector {
     async fn follow(&self, params: &WatchParams, version: String) -> Ended {
         let events = match self.api.watch(params, &version).await {
             Ok(events) => events,
-            Err(e) => return Ended::Failed(e.to_string()),
+            Err(e) => {
+                self.note(&e);
+                return Ended::Failed(e.to_string());
+            }
         };
         tokio::pin!(events);
         let mut last = version;
@@ -751,8 +788,16 @@ impl LeaderElector {
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
                 Ok(WatchEvent::Error(e)) if e.code == 410 => return Ended::Relist,
-                Ok(WatchEvent::Error(e)) => return Ended::Failed(e.message),
-                Err(e) => return Ended::Failed(e.to_string()),
+                Ok(WatchEvent::Error(e)) => {
+                    if matches!(e.code, 401 | 403) {
+                        self.denied.inc();
+                    }
+                    return Ended::Failed(e.message);
+                }
+                Err(e) => {
+                    self.note(&e);
+                    return Ended::Failed(e.to_string());
+                }
             }
         }
         Ended::Resume(last)
@@ -797,8 +842,14 @@ impl LeaderElector {
 
     /// One read and release; whether it lost a race and may be tried again.
     async fn try_release_once(&self) -> bool {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.config.lease_name).await else {
-            return false;
+        let mut lease = match self.api.get_opt(&self.config.lease_name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return false,
+            Err(e) => {
+                self.note(&e);
+                warn!(error = %e, "could not read the lease to release it; it expires instead");
+                return false;
+            }
         };
         let Some(spec) = lease.spec.as_mut() else {
             return false;
@@ -827,6 +878,7 @@ impl LeaderElector {
             }
             Err(kube_client::Error::Api(s)) if s.code == 409 => true,
             Err(e) => {
+                self.note(&e);
                 warn!(error = %e, "could not release the lease; it expires instead");
                 false
             }
@@ -862,6 +914,8 @@ fn jittered(d: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -917,11 +971,11 @@ mod tests {
         }
     }
 
-    /// A client whose every request is answered 404: the tests below only
-    /// look at what a candidate records.
-    struct Nowhere;
+    /// A client whose every request is answered with one status: 404 for
+    /// the tests that only look at what a candidate records.
+    struct Answering(http::StatusCode);
 
-    impl tower_service::Service<http::Request<kube_client::client::Body>> for Nowhere {
+    impl tower_service::Service<http::Request<kube_client::client::Body>> for Answering {
         type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
         type Error = std::convert::Infallible;
         type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
@@ -935,7 +989,7 @@ mod tests {
 
         fn call(&mut self, _: http::Request<kube_client::client::Body>) -> Self::Future {
             let mut answer = http::Response::new(http_body_util::Full::default());
-            *answer.status_mut() = http::StatusCode::NOT_FOUND;
+            *answer.status_mut() = self.0;
             std::future::ready(Ok(answer))
         }
     }
@@ -943,7 +997,29 @@ mod tests {
     fn candidate(identity: &str) -> LeaderElector {
         let mut config = config(3_000, 2_000, 500);
         config.identity = identity.into();
-        LeaderElector::new(Client::new(Nowhere, "ns"), config)
+        let nowhere = Answering(http::StatusCode::NOT_FOUND);
+        LeaderElector::new(Client::new(nowhere, "ns"), config)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refused_requests_for_the_lease_are_counted_and_it_never_leads() {
+        let forbidden = Client::new(Answering(http::StatusCode::FORBIDDEN), "ns");
+        let elector = Arc::new(LeaderElector::new(forbidden, config(3_000, 2_000, 500)));
+        let stop = CancellationToken::new();
+        let running = tokio::spawn({
+            let (elector, stop) = (Arc::clone(&elector), stop.clone());
+            async move { elector.run(stop).await }
+        });
+        let mut leading = elector.subscribe();
+        // Retried every retry period (under paused time: at once): its
+        // reads of the Lease, and its list for the watch.
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(elector.denied() >= 10, "{}", elector.denied());
+        assert!(!*leading.borrow_and_update() && !elector.is_leader());
+        stop.cancel();
+        running.await.unwrap();
     }
 
     fn lease(uid: &str, holder: Option<&str>) -> Lease {

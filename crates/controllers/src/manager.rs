@@ -287,14 +287,16 @@ impl Manager {
         client: Client,
         options: ManagerOptions,
     ) -> Result<Self, ControllerError> {
+        let metrics = Metrics::new();
         let elector = match &options.leader_election {
             Some(config) => {
                 config.validate()?;
-                Some(Arc::new(LeaderElector::new(client.clone(), config.clone())))
+                let denied = metrics.leader_election_denied(&config.lease_name);
+                let elector = LeaderElector::new(client.clone(), config.clone());
+                Some(Arc::new(elector.count_denied_in(denied)))
             }
             None => None,
         };
-        let metrics = Metrics::new();
         metrics.add_informers(factory.stats());
         let identity = elector
             .as_ref()

@@ -293,6 +293,9 @@ pub struct Metrics {
     reconcile_time: HistogramFamily<ControllerLabel>,
     leader: Family<NameLabel, Gauge>,
     event_dropped: Family<ControllerLabel, Counter>,
+    event_denied: Family<ControllerLabel, Counter>,
+    leader_denied: Family<NameLabel, Counter>,
+    reconcile_denied: Family<ControllerLabel, Counter>,
     shards: Arc<ShardCollector>,
     informers: Arc<InformerCollector>,
     ready: AtomicBool,
@@ -333,6 +336,9 @@ impl Metrics {
             reconcile_time: Family::new_with_constructor(reconcile_histogram as fn() -> Histogram),
             leader: Family::default(),
             event_dropped: Family::default(),
+            event_denied: Family::default(),
+            leader_denied: Family::default(),
+            reconcile_denied: Family::default(),
             shards: Arc::default(),
             informers: Arc::default(),
             ready: AtomicBool::new(false),
@@ -409,6 +415,11 @@ impl Metrics {
             m.terminal_errors.clone(),
         );
         registry.register(
+            "kinformer_reconcile_denied",
+            "Reconciles that failed because the server refused a request for the credentials (401 or 403; the log names the verb, resource and namespace), per controller",
+            m.reconcile_denied.clone(),
+        );
+        registry.register(
             "kinformer_controller_dropped_keys",
             "Keys given up after the retry limit the controller was given (ControllerOptions::max_retries), per controller",
             m.dropped_keys.clone(),
@@ -444,6 +455,16 @@ impl Metrics {
             "kinformer_event_dropped_occurrences",
             "Event occurrences an EventRecorder counted and never wrote (a series' last write failed, or the series was forgotten to make room)",
             m.event_dropped.clone(),
+        );
+        registry.register(
+            "kinformer_event_denied",
+            "Event writes the server refused for the credentials (401 or 403): the recorder logs the refusal and tries again later",
+            m.event_denied.clone(),
+        );
+        registry.register(
+            "kinformer_leader_election_denied",
+            "Requests for the election's Lease (read, acquire, renew, watch, release) the server refused for the credentials (401 or 403); 'name' is the Lease's",
+            m.leader_denied.clone(),
         );
         Arc::new(m)
     }
@@ -553,6 +574,30 @@ impl Metrics {
                 controller: controller.to_owned(),
             })
             .clone()
+    }
+
+    /// The counter of [`EventRecorder::denied_writes`](crate::EventRecorder::denied_writes)
+    /// for recorders reporting as `controller`.
+    pub(crate) fn event_denied_writes(&self, controller: &str) -> Counter {
+        self.event_denied
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .clone()
+    }
+
+    /// The counter of [`LeaderElector::denied`](crate::LeaderElector::denied)
+    /// for the election on Lease `lease`.
+    pub(crate) fn leader_election_denied(&self, lease: &str) -> Counter {
+        self.leader_denied.get_or_create(&label(lease)).clone()
+    }
+
+    pub(crate) fn reconcile_denied(&self, controller: &str) {
+        self.reconcile_denied
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn reconcile_error(&self, controller: &str) {

@@ -114,20 +114,44 @@ where
     }
 }
 
-/// `error` and its `source()`s, outermost first: `a: b: c`.
+/// `error` and its `source()`s, outermost first: `a: b: c`. The server's
+/// answer reads "403 Forbidden: its message": kube's own text of it adds
+/// a dump of the whole Status, which repeats the message.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let text = e.to_string();
+    let mut out = String::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let (text, source) = match e.downcast_ref() {
+            // Its source is that Status.
+            Some(kube_client::Error::Api(s)) => {
+                (format!("{} {}: {}", s.code, s.reason, s.message), None)
+            }
+            _ => (e.to_string(), e.source()),
+        };
         // Many errors repeat their source in their own message.
-        if !out.ends_with(&text) {
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }
-        source = e.source();
+        next = source;
     }
     out
+}
+
+/// Whether the server refused a request for the credentials: a kube API
+/// error 401 Unauthorized or 403 Forbidden (RBAC), whose message names the
+/// verb, resource and namespace.
+pub(crate) fn is_denied(error: &kube_client::Error) -> bool {
+    matches!(error, kube_client::Error::Api(s) if matches!(s.code, 401 | 403))
+}
+
+/// Whether `error`, or an error it wraps, is a refusal ([`is_denied`]).
+pub(crate) fn denied_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<kube_client::Error>())
+        .any(is_denied)
 }
 
 #[cfg(test)]
@@ -169,5 +193,25 @@ mod tests {
             chain(terminal.as_ref()),
             "terminal: writing the Service: connection reset"
         );
+    }
+
+    #[test]
+    fn a_refusal_is_found_in_the_chain_and_nothing_else_is_one() {
+        let status = |code: u16| {
+            let mut s = kube_client::core::Status::failure("nope", "Forbidden");
+            s.code = code;
+            kube_client::Error::Api(s.boxed())
+        };
+        let direct: ReconcileError = Box::new(status(403));
+        assert!(denied_in_chain(direct.as_ref()));
+        let unauthorized: ReconcileError = Box::new(status(401));
+        assert!(denied_in_chain(unauthorized.as_ref()));
+        let wrapped: ReconcileError = Box::new(TerminalError(Box::new(status(403))));
+        assert!(denied_in_chain(wrapped.as_ref()));
+        let conflict: ReconcileError = Box::new(status(409));
+        assert!(!denied_in_chain(conflict.as_ref()));
+        assert_eq!(chain(direct.as_ref()), "403 Forbidden: nope");
+        let other: ReconcileError = "no".into();
+        assert!(!denied_in_chain(other.as_ref()));
     }
 }

@@ -172,17 +172,25 @@ impl Reconciler for ServiceStrategy {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PostParams::default()
             };
-            api.replace(name, &pp, &wanted).await.map_err(|e| match e {
-                kube_client::Error::Api(status) => format!(
-                    "writing Service {key}: {} {}: {}",
-                    status.code, status.reason, status.message
-                ),
-                other => format!("writing Service {key}: {other}"),
-            })?;
+            api.replace(name, &pp, &wanted)
+                .await
+                .map_err(|source| WriteError {
+                    key: key.to_owned(),
+                    source,
+                })?;
             info!(service = key, app = strategy, from = ?current, "set selector app");
             Ok(Action::Done)
         })
     }
+}
+
+/// A Service write that failed; the server's answer is its source (kept,
+/// so that a refusal is counted as one: `kinformer_reconcile_denied`).
+#[derive(Debug, thiserror::Error)]
+#[error("writing Service {key}")]
+struct WriteError {
+    key: String,
+    source: kube_client::Error,
 }
 
 #[cfg(test)]

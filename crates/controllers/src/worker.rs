@@ -17,7 +17,7 @@ use crate::key_slots::{Entry, Sharding};
 use crate::options::PanicPolicy;
 use crate::read_your_writes::{Consistency, Readiness};
 use crate::reason::{Reason, Reasons};
-use crate::reconcile::{Action, Reconciler, chain, is_terminal};
+use crate::reconcile::{Action, Reconciler, chain, denied_in_chain, is_terminal};
 use crate::{ControllerError, LeaderElector, Metrics, SlotGuard};
 
 pub(crate) struct Worker {
@@ -222,6 +222,9 @@ impl Worker {
                 self.record(key, "error", seconds);
                 if let Some(m) = &self.metrics {
                     m.reconcile_error(&self.name);
+                    if denied_in_chain(e.as_ref()) {
+                        m.reconcile_denied(&self.name);
+                    }
                 }
                 if is_terminal(e.as_ref()) {
                     error!(key, error = %chain(e.as_ref()), "terminal reconcile error; not retrying");
