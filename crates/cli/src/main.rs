@@ -1,7 +1,6 @@
 //! `kinformer`: runs the pod-stdout or service-strategy controller against a
 //! cluster (kubeconfig, context or in-cluster configuration).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,8 +10,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
 use kinformer_controllers::{
-    ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy, Ring,
-    RingConfig, pod_stdout, service_strategy, shutdown_on_signal,
+    BindAddress, ControllerOptions, LeaderElectionConfig, Manager, ManagerOptions, PanicPolicy,
+    Ring, RingConfig, pod_stdout, service_strategy, shutdown_on_signal,
 };
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -55,11 +54,11 @@ struct Cli {
     #[arg(long, global = true, alias = "lease-namespace")]
     leader_election_namespace: Option<String>,
     /// Serve /metrics on this address ("0" disables it; ":8080" is every interface).
-    #[arg(long, global = true, alias = "metrics-addr", default_value = ":8080", value_parser = bind_address)]
+    #[arg(long, global = true, alias = "metrics-addr", default_value = ":8080")]
     metrics_bind_address: BindAddress,
     /// Serve /healthz, /livez and /readyz on this address ("0" disables
     /// them; the metrics address serves all four on one listener).
-    #[arg(long, global = true, default_value = ":8081", value_parser = bind_address)]
+    #[arg(long, global = true, default_value = ":8081")]
     health_probe_bind_address: BindAddress,
     /// Log level (error, warn, info, debug, trace, or a RUST_LOG-style
     /// filter); default: $RUST_LOG, else info.
@@ -105,32 +104,6 @@ struct Cli {
     image: String,
     #[command(subcommand)]
     command: Command,
-}
-
-/// A listen address, or none ("0").
-#[derive(Clone, Copy, Debug)]
-struct BindAddress(Option<SocketAddr>);
-
-/// kubebuilder's address syntax: "0" for none, ":PORT" for every
-/// interface, `localhost:PORT`, or an IP address with a port.
-fn bind_address(value: &str) -> Result<BindAddress, String> {
-    if value == "0" {
-        return Ok(BindAddress(None));
-    }
-    let (host, port) = value
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{value:?} is not HOST:PORT, :PORT or 0"))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("{port:?} in {value:?} is not a port number"))?;
-    let ip = match host.trim_start_matches('[').trim_end_matches(']') {
-        "" => std::net::IpAddr::from([0, 0, 0, 0]),
-        "localhost" => std::net::IpAddr::from([127, 0, 0, 1]),
-        ip => ip
-            .parse()
-            .map_err(|_| format!("{host:?} in {value:?} is not an IP address or localhost"))?,
-    };
-    Ok(BindAddress(Some(SocketAddr::new(ip, port))))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -259,8 +232,8 @@ async fn run(cli: Cli) -> Result<()> {
     let name = cli.command.name();
     let namespace = (!cli.all_namespaces).then_some(cli.namespace.as_str());
     let mut manager_options = ManagerOptions::new();
-    manager_options.metrics_bind_address = cli.metrics_bind_address.0;
-    manager_options.health_probe_bind_address = cli.health_probe_bind_address.0;
+    manager_options.metrics_bind_address = cli.metrics_bind_address.socket_addr();
+    manager_options.health_probe_bind_address = cli.health_probe_bind_address.socket_addr();
     // Printed manifests name where they will run, not where they are printed.
     let pod_namespace = || {
         (!offline)

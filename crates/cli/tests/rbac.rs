@@ -111,10 +111,9 @@ async fn start_as(
     manifests: &Value,
     probes: &str,
 ) -> (Child, mpsc::Receiver<String>) {
-    env.kubectl(&["apply", "-f", "-"], &manifests.to_string())
-        .unwrap();
     let account = format!("kinformer-{command}");
-    let kubeconfig = env.service_account_kubeconfig(ns, &account).await.unwrap();
+    let manifests = manifests.to_string();
+    let kubeconfig = env.bind(&manifests, ns, &account).await.unwrap();
     let mut child = Command::new(BIN)
         .arg("--kubeconfig")
         .arg(kubeconfig)

@@ -77,6 +77,8 @@ mod events;
 mod finalizer;
 mod key_slots;
 mod leader;
+#[cfg(feature = "logging")]
+pub mod logging;
 mod manager;
 mod membership;
 mod metrics;
@@ -114,7 +116,8 @@ pub use events::{EventRecorder, EventType};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{
-    DEFAULT_SYNC_PERIOD, INFORMER_NAME, Manager, ManagerOptions, shutdown_on_signal,
+    BindAddress, DEFAULT_SYNC_PERIOD, INFORMER_NAME, InvalidBindAddress, Manager, ManagerOptions,
+    ToBindAddress, shutdown_on_signal,
 };
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, Metrics};

@@ -63,6 +63,112 @@ pub struct ManagerOptions {
     /// The directory of the webhooks' serving certificate (`tls.crt`,
     /// `tls.key`): `/tmp/k8s-webhook-server/serving-certs` by default.
     pub webhook_cert_dir: PathBuf,
+    /// What a setter was given that is not an address, as
+    /// `option: why`: [`Manager::new`] refuses the options with it.
+    invalid: Vec<String>,
+}
+
+/// A listen address in kubebuilder's syntax, as its `--metrics-bind-address`
+/// takes it: `"0"` for none (serve nothing), `":8080"` for every interface,
+/// `"localhost:8080"`, `"127.0.0.1:8080"` or `"[::1]:8080"`; or a
+/// [`SocketAddr`]. What the options' address setters take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindAddress(Option<SocketAddr>);
+
+impl BindAddress {
+    /// No address: nothing is served (kubebuilder's `"0"`).
+    pub const NONE: BindAddress = BindAddress(None);
+
+    /// The address to listen on; `None` for [`NONE`](Self::NONE).
+    pub fn socket_addr(self) -> Option<SocketAddr> {
+        self.0
+    }
+}
+
+impl From<SocketAddr> for BindAddress {
+    fn from(addr: SocketAddr) -> Self {
+        Self(Some(addr))
+    }
+}
+
+impl std::str::FromStr for BindAddress {
+    type Err = InvalidBindAddress;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let invalid = |why: String| InvalidBindAddress {
+            value: value.to_owned(),
+            why,
+        };
+        if value == "0" {
+            return Ok(Self::NONE);
+        }
+        let (host, port) = value
+            .rsplit_once(':')
+            .ok_or_else(|| invalid("it is not HOST:PORT, :PORT or 0".into()))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| invalid(format!("{port:?} is not a port number")))?;
+        let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse().ok().filter(std::net::IpAddr::is_ipv6),
+            None if host.is_empty() => Some(std::net::IpAddr::from([0, 0, 0, 0])),
+            None if host == "localhost" => Some(std::net::IpAddr::from([127, 0, 0, 1])),
+            None => host.parse().ok().filter(std::net::IpAddr::is_ipv4),
+        };
+        let ip = ip.ok_or_else(|| {
+            invalid(format!(
+                "{host:?} is not an IP address or localhost (IPv6 goes in brackets)"
+            ))
+        })?;
+        Ok(Self(Some(SocketAddr::new(ip, port))))
+    }
+}
+
+/// A string that is not a [`BindAddress`]: the value and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a listen address: {why}")]
+pub struct InvalidBindAddress {
+    /// What was given.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+/// What the options' address setters take: a [`SocketAddr`], a
+/// [`BindAddress`], or a string in kubebuilder's syntax (checked when
+/// the Manager is made).
+pub trait ToBindAddress {
+    /// The address, or why the value is not one.
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress>;
+}
+
+impl ToBindAddress for BindAddress {
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress> {
+        Ok(self)
+    }
+}
+
+impl ToBindAddress for SocketAddr {
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress> {
+        Ok(self.into())
+    }
+}
+
+impl ToBindAddress for &str {
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress> {
+        self.parse()
+    }
+}
+
+impl ToBindAddress for String {
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress> {
+        self.parse()
+    }
+}
+
+impl ToBindAddress for &String {
+    fn to_bind_address(self) -> Result<BindAddress, InvalidBindAddress> {
+        self.parse()
+    }
 }
 
 /// The name [`Manager::new`]'s informers report client-go's informer
@@ -90,6 +196,7 @@ impl Default for ManagerOptions {
             sync_period: Some(DEFAULT_SYNC_PERIOD),
             webhook_bind_address: SocketAddr::from(([0, 0, 0, 0], DEFAULT_WEBHOOK_PORT)),
             webhook_cert_dir: PathBuf::from(DEFAULT_WEBHOOK_CERT_DIR),
+            invalid: Vec::new(),
         }
     }
 }
@@ -109,18 +216,33 @@ impl ManagerOptions {
         }
     }
 
-    /// Serve `/metrics` on `addr`.
+    /// Serve `/metrics` on `addr`: a [`SocketAddr`], or kubebuilder's
+    /// syntax (`":8080"`, `"127.0.0.1:8080"`, `"0"` for nowhere; see
+    /// [`BindAddress`]). A string that is not an address makes
+    /// [`Manager::new`] fail, naming it.
     #[must_use]
-    pub fn metrics_bind_address(mut self, addr: SocketAddr) -> Self {
-        self.metrics_bind_address = Some(addr);
+    pub fn metrics_bind_address(mut self, addr: impl ToBindAddress) -> Self {
+        if let Some(addr) = self.address("metrics_bind_address", addr) {
+            self.metrics_bind_address = addr.socket_addr();
+        }
         self
     }
 
-    /// Serve the probes on `addr`.
+    /// Serve the probes on `addr` (as
+    /// [`metrics_bind_address`](Self::metrics_bind_address) takes it).
     #[must_use]
-    pub fn health_probe_bind_address(mut self, addr: SocketAddr) -> Self {
-        self.health_probe_bind_address = Some(addr);
+    pub fn health_probe_bind_address(mut self, addr: impl ToBindAddress) -> Self {
+        if let Some(addr) = self.address("health_probe_bind_address", addr) {
+            self.health_probe_bind_address = addr.socket_addr();
+        }
         self
+    }
+
+    /// `addr`, or none with why kept for [`Manager::new`].
+    fn address(&mut self, option: &str, addr: impl ToBindAddress) -> Option<BindAddress> {
+        addr.to_bind_address()
+            .map_err(|e| self.invalid.push(format!("{option}: {e}")))
+            .ok()
     }
 
     /// Reconcile only while leading this election.
@@ -155,10 +277,25 @@ impl ManagerOptions {
 
     /// Serves the Manager's webhooks on `addr` with the certificate in
     /// `cert_dir` (`tls.crt` and `tls.key`, the keys of a
-    /// `kubernetes.io/tls` Secret), reloaded when they change.
+    /// `kubernetes.io/tls` Secret), reloaded when they change. `addr` as
+    /// [`metrics_bind_address`](Self::metrics_bind_address) takes it
+    /// (`":9443"`, kubebuilder's), but not `"0"`: the server needs one.
     #[must_use]
-    pub fn webhook_server(mut self, addr: SocketAddr, cert_dir: impl Into<PathBuf>) -> Self {
-        self.webhook_bind_address = addr;
+    pub fn webhook_server(
+        mut self,
+        addr: impl ToBindAddress,
+        cert_dir: impl Into<PathBuf>,
+    ) -> Self {
+        match self
+            .address("webhook_server", addr)
+            .map(BindAddress::socket_addr)
+        {
+            Some(Some(addr)) => self.webhook_bind_address = addr,
+            Some(None) => self
+                .invalid
+                .push("webhook_server: \"0\": the webhook server needs an address".into()),
+            None => {}
+        }
         self.webhook_cert_dir = cert_dir.into();
         self
     }
@@ -287,6 +424,9 @@ impl Manager {
         client: Client,
         options: ManagerOptions,
     ) -> Result<Self, ControllerError> {
+        if !options.invalid.is_empty() {
+            return Err(ControllerError::InvalidOptions(options.invalid.join("; ")));
+        }
         let metrics = Metrics::new();
         let elector = match &options.leader_election {
             Some(config) => {
@@ -789,5 +929,72 @@ impl Observer for WebhookMetrics {
             code: status.to_string(),
         };
         self.requests.get_or_create(&code).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubebuilder_addresses_parse_and_others_are_named() {
+        let addr = |s: &str| s.parse::<BindAddress>().map(BindAddress::socket_addr);
+        assert_eq!(
+            addr(":8080"),
+            Ok(Some(SocketAddr::from(([0, 0, 0, 0], 8080))))
+        );
+        let local = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert_eq!(addr("localhost:8080"), Ok(local));
+        assert_eq!(addr("127.0.0.1:8080"), Ok(local));
+        assert_eq!(addr("[::1]:9443"), Ok(Some("[::1]:9443".parse().unwrap())));
+        assert_eq!(addr("0"), Ok(None));
+        for (bad, says) in [
+            ("8080", "not HOST:PORT, :PORT or 0"),
+            (":http", "\"http\" is not a port number"),
+            (":65536", "is not a port number"),
+            (
+                "example.com:80",
+                "\"example.com\" is not an IP address or localhost",
+            ),
+            ("::1:80", "IPv6 goes in brackets"),
+            ("[127.0.0.1]:80", "is not an IP address"),
+        ] {
+            let e = addr(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{bad:?} is not a listen address")),
+                "{e}"
+            );
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn options_given_a_string_that_is_no_address_make_no_manager() {
+        let config = kube_client::Config::new("https://kubernetes.invalid".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let good = ManagerOptions::new()
+            .metrics_bind_address(":8080")
+            .health_probe_bind_address(String::from("127.0.0.1:8081"))
+            .webhook_server("[::1]:9443", "/certs");
+        assert_eq!(
+            good.metrics_bind_address,
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        );
+        assert_eq!(good.webhook_bind_address, "[::1]:9443".parse().unwrap());
+        assert!(Manager::new(client.clone(), good).is_ok());
+        let off = ManagerOptions::kubebuilder().metrics_bind_address("0");
+        assert_eq!(off.metrics_bind_address, None);
+        let bad = ManagerOptions::new()
+            .metrics_bind_address("8080")
+            .webhook_server("0", "/certs");
+        let Err(e) = Manager::new(client, bad) else {
+            panic!("a Manager with metrics on \"8080\"");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("metrics_bind_address: \"8080\" is not a listen address")
+                && e.contains("webhook_server: \"0\""),
+            "{e}"
+        );
     }
 }

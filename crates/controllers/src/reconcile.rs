@@ -116,18 +116,20 @@ where
 
 /// `error` and its `source()`s, outermost first: `a: b: c`. The server's
 /// answer reads "403 Forbidden: its message": kube's own text of it adds
-/// a dump of the whole Status, which repeats the message.
+/// a dump of the whole Status, which repeats the message, and is replaced
+/// wherever it shows (a wrapper often prints its source in its message).
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = String::new();
     let mut next = Some(error);
-    while let Some(e) = next {
-        let (text, source) = match e.downcast_ref() {
-            // Its source is that Status.
-            Some(kube_client::Error::Api(s)) => {
-                (format!("{} {}: {}", s.code, s.reason, s.message), None)
-            }
-            _ => (e.to_string(), e.source()),
-        };
+    for _ in 0..64 {
+        let Some(e) = next else { break };
+        let (mut text, mut source) = (e.to_string(), e.source());
+        if let Some(kube_client::Error::Api(s)) = e.downcast_ref() {
+            let short = format!("{} {}: {}", s.code, s.reason, s.message);
+            out = out.replace(&text, &short);
+            // Its source is that Status, said now.
+            (text, source) = (short, None);
+        }
         // Many errors repeat their source in their own message.
         if out.is_empty() {
             out = text;
@@ -150,6 +152,7 @@ pub(crate) fn is_denied(error: &kube_client::Error) -> bool {
 /// Whether `error`, or an error it wraps, is a refusal ([`is_denied`]).
 pub(crate) fn denied_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |e| e.source())
+        .take(64)
         .filter_map(|e| e.downcast_ref::<kube_client::Error>())
         .any(is_denied)
 }
@@ -211,6 +214,8 @@ mod tests {
         let conflict: ReconcileError = Box::new(status(409));
         assert!(!denied_in_chain(conflict.as_ref()));
         assert_eq!(chain(direct.as_ref()), "403 Forbidden: nope");
+        // A wrapper printing its source in its own message.
+        assert_eq!(chain(wrapped.as_ref()), "terminal: 403 Forbidden: nope");
         let other: ReconcileError = "no".into();
         assert!(!denied_in_chain(other.as_ref()));
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube_client::api::{Api, ObjectMeta, PostParams};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -545,6 +546,11 @@ impl TestEnv {
     /// ServiceAccount and the roles bound to it) as admin, and gives a
     /// kubeconfig acting as that ServiceAccount, `account` of `namespace`
     /// ([`service_account_kubeconfig`](Self::service_account_kubeconfig)).
+    ///
+    /// Returns once the API server's authorizer grants the account every
+    /// rule of `manifests` (it learns of RBAC changes a moment after they
+    /// are written), so that a program started with the kubeconfig is
+    /// never refused for that lag.
     pub async fn bind(
         &self,
         manifests: &str,
@@ -552,6 +558,40 @@ impl TestEnv {
         account: &str,
     ) -> Result<PathBuf, EnvtestError> {
         self.kubectl(&["apply", "-f", "-"], manifests)?;
+        let list: serde_json::Value = serde_json::from_str(manifests)
+            .map_err(|e| EnvtestError::Client(format!("the manifests are not JSON: {e}")))?;
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        let groups = [
+            "system:serviceaccounts".to_owned(),
+            format!("system:serviceaccounts:{namespace}"),
+        ];
+        let reviews: Api<SubjectAccessReview> = Api::all(self.client()?);
+        for (scope, rule) in crate::rbac::granted(&list) {
+            let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+                "spec": {"user": user, "groups": groups, "resourceAttributes": {
+                    "namespace": scope, "verb": rule.verb, "group": rule.group,
+                    "resource": rule.resource, "subresource": rule.subresource,
+                    "name": rule.name,
+                }},
+            }))
+            .map_err(|e| EnvtestError::Client(format!("a SubjectAccessReview: {e}")))?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let answer = reviews
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| EnvtestError::Client(format!("a SubjectAccessReview: {e}")))?;
+                if answer.status.is_some_and(|s| s.allowed) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(EnvtestError::Client(format!(
+                        "{user} is still not allowed {rule:?} in {scope:?} 30 s after the RBAC was applied"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         self.service_account_kubeconfig(namespace, account).await
     }
 

@@ -1,6 +1,7 @@
 //! RBAC manifests in tests: read what a program prints (`--print-rbac`),
-//! take one verb away, and recognise the server's refusal in a log line,
-//! to check that a run without a rule fails by naming it.
+//! take one verb away, follow the program's log and recognise the
+//! server's refusal in a line, to check that a run without a rule fails
+//! by naming it (and that one with every rule logs no refusal).
 
 use std::process::Command;
 
@@ -9,9 +10,11 @@ use serde_json::Value;
 use crate::EnvtestError;
 
 /// `manifests` (a `List` of RBAC objects, as `Permissions::manifests`
-/// renders them) without `verb` on `resource` in any Role or ClusterRole;
-/// a rule left with no verb goes. An error if no rule gave it: a test
-/// taking away a rule that was not there would check nothing.
+/// renders them) without `verb` on `resource` in any Role or ClusterRole,
+/// and nothing else taken away: a rule naming other resources too keeps
+/// `verb` for them (`resource` moves to a rule of its own with the other
+/// verbs), and a rule left with no verb goes. An error if no rule gave
+/// it: a test taking away a rule that was not there would check nothing.
 pub fn without(mut manifests: Value, verb: &str, resource: &str) -> Result<Value, EnvtestError> {
     let mut removed = false;
     let items = manifests
@@ -23,17 +26,32 @@ pub fn without(mut manifests: Value, verb: &str, resource: &str) -> Result<Value
         let Some(rules) = item.get_mut("rules").and_then(Value::as_array_mut) else {
             continue;
         };
+        let mut split = Vec::new();
         for rule in rules.iter_mut() {
-            let names_it = rule["resources"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|r| r == resource));
-            if let (true, Some(verbs)) = (names_it, rule["verbs"].as_array_mut()) {
-                let before = verbs.len();
-                verbs.retain(|v| v != verb);
-                removed |= verbs.len() < before;
+            let gives = |rule: &Value, key: &str, value: &str| {
+                rule[key]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|v| v == value))
+            };
+            if !gives(rule, "resources", resource) || !gives(rule, "verbs", verb) {
+                continue;
             }
+            removed = true;
+            let mut alone = rule.clone();
+            alone["resources"] = Value::from(vec![resource]);
+            if let Some(verbs) = alone["verbs"].as_array_mut() {
+                verbs.retain(|v| v != verb);
+            }
+            if let Some(others) = rule["resources"].as_array_mut() {
+                others.retain(|r| r != resource);
+            }
+            split.push(alone);
         }
-        rules.retain(|rule| rule["verbs"].as_array().is_some_and(|v| !v.is_empty()));
+        rules.extend(split);
+        rules.retain(|rule| {
+            let some = |key: &str| rule[key].as_array().is_some_and(|a| !a.is_empty());
+            some("verbs") && some("resources")
+        });
     }
     match removed {
         true => Ok(manifests),
@@ -41,6 +59,156 @@ pub fn without(mut manifests: Value, verb: &str, resource: &str) -> Result<Value
             "no rule gives {verb} on {resource}"
         ))),
     }
+}
+
+/// `manifests` with each ClusterRole and ClusterRoleBinding named
+/// `NAME-suffix`: cluster-wide names of their own for one run, so that
+/// the API server's authorizer, which learns of RBAC changes a moment
+/// later, never judges a run by the rules of the run before it.
+pub fn unique(mut manifests: Value, suffix: &str) -> Value {
+    let items = manifests
+        .get_mut("items")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten();
+    for item in items {
+        let cluster_role = item["kind"] == "ClusterRole";
+        let binding = item["kind"] == "ClusterRoleBinding";
+        if cluster_role || binding {
+            let name = format!(
+                "{}-{suffix}",
+                item["metadata"]["name"].as_str().unwrap_or("")
+            );
+            item["metadata"]["name"] = Value::from(name);
+        }
+        if binding {
+            let role = format!(
+                "{}-{suffix}",
+                item["roleRef"]["name"].as_str().unwrap_or("")
+            );
+            item["roleRef"]["name"] = Value::from(role);
+        }
+    }
+    manifests
+}
+
+/// A program's log lines, read as they come from its standard error (or
+/// any pipe): wait for one, or look at all so far.
+pub struct Log {
+    lines: tokio::sync::watch::Receiver<Vec<String>>,
+}
+
+impl Log {
+    /// Follows `pipe` until it closes (a task on the current runtime).
+    pub fn follow(pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let (tx, lines) = tokio::sync::watch::channel(Vec::new());
+        tokio::spawn(async move {
+            let mut pipe = tokio::io::BufReader::new(pipe).lines();
+            while let Ok(Some(line)) = pipe.next_line().await {
+                tx.send_modify(|lines| lines.push(line));
+            }
+        });
+        Self { lines }
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.borrow().clone()
+    }
+
+    /// The first line, so far or to come within `limit`, that `wanted`
+    /// accepts; an error listing what was logged if none comes.
+    pub async fn wait_for(
+        &self,
+        limit: std::time::Duration,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<String, EnvtestError> {
+        let mut lines = self.lines.clone();
+        let found = tokio::time::timeout(limit, async {
+            loop {
+                if let Some(line) = lines.borrow_and_update().iter().find(|l| wanted(l)) {
+                    return Some(line.clone());
+                }
+                if lines.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => Ok(line),
+            _ => Err(EnvtestError::Client(format!(
+                "no such line within {limit:?}; logged:\n{}",
+                self.lines().join("\n")
+            ))),
+        }
+    }
+}
+
+/// One request a rule grants, as a SubjectAccessReview asks about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The verb.
+    pub verb: String,
+    /// The API group ("" for the core group).
+    pub group: String,
+    /// The resource, without its subresource.
+    pub resource: String,
+    /// The subresource ("" for none).
+    pub subresource: String,
+    /// The object's name, for a rule limited to names ("" otherwise).
+    pub name: String,
+}
+
+/// Every request the Roles and ClusterRoles of `manifests` grant, with
+/// the namespace a Role's apply in (`None` for a ClusterRole's), one per
+/// verb, group, resource and name.
+pub fn granted(manifests: &Value) -> Vec<(Option<String>, Granted)> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some(s.as_str()?.to_owned()))
+            .collect()
+    };
+    let mut out = Vec::new();
+    for item in manifests["items"].as_array().into_iter().flatten() {
+        let scope = match item["kind"].as_str() {
+            Some("Role") => item["metadata"]["namespace"].as_str().map(str::to_owned),
+            Some("ClusterRole") => None,
+            _ => continue,
+        };
+        for rule in item["rules"].as_array().into_iter().flatten() {
+            let names = match strings(&rule["resourceNames"]) {
+                names if names.is_empty() => vec![String::new()],
+                names => names,
+            };
+            for verb in strings(&rule["verbs"]) {
+                for group in strings(&rule["apiGroups"]) {
+                    for resource in strings(&rule["resources"]) {
+                        let (resource, subresource) = match resource.split_once('/') {
+                            Some((r, s)) => (r.to_owned(), s.to_owned()),
+                            None => (resource, String::new()),
+                        };
+                        for name in &names {
+                            out.push((
+                                scope.clone(),
+                                Granted {
+                                    verb: verb.clone(),
+                                    group: group.clone(),
+                                    resource: resource.clone(),
+                                    subresource: subresource.clone(),
+                                    name: name.clone(),
+                                },
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Whether a log line carries the API server's refusal of `verb` on
@@ -89,13 +257,60 @@ mod tests {
         ]});
         let less = without(list.clone(), "watch", "services").unwrap();
         assert_eq!(
-            less["items"][1]["rules"][0]["verbs"],
-            json!(["list"]),
-            "the verb goes from the rule naming the resource"
+            less["items"][1]["rules"],
+            json!([
+                {"resources": ["pods"], "verbs": ["list", "watch"]},
+                {"resources": ["leases"], "verbs": ["create"]},
+                {"resources": ["services"], "verbs": ["list"]},
+            ]),
+            "the verb goes for that resource alone"
         );
         let less = without(list.clone(), "create", "leases").unwrap();
         assert_eq!(less["items"][1]["rules"].as_array().unwrap().len(), 1);
         assert!(without(list, "delete", "pods").is_err());
+    }
+
+    #[test]
+    fn cluster_roles_and_their_bindings_get_names_of_their_own() {
+        let list = json!({"items": [
+            {"kind": "ServiceAccount", "metadata": {"name": "c"}},
+            {"kind": "ClusterRole", "metadata": {"name": "c"}},
+            {"kind": "ClusterRoleBinding", "metadata": {"name": "c"}, "roleRef": {"name": "c"}},
+            {"kind": "Role", "metadata": {"name": "c"}},
+        ]});
+        let list = unique(list, "ns1");
+        let names: Vec<&str> = (0..4)
+            .map(|i| list["items"][i]["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["c", "c-ns1", "c-ns1", "c"]);
+        assert_eq!(list["items"][2]["roleRef"]["name"], "c-ns1");
+    }
+
+    #[test]
+    fn every_request_a_role_grants_is_listed_with_its_scope() {
+        let list = json!({"items": [
+            {"kind": "ServiceAccount"},
+            {"kind": "Role", "metadata": {"namespace": "ops"}, "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "update"], "resourceNames": ["l"]},
+            ]},
+            {"kind": "ClusterRole", "rules": [
+                {"apiGroups": ["x.dev"], "resources": ["sites/status"], "verbs": ["patch"]},
+            ]},
+        ]});
+        let granted = granted(&list);
+        assert_eq!(granted.len(), 3);
+        assert_eq!(granted[0].0.as_deref(), Some("ops"));
+        assert_eq!(
+            (granted[1].1.verb.as_str(), granted[1].1.name.as_str()),
+            ("update", "l")
+        );
+        let status = &granted[2];
+        assert_eq!(status.0, None);
+        assert_eq!(
+            (status.1.resource.as_str(), status.1.subresource.as_str()),
+            ("sites", "status")
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! `configmap-hash` there; standbys keep their caches synced meanwhile.
 //! With `COMPACT_CACHE=true` (a benchmark setting) both caches are compact.
 
+use anyhow::Context as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
@@ -79,9 +80,7 @@ async fn reconcile(d: Lookup<Deployment>, ctx: Arc<Context>) -> Result<Action, R
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init(); // INFO and above
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let client = Client::try_default().await?;
     let mut options = ManagerOptions::new();
     if let Ok(namespace) = std::env::var("LEADER_ELECTION_NAMESPACE") {
@@ -124,7 +123,9 @@ async fn main() -> anyhow::Result<()> {
         .reconcile(context, reconcile)?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
+    if print_rbac.next().is_some() {
+        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
         println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
         return Ok(());
     }

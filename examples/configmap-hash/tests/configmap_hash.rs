@@ -7,7 +7,6 @@ use std::time::Duration;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams, PostParams};
 use kinformer_envtest::{TestEnv, rbac};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
 fn deployment(name: &str, configmap: &str) -> Deployment {
@@ -59,8 +58,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_configmap-hash");
 
 /// The example, as the ServiceAccount `configmap-hash` of `ns` bound to
 /// what its `--print-rbac ns` prints less `take_away` (verb, resource):
-/// a ClusterRole, as it watches every namespace, so one test at a time.
-async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+/// a ClusterRole, as it watches every namespace, named for `ns`.
+async fn as_printed(
+    env: &TestEnv,
+    ns: &str,
+    take_away: Option<(&str, &str)>,
+) -> (Child, rbac::Log) {
     let args = ["--print-rbac", ns];
     let mut manifests = rbac::printed(
         std::process::Command::new(BIN)
@@ -71,18 +74,16 @@ async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) ->
     if let Some((verb, resource)) = take_away {
         manifests = rbac::without(manifests, verb, resource).unwrap();
     }
-    let manifests = manifests.to_string();
+    let manifests = rbac::unique(manifests, ns).to_string();
     let kubeconfig = env.bind(&manifests, ns, "configmap-hash").await.unwrap();
-    tokio::process::Command::new(BIN)
+    let mut child = tokio::process::Command::new(BIN)
         .env("KUBECONFIG", kubeconfig)
-        // Piped when a refusal is awaited there; else the test's own.
-        .stderr(match take_away {
-            Some(_) => Stdio::piped(),
-            None => Stdio::inherit(),
-        })
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap()
+        .unwrap();
+    let log = rbac::Log::follow(child.stderr.take().unwrap());
+    (child, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +107,7 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         .create(&PostParams::default(), &deployment("late", "not-yet"))
         .await
         .unwrap();
-    let mut example = as_printed(env, &ns, None).await;
+    let (mut example, log) = as_printed(env, &ns, None).await;
 
     let first = new_hash(&deploys, "web", None).await;
     let patch = serde_json::json!({"data": {"k": "2"}});
@@ -131,6 +132,15 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         Some(second.as_str())
     );
     example.kill().await.unwrap();
+    let refused: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("forbidden"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused under its own rules: {refused:?}"
+    );
 
     // Without patch on deployments, the refusal is logged, naming it.
     let ns = env.create_namespace("cmhash-denied").await.unwrap();
@@ -139,19 +149,12 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         .create(&PostParams::default(), &deployment("web", "settings"))
         .await
         .unwrap();
-    let mut example = as_printed(env, &ns, Some(("patch", "deployments"))).await;
-    let mut lines = BufReader::new(example.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    let refusal = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if rbac::names_refusal(&line, "patch", "deployments") {
-                return line;
-            }
-            seen.push(line);
-        }
-        panic!("the example ended; it logged:\n{}", seen.join("\n"))
-    })
-    .await
-    .expect("no refusal of patch on deployments logged within 30 s");
+    let (_example, log) = as_printed(env, &ns, Some(("patch", "deployments"))).await;
+    let refusal = log
+        .wait_for(Duration::from_secs(30), |l| {
+            rbac::names_refusal(l, "patch", "deployments")
+        })
+        .await
+        .unwrap();
     assert!(refusal.contains(&ns), "{refusal}");
 }

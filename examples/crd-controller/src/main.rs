@@ -9,6 +9,7 @@
 //! cargo run -p example-crd-controller   # against the kubeconfig's cluster
 //! ```
 
+use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,9 +123,7 @@ async fn install_crd(client: &Client) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init(); // INFO and above
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let client = Client::try_default().await?;
     let mut manager = Manager::new(client.clone(), ManagerOptions::new())?;
     let controller = manager
@@ -133,12 +132,24 @@ async fn main() -> anyhow::Result<()> {
         .writes::<ConfigMap>(&["create", "patch", "delete"]) // apply creates
         .writes::<Greeting>(&["patch"]) // the finalizer
         .writes_status::<Greeting>()
-        .writes::<CustomResourceDefinition>(&["create", "get", "patch"]) // install_crd
         .reconcile(Arc::new(manager.client()), reconcile)?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
-        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
+    if print_rbac.next().is_some() {
+        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
+        let mut rules = manager.permissions();
+        // install_crd: create it, then read and patch that one CRD alone.
+        let crds = ("apiextensions.k8s.io", "customresourcedefinitions");
+        rules.allow(None, crds.0, crds.1, &["create"]);
+        rules.allow_named(
+            None,
+            crds.0,
+            crds.1,
+            &[Greeting::crd_name()],
+            &["get", "patch"],
+        );
+        println!("{}", rules.manifests(MANAGER, &ns, MANAGER));
         return Ok(());
     }
     install_crd(&client).await?;

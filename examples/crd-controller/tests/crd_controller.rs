@@ -11,7 +11,6 @@ use kinformer_envtest::{TestEnv, rbac};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
 /// Waits (up to 30 s) until `check` returns something.
@@ -37,8 +36,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_crd-controller");
 
 /// The example, as the ServiceAccount `crd-controller` of `ns` bound to
 /// what its `--print-rbac ns` prints less `take_away` (verb, resource):
-/// a ClusterRole, as it watches every namespace, so one run at a time.
-async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+/// a ClusterRole, as it watches every namespace, named for `ns`.
+async fn as_printed(
+    env: &TestEnv,
+    ns: &str,
+    take_away: Option<(&str, &str)>,
+) -> (Child, rbac::Log) {
     let args = ["--print-rbac", ns];
     let mut manifests = rbac::printed(
         std::process::Command::new(BIN)
@@ -49,18 +52,16 @@ async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) ->
     if let Some((verb, resource)) = take_away {
         manifests = rbac::without(manifests, verb, resource).unwrap();
     }
-    let manifests = manifests.to_string();
+    let manifests = rbac::unique(manifests, ns).to_string();
     let kubeconfig = env.bind(&manifests, ns, "crd-controller").await.unwrap();
-    tokio::process::Command::new(BIN)
+    let mut child = tokio::process::Command::new(BIN)
         .env("KUBECONFIG", kubeconfig)
-        // Piped when a refusal is awaited there; else the test's own.
-        .stderr(match take_away {
-            Some(_) => Stdio::piped(),
-            None => Stdio::inherit(),
-        })
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap()
+        .unwrap();
+    let log = rbac::Log::follow(child.stderr.take().unwrap());
+    (child, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +69,7 @@ async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("crd").await.unwrap();
     let client = env.client().unwrap();
-    let mut controller = as_printed(env, &ns, None).await;
+    let (mut controller, log) = as_printed(env, &ns, None).await;
     // The controller installs its CRD.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     until("the CRD to be Established", async || {
@@ -183,6 +184,15 @@ async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
         "the cleanup did not delete the ConfigMap"
     );
     controller.kill().await.unwrap();
+    let refused: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("forbidden"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused under its own rules: {refused:?}"
+    );
 
     // Each write it declares, taken away alone, is named in its log.
     for (verb, resource) in [
@@ -191,25 +201,17 @@ async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
         ("patch", "greetings/status"),
     ] {
         let ns = env.create_namespace("crd-denied").await.unwrap();
-        let mut controller = as_printed(env, &ns, Some((verb, resource))).await;
+        let (mut controller, log) = as_printed(env, &ns, Some((verb, resource))).await;
         let greetings: Api<DynamicObject> = Api::namespaced_with(env.client().unwrap(), &ns, &ar);
         greetings
             .create(&PostParams::default(), &greeting("hello", "hi"))
             .await
             .unwrap();
-        let mut lines = BufReader::new(controller.stderr.take().unwrap()).lines();
-        let mut seen = Vec::new();
-        tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if rbac::names_refusal(&line, verb, resource) {
-                    return;
-                }
-                seen.push(line);
-            }
-            panic!("it ended; it logged:\n{}", seen.join("\n"))
+        log.wait_for(Duration::from_secs(30), |l| {
+            rbac::names_refusal(l, verb, resource)
         })
         .await
-        .unwrap_or_else(|_| panic!("no refusal of {verb} on {resource} logged within 30 s"));
+        .unwrap();
         controller.kill().await.unwrap();
     }
 }

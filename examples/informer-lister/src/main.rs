@@ -6,6 +6,7 @@
 //! cargo run -p example-informer-lister -- [NAMESPACE] --print-rbac SA-NAMESPACE
 //! ```
 
+use anyhow::Context;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -28,16 +29,16 @@ fn census(lister: &Lister<ConfigMap>) -> String {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init(); // INFO and above
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let mut factory = SharedInformerFactory::new(Client::try_default().await?);
     if let Some(namespace) = std::env::args().nth(1).filter(|a| a != "--print-rbac") {
         factory = factory.namespace(namespace);
     }
     let informer = factory.informer::<ConfigMap>();
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
+    if print_rbac.next().is_some() {
+        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
         let name = "informer-lister";
         println!("{}", factory.permissions().manifests(name, &ns, name));
         return Ok(());

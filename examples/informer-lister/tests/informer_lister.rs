@@ -28,7 +28,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_informer-lister");
 
 /// The example over `ns`, as the ServiceAccount its `--print-rbac ns`
 /// prints, bound to what it prints less `take_away` (verb, resource).
-async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) -> Child {
+async fn as_printed(
+    env: &TestEnv,
+    ns: &str,
+    take_away: Option<(&str, &str)>,
+) -> (Child, rbac::Log) {
     let args = [ns, "--print-rbac", ns];
     let mut manifests = rbac::printed(
         std::process::Command::new(BIN)
@@ -41,18 +45,16 @@ async fn as_printed(env: &TestEnv, ns: &str, take_away: Option<(&str, &str)>) ->
     }
     let manifests = manifests.to_string();
     let kubeconfig = env.bind(&manifests, ns, "informer-lister").await.unwrap();
-    tokio::process::Command::new(BIN)
+    let mut child = tokio::process::Command::new(BIN)
         .arg(ns)
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::piped())
-        // Piped when a refusal is awaited there; else the test's own.
-        .stderr(match take_away {
-            Some(_) => Stdio::piped(),
-            None => Stdio::inherit(),
-        })
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap()
+        .unwrap();
+    let log = rbac::Log::follow(child.stderr.take().unwrap());
+    (child, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +65,7 @@ async fn the_example_lists_then_follows_and_answers_from_its_cache() {
     api.create(&PostParams::default(), &configmap("a", "web"))
         .await
         .unwrap();
-    let mut child = as_printed(env, &ns, None).await;
+    let (mut child, log) = as_printed(env, &ns, None).await;
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     expect_line(
         &mut lines,
@@ -94,25 +96,27 @@ async fn the_example_lists_then_follows_and_answers_from_its_cache() {
         &format!("deleted {ns}/a (1 cached, 1 with app=web)"),
     )
     .await;
+    let refused: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("forbidden"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused under its own rules: {refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_watch_on_configmaps_it_logs_the_refusal_naming_it() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("lister-denied").await.unwrap();
-    let mut child = as_printed(env, &ns, Some(("watch", "configmaps"))).await;
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    let refusal = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if rbac::names_refusal(&line, "watch", "configmaps") {
-                return line;
-            }
-            seen.push(line);
-        }
-        panic!("the example ended; it logged:\n{}", seen.join("\n"))
-    })
-    .await
-    .expect("no refusal of watch on configmaps logged within 30 s");
+    let (_child, log) = as_printed(env, &ns, Some(("watch", "configmaps"))).await;
+    let refusal = log
+        .wait_for(Duration::from_secs(30), |l| {
+            rbac::names_refusal(l, "watch", "configmaps")
+        })
+        .await
+        .unwrap();
     assert!(refusal.contains(&ns), "{refusal}");
 }

@@ -8,10 +8,9 @@
 //! cargo run -p example-leader-elected -- NAMESPACE IDENTITY 127.0.0.1:8080
 //! ```
 
-use std::net::SocketAddr;
+use anyhow::Context;
 use std::time::Duration;
 
-use anyhow::Context;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_controllers::{Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions};
@@ -21,24 +20,21 @@ const MANAGER: &str = "leader-elected";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init(); // INFO and above
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let mut args = std::env::args().skip(1);
     let usage = "usage: leader-elected NAMESPACE IDENTITY METRICS-ADDRESS";
     let (Some(namespace), Some(identity), Some(addr)) = (args.next(), args.next(), args.next())
     else {
         anyhow::bail!(usage);
     };
-    let addr: SocketAddr = addr.parse().with_context(|| format!("{addr:?}: {usage}"))?;
     let mut election = LeaderElectionConfig::new(&namespace, MANAGER, &identity);
     // Shorter than client-go's 15/10/2 s, so a takeover is quick to watch.
     (election.lease_duration, election.renew_deadline) =
         (Duration::from_secs(6), Duration::from_secs(4));
     election.retry_period = Duration::from_secs(1);
     let options = ManagerOptions::new()
-        .metrics_bind_address(addr)
-        .health_probe_bind_address(addr)
+        .metrics_bind_address(&addr)
+        .health_probe_bind_address(&addr)
         .leader_election(election);
     let client = Client::try_default().await?;
     let factory = SharedInformerFactory::new(client.clone()).namespace(&namespace);
@@ -54,7 +50,9 @@ async fn main() -> anyhow::Result<()> {
     )?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
+    if print_rbac.next().is_some() {
+        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
         println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
         return Ok(());
     }

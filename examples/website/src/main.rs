@@ -16,6 +16,7 @@
 //!     cargo run -p example-website
 //! ```
 
+use anyhow::Context as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
@@ -212,15 +213,13 @@ fn from_v1(site: Website) -> Result<v2::Website, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init(); // INFO and above
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let env = |name: &str| std::env::var(name).map_err(|_| anyhow::anyhow!("{name} is not set"));
     let identity = LeaderElectionConfig::default_identity();
     let options = ManagerOptions::new()
-        .metrics_bind_address(env("METRICS_ADDR")?.parse()?)
-        .health_probe_bind_address(env("PROBE_ADDR")?.parse()?)
-        .webhook_server(env("WEBHOOK_ADDR")?.parse()?, env("CERT_DIR")?)
+        .metrics_bind_address(env("METRICS_ADDR")?)
+        .health_probe_bind_address(env("PROBE_ADDR")?)
+        .webhook_server(env("WEBHOOK_ADDR")?, env("CERT_DIR")?)
         .leader_election(LeaderElectionConfig::new(
             &env("LEASE_NAMESPACE")?,
             MANAGER,
@@ -249,7 +248,9 @@ async fn main() -> anyhow::Result<()> {
             ),
     );
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    if let Some(ns) = std::env::args().skip_while(|a| a != "--print-rbac").nth(1) {
+    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
+    if print_rbac.next().is_some() {
+        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
         println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
         return Ok(());
     }

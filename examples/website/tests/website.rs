@@ -14,8 +14,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_website");
 
 /// check.sh over the example in a new namespace, the example acting as
 /// the ServiceAccount `website-controller` bound to what its
-/// `--print-rbac` prints less `take_away` (verb, resource). One at a
-/// time: the rules are a ClusterRole, as it watches every namespace.
+/// `--print-rbac` prints less `take_away` (verb, resource) (a ClusterRole,
+/// as it watches every namespace, named for the namespace).
 async fn check(env: &TestEnv, take_away: Option<(&str, &str)>) -> Output {
     let ns = env.create_namespace("website").await.unwrap();
     let mut manifests = rbac::printed(
@@ -32,7 +32,7 @@ async fn check(env: &TestEnv, take_away: Option<(&str, &str)>) -> Output {
     if let Some((verb, resource)) = take_away {
         manifests = rbac::without(manifests, verb, resource).unwrap();
     }
-    let manifests = manifests.to_string();
+    let manifests = rbac::unique(manifests, &ns).to_string();
     let kubeconfig = env
         .bind(&manifests, &ns, "website-controller")
         .await
@@ -73,10 +73,18 @@ async fn the_website_controller_passes_the_checks_its_peers_pass_under_its_print
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(!output.status.success(), "check.sh passed:\n{stdout}");
     assert!(
-        stdout.contains("FAILED: no Warning Event about Website broken")
-            && stdout
-                .lines()
-                .any(|l| rbac::names_refusal(l, "create", "events")),
+        stdout.contains("FAILED: no Warning Event about Website broken"),
         "{stdout}"
+    );
+    // The whole log, not the tail check.sh shows.
+    let log = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("--- controller log (")?.strip_suffix("):"))
+        .unwrap_or_else(|| panic!("no log named in:\n{stdout}"));
+    let log = std::fs::read_to_string(log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| rbac::names_refusal(l, "create", "events")),
+        "{log}"
     );
 }

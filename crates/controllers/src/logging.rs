@@ -1,0 +1,76 @@
+//! One call to see the logs. kinformer logs through `tracing`, which
+//! prints nothing until a subscriber is installed; [`init`] installs one
+//! (tracing-subscriber's `fmt`) that writes INFO and above to standard
+//! error, or what `RUST_LOG` asks for (`RUST_LOG=debug`,
+//! `RUST_LOG=kinformer_controllers=debug,info`), in colour only on a
+//! terminal. It is controller-runtime's `ctrl.SetLogger(zap.New())` step.
+//! Behind the default feature `logging`; a program with a subscriber of its
+//! own (JSON, OpenTelemetry) installs that instead.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+/// Why [`init`] installed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    /// `RUST_LOG` is set to something that is not a level or filter.
+    #[error(
+        "RUST_LOG={value:?} is not a level or filter ({reason}); try RUST_LOG=info or RUST_LOG=debug"
+    )]
+    InvalidFilter {
+        /// What `RUST_LOG` holds.
+        value: String,
+        /// tracing-subscriber's reason.
+        reason: String,
+    },
+    /// A global subscriber was installed before.
+    #[error("a tracing subscriber is installed already ({0}); call logging::init once, first")]
+    AlreadyInstalled(String),
+}
+
+/// Installs the subscriber described in the module docs, for the whole
+/// process. Once, before anything logs:
+///
+/// ```no_run
+/// # fn main() -> Result<(), kinformer_controllers::logging::LoggingError> {
+/// kinformer_controllers::logging::init()?;
+/// # Ok(()) }
+/// ```
+pub fn init() -> Result<(), LoggingError> {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter(rust_log.as_deref())?)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init()
+        .map_err(|e| LoggingError::AlreadyInstalled(e.to_string()))
+}
+
+/// The filter `RUST_LOG` asks for: INFO and above when unset or empty.
+fn filter(rust_log: Option<&str>) -> Result<EnvFilter, LoggingError> {
+    match rust_log.filter(|v| !v.trim().is_empty()) {
+        None => Ok(EnvFilter::new("info")),
+        Some(value) => EnvFilter::try_new(value).map_err(|e| LoggingError::InvalidFilter {
+            value: value.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_by_default_what_rust_log_says_otherwise_and_nonsense_named() {
+        assert_eq!(filter(None).unwrap().to_string(), "info");
+        assert_eq!(filter(Some(" ")).unwrap().to_string(), "info");
+        assert_eq!(filter(Some("debug")).unwrap().to_string(), "debug");
+        let e = filter(Some("kinformer=loud")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("RUST_LOG=\"kinformer=loud\" is not a level or filter"),
+            "{e}"
+        );
+    }
+}
