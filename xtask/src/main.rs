@@ -260,6 +260,12 @@ async fn envtest_up(kubeconfig: Option<PathBuf>) -> Result<ExitCode> {
     };
     let (etcd_pid, api_pid) = env.pids();
     println!("export KUBECONFIG={}", path.display());
+    if let Some(bin) = env.binaries().kubectl().parent() {
+        println!(
+            "export PATH={}:\"$PATH\"  # kubectl {KUBERNETES_VERSION}",
+            bin.display()
+        );
+    }
     println!(
         "envtest ready in {:.1} s: kube-apiserver {} at {} (pid {}), etcd at http://127.0.0.1:{} (pid {}); Ctrl-C to stop",
         started.elapsed().as_secs_f64(),

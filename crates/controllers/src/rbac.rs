@@ -15,6 +15,7 @@
 //! hand, which drift from the code; here the code is the source.
 
 pub use kinformer_informer::Permissions;
+pub use kinformer_informer::rbac::print_if_asked;
 
 /// The rules of a leader election on the Lease `lease` of `namespace`:
 /// read, acquire, renew and release it (get and update, by name), watch it

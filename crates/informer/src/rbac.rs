@@ -194,6 +194,42 @@ impl Permissions {
     }
 }
 
+/// A program's `--print-rbac NAMESPACE`: if its arguments hold the flag,
+/// prints the manifests of the rules `permissions` gives (a ServiceAccount
+/// `name` of NAMESPACE, and its roles, `name` too; see
+/// [`Permissions::manifests`]) and returns true: the program should then
+/// exit, having run nothing. False without the flag; an error if it has
+/// no namespace after it. For a program without an argument parser of its
+/// own (one with clap adds a flag and calls `manifests`).
+///
+/// ```no_run
+/// # fn demo(manager: &kinformer_informer::SharedInformerFactory) -> std::io::Result<()> {
+/// if kinformer_informer::rbac::print_if_asked("my-controller", || manager.permissions())? {
+///     return Ok(());
+/// }
+/// # Ok(()) }
+/// ```
+pub fn print_if_asked(
+    name: &str,
+    permissions: impl FnOnce() -> Permissions,
+) -> std::io::Result<bool> {
+    let mut args = std::env::args().skip_while(|a| a != "--print-rbac");
+    if args.next().is_none() {
+        return Ok(false);
+    }
+    let namespace = args
+        .next()
+        .filter(|ns| !ns.starts_with('-'))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "--print-rbac needs the ServiceAccount's NAMESPACE after it",
+            )
+        })?;
+    println!("{}", permissions().manifests(name, &namespace, name));
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

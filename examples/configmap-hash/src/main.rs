@@ -5,14 +5,13 @@
 //! `configmap-hash` there; standbys keep their caches synced meanwhile.
 //! With `COMPACT_CACHE=true` (a benchmark setting) both caches are compact.
 
-use anyhow::Context as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
 use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_controllers::{
-    Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions, ReconcileError,
+    Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions, ReconcileError, rbac,
 };
 use kinformer_informer::Lister;
 use kinformer_informer::{Compact, SharedInformerFactory}; // bench knob
@@ -123,10 +122,7 @@ async fn main() -> anyhow::Result<()> {
         .reconcile(context, reconcile)?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
-    if print_rbac.next().is_some() {
-        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
-        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+    if rbac::print_if_asked(MANAGER, || manager.permissions())? {
         return Ok(());
     }
     Ok(manager.run_until_signal().await?)

@@ -9,7 +9,6 @@
 //! cargo run -p example-crd-controller   # against the kubeconfig's cluster
 //! ```
 
-use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_controllers::{
     Action, FinalizerEvent, Lookup, Manager, ManagerOptions, ReconcileError, apply_status,
-    finalizer,
+    finalizer, rbac,
 };
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -135,9 +134,7 @@ async fn main() -> anyhow::Result<()> {
         .reconcile(Arc::new(manager.client()), reconcile)?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
-    if print_rbac.next().is_some() {
-        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
+    if rbac::print_if_asked(MANAGER, || {
         let mut rules = manager.permissions();
         // install_crd: create it, then read and patch that one CRD alone.
         let crds = ("apiextensions.k8s.io", "customresourcedefinitions");
@@ -149,7 +146,8 @@ async fn main() -> anyhow::Result<()> {
             &[Greeting::crd_name()],
             &["get", "patch"],
         );
-        println!("{}", rules.manifests(MANAGER, &ns, MANAGER));
+        rules
+    })? {
         return Ok(());
     }
     install_crd(&client).await?;

@@ -6,12 +6,12 @@
 //! cargo run -p example-informer-lister -- [NAMESPACE] --print-rbac SA-NAMESPACE
 //! ```
 
-use anyhow::Context;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::kube::core::{Expression, Selector};
 use kinformer_controllers::kube::{Client, ResourceExt};
+use kinformer_controllers::rbac;
 use kinformer_informer::{
     CancellationToken, Lister, ResourceEventHandlerFuncs, SharedInformerFactory,
 };
@@ -36,11 +36,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let informer = factory.informer::<ConfigMap>();
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
-    if print_rbac.next().is_some() {
-        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
-        let name = "informer-lister";
-        println!("{}", factory.permissions().manifests(name, &ns, name));
+    if rbac::print_if_asked("informer-lister", || factory.permissions())? {
         return Ok(());
     }
     let (la, lu, ld) = (informer.lister(), informer.lister(), informer.lister());

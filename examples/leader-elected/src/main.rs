@@ -8,12 +8,11 @@
 //! cargo run -p example-leader-elected -- NAMESPACE IDENTITY 127.0.0.1:8080
 //! ```
 
-use anyhow::Context;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::kube::{Client, ResourceExt};
-use kinformer_controllers::{Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions};
+use kinformer_controllers::{Action, LeaderElectionConfig, Lookup, Manager, ManagerOptions, rbac};
 use kinformer_informer::SharedInformerFactory;
 
 const MANAGER: &str = "leader-elected";
@@ -50,10 +49,7 @@ async fn main() -> anyhow::Result<()> {
     )?;
     manager.add(controller);
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
-    if print_rbac.next().is_some() {
-        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
-        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+    if rbac::print_if_asked(MANAGER, || manager.permissions())? {
         return Ok(());
     }
     Ok(manager.run_until_signal().await?)

@@ -16,7 +16,6 @@
 //!     cargo run -p example-website
 //! ```
 
-use anyhow::Context as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
@@ -25,7 +24,7 @@ use kinformer_controllers::kube::{Client, Resource, ResourceExt};
 use kinformer_controllers::webhook::{AdmissionRequest, Conversion, Verdict, Webhooks};
 use kinformer_controllers::{
     Action, EventRecorder, EventType, FinalizerEvent, LeaderElectionConfig, Lookup, Manager,
-    ManagerOptions, ReconcileError, apply_status, finalizer,
+    ManagerOptions, ReconcileError, apply_status, finalizer, rbac,
 };
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -248,10 +247,7 @@ async fn main() -> anyhow::Result<()> {
             ),
     );
     // `--print-rbac NAMESPACE`: the RBAC it needs, for a ServiceAccount of NAMESPACE.
-    let mut print_rbac = std::env::args().skip_while(|a| a != "--print-rbac");
-    if print_rbac.next().is_some() {
-        let ns = print_rbac.next().context("--print-rbac: no NAMESPACE")?;
-        println!("{}", manager.permissions().manifests(MANAGER, &ns, MANAGER));
+    if rbac::print_if_asked(MANAGER, || manager.permissions())? {
         return Ok(());
     }
     Ok(manager.run_until_signal().await?)

@@ -1,0 +1,47 @@
+//! The README's controller: each ConfigMap labelled `mirror=yes` gets a
+//! Secret of the same name holding its data, owned by it. Change the
+//! ConfigMap and the Secret follows; delete the Secret and it comes back;
+//! delete the ConfigMap and the garbage collector takes the Secret.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
+use kinformer_controllers::kube::{Client, Resource, ResourceExt};
+use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError, rbac};
+
+async fn reconcile(cm: Lookup<ConfigMap>, client: Arc<Client>) -> Result<Action, ReconcileError> {
+    let Lookup::Found(cm) = cm else {
+        return Ok(Action::Done); // deleted: its Secret goes with it
+    };
+    if cm.labels().get("mirror").map(String::as_str) != Some("yes") {
+        return Ok(Action::Done);
+    }
+    let (name, ns) = (cm.name_any(), cm.namespace().unwrap_or_default());
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": name, "ownerReferences": [cm.controller_owner_ref(&())] },
+        "stringData": cm.data,
+    });
+    let apply = PatchParams::apply("quickstart").force();
+    let secrets = Api::<Secret>::namespaced((*client).clone(), &ns);
+    secrets.patch(&name, &apply, &Patch::Apply(secret)).await?;
+    tracing::info!("mirrored {ns}/{name}");
+    Ok(Action::Done)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    kinformer_controllers::logging::init()?; // INFO and above, to stderr
+    let mut manager = Manager::new(Client::try_default().await?, ManagerOptions::new())?;
+    let controller = manager
+        .controller::<ConfigMap>("quickstart")
+        .owns::<Secret>()
+        .writes::<Secret>(&["create", "patch"]) // for --print-rbac NAMESPACE
+        .reconcile(Arc::new(manager.client()), reconcile)?;
+    manager.add(controller);
+    if rbac::print_if_asked("quickstart", || manager.permissions())? {
+        return Ok(());
+    }
+    Ok(manager.run_until_signal().await?)
+}
