@@ -259,8 +259,11 @@ async fn run(cli: Cli) -> Result<()> {
             .lease_name
             .clone()
             .unwrap_or_else(|| format!("kinformer-{name}"));
-        manager_options.leader_election =
-            Some(LeaderElectionConfig::new(&lease_ns, &lease, &identity));
+        manager_options.leader_election = Some(
+            LeaderElectionConfig::new(&lease)
+                .namespace(&lease_ns)
+                .identity(&identity),
+        );
     }
     let mut factory = SharedInformerFactory::new(client.clone());
     if let Some(ns) = namespace {

@@ -485,7 +485,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn options_under_a_manager_keep_its_metrics_and_leader_election() {
         let api = Arc::new(FakeApi::default());
-        let election = LeaderElectionConfig::new("ns", "wiring", "me");
+        let election = LeaderElectionConfig::new("wiring")
+            .namespace("ns")
+            .identity("me");
         let manager = Manager::new(
             api.client(),
             ManagerOptions::new().leader_election(election),

@@ -105,6 +105,12 @@ impl LeaderElectionConfig {
                 why,
             })
         };
+        if self.namespace.is_empty() {
+            return invalid(format!(
+                "the Lease has no namespace: not running in a pod ({SERVICE_ACCOUNT_NAMESPACE} \
+                 is not there), so name one with LeaderElectionConfig::namespace"
+            ));
+        }
         if self.identity.is_empty() {
             return invalid("the identity is empty".into());
         }
@@ -136,7 +142,10 @@ impl LeaderElectionConfig {
     /// for who and where: this process's
     /// [`default_identity`](Self::default_identity) and the namespace of the pod it runs in
     /// ([`pod_namespace`](Self::pod_namespace)). Out of a cluster there is
-    /// no such namespace: an error says to name one with [`new`](Self::new).
+    /// no such namespace: an error says to name one with
+    /// [`namespace`](Self::namespace). [`new`](Self::new) does the same,
+    /// leaving the error to [`validate`](Self::validate) (and so to the
+    /// Manager that is given it).
     ///
     /// ```no_run
     /// use kinformer_controllers::LeaderElectionConfig;
@@ -151,7 +160,7 @@ impl LeaderElectionConfig {
                  LeaderElectionConfig::new"
             ))
         })?;
-        Ok(Self::new(&namespace, lease_name, &Self::default_identity()))
+        Ok(Self::new(lease_name).namespace(&namespace))
     }
 
     /// This process's identity in an election: its host name, `_` and a
@@ -177,16 +186,44 @@ impl LeaderElectionConfig {
         namespace_in(SERVICE_ACCOUNT_NAMESPACE)
     }
 
-    /// An election on Lease `namespace/lease_name` for `identity`.
-    pub fn new(namespace: &str, lease_name: &str, identity: &str) -> Self {
+    /// An election on the Lease `lease_name` (controller-runtime's
+    /// `LeaderElectionID`), with its defaults for the rest: in the namespace
+    /// of the pod this runs in ([`pod_namespace`](Self::pod_namespace);
+    /// out of a pod, [`validate`](Self::validate) asks for
+    /// [`namespace`](Self::namespace)), as this process
+    /// ([`default_identity`](Self::default_identity)), with client-go's
+    /// timings.
+    ///
+    /// ```
+    /// use kinformer_controllers::LeaderElectionConfig;
+    /// let election = LeaderElectionConfig::new("my-controller").namespace("ops");
+    /// assert_eq!((election.namespace.as_str(), election.lease_name.as_str()), ("ops", "my-controller"));
+    /// ```
+    pub fn new(lease_name: &str) -> Self {
         Self {
-            namespace: namespace.to_owned(),
+            namespace: Self::pod_namespace().unwrap_or_default(),
             lease_name: lease_name.to_owned(),
-            identity: identity.to_owned(),
+            identity: Self::default_identity(),
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
         }
+    }
+
+    /// The Lease's namespace (controller-runtime's
+    /// `LeaderElectionNamespace`) rather than the pod's.
+    #[must_use]
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        namespace.clone_into(&mut self.namespace);
+        self
+    }
+
+    /// This candidate's identity rather than
+    /// [`default_identity`](Self::default_identity)'s: unique per process.
+    #[must_use]
+    pub fn identity(mut self, identity: &str) -> Self {
+        identity.clone_into(&mut self.identity);
+        self
     }
 }
 
@@ -951,11 +988,37 @@ mod tests {
     }
 
     fn config(lease: u64, renew: u64, retry: u64) -> LeaderElectionConfig {
-        let mut c = LeaderElectionConfig::new("ns", "lease", "me");
+        let mut c = LeaderElectionConfig::new("lease")
+            .namespace("ns")
+            .identity("me");
         c.lease_duration = Duration::from_millis(lease);
         c.renew_deadline = Duration::from_millis(renew);
         c.retry_period = Duration::from_millis(retry);
         c
+    }
+
+    #[test]
+    fn a_lease_without_a_namespace_is_refused_naming_what_to_set() {
+        let election = LeaderElectionConfig::new("mine").namespace("");
+        let e = election.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("no namespace") && e.contains("LeaderElectionConfig::namespace"),
+            "{e}"
+        );
+        let named = LeaderElectionConfig::new("mine")
+            .namespace("ops")
+            .identity("me");
+        assert!(named.validate().is_ok());
+        assert_eq!(
+            (named.namespace.as_str(), named.identity.as_str()),
+            ("ops", "me")
+        );
+        let default = LeaderElectionConfig::new("mine");
+        assert_eq!(
+            Some(default.namespace),
+            LeaderElectionConfig::pod_namespace().or(Some(String::new()))
+        );
+        assert!(!default.identity.is_empty());
     }
 
     #[test]

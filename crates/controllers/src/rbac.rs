@@ -81,11 +81,11 @@ mod tests {
         use crate::{LeaderElectionConfig, Manager, ManagerOptions};
         let config = kube_client::Config::new("https://kubernetes.invalid".parse().unwrap());
         let client = kube_client::Client::try_from(config).unwrap();
-        let options = ManagerOptions::new().leader_election(LeaderElectionConfig::new(
-            "ops",
-            "the-lease",
-            "me",
-        ));
+        let options = ManagerOptions::new().leader_election(
+            LeaderElectionConfig::new("the-lease")
+                .namespace("ops")
+                .identity("me"),
+        );
         let factory = SharedInformerFactory::new(client.clone()).namespace("web");
         let mut manager = Manager::with_factory(factory, client, options).unwrap();
         let without_events = {

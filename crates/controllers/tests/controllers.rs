@@ -492,7 +492,9 @@ async fn replica(env: &TestEnv, ns: &str, id: usize, log: &Intervals) -> Replica
         .await
         .unwrap();
     let client = env.client_via(proxy.port()).unwrap();
-    let mut config = LeaderElectionConfig::new(ns, "handover", &format!("replica-{id}"));
+    let mut config = LeaderElectionConfig::new("handover")
+        .namespace(ns)
+        .identity(&format!("replica-{id}"));
     config.lease_duration = Duration::from_secs(3);
     config.renew_deadline = Duration::from_secs(2);
     config.retry_period = Duration::from_millis(500);
@@ -560,7 +562,9 @@ fn slow_standby(
     ns: &str,
     lease: &str,
 ) -> (Arc<LeaderElector>, tokio::sync::watch::Receiver<bool>) {
-    let mut config = LeaderElectionConfig::new(ns, lease, "standby");
+    let mut config = LeaderElectionConfig::new(lease)
+        .namespace(ns)
+        .identity("standby");
     (config.lease_duration, config.renew_deadline) =
         (Duration::from_secs(60), Duration::from_secs(50));
     config.retry_period = Duration::from_secs(40);
@@ -634,7 +638,9 @@ async fn a_standby_takes_a_dead_leaders_lease_when_it_expires_not_at_its_next_re
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("expiry").await.unwrap();
     let client = env.client().unwrap();
-    let mut leader = LeaderElectionConfig::new(&ns, "expiry", "leader");
+    let mut leader = LeaderElectionConfig::new("expiry")
+        .namespace(&ns)
+        .identity("leader");
     (leader.lease_duration, leader.renew_deadline) =
         (Duration::from_secs(3), Duration::from_secs(2));
     leader.retry_period = Duration::from_millis(500);
@@ -696,7 +702,7 @@ fn candidate(
     id: &str,
     (lease_ms, renew_ms, retry_ms): (u64, u64, u64),
 ) -> Arc<LeaderElector> {
-    let mut config = LeaderElectionConfig::new(ns, lease, id);
+    let mut config = LeaderElectionConfig::new(lease).namespace(ns).identity(id);
     config.lease_duration = Duration::from_millis(lease_ms);
     config.renew_deadline = Duration::from_millis(renew_ms);
     config.retry_period = Duration::from_millis(retry_ms);
@@ -952,7 +958,9 @@ async fn a_lease_written_by_a_host_whose_clock_differs_is_timed_on_the_candidate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_that_released_its_lease_names_no_leader() {
     let (client, ns) = setup("released").await;
-    let mut config = LeaderElectionConfig::new(&ns, "released", "me");
+    let mut config = LeaderElectionConfig::new("released")
+        .namespace(&ns)
+        .identity("me");
     config.retry_period = Duration::from_millis(500);
     let elector = Arc::new(LeaderElector::new(client, config));
     let shutdown = CancellationToken::new();
@@ -1575,7 +1583,9 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
     .expect("0 workers is rejected");
     assert!(err.to_string().contains("workers is 0"), "{err}");
 
-    let mut config = LeaderElectionConfig::new(&ns, "lease", "me");
+    let mut config = LeaderElectionConfig::new("lease")
+        .namespace(&ns)
+        .identity("me");
     config.renew_deadline = config.lease_duration;
     let elector = Arc::new(LeaderElector::new(client.clone(), config));
     let err = Controller::new(
@@ -2116,7 +2126,9 @@ async fn a_standby_takes_over_warm_and_reconciles_a_write_made_after_the_loss_fi
             .await
             .unwrap();
         let client = env.client_via(proxy.port()).unwrap();
-        let mut config = LeaderElectionConfig::new(&ns, "warm", &format!("replica-{id}"));
+        let mut config = LeaderElectionConfig::new("warm")
+            .namespace(&ns)
+            .identity(&format!("replica-{id}"));
         config.lease_duration = Duration::from_secs(3);
         config.renew_deadline = Duration::from_secs(2);
         config.retry_period = Duration::from_millis(500);
@@ -2213,7 +2225,9 @@ async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_t
             .unwrap();
     }
     let election = |id: &str| {
-        let mut config = LeaderElectionConfig::new(&ns, "no-burst", id);
+        let mut config = LeaderElectionConfig::new("no-burst")
+            .namespace(&ns)
+            .identity(id);
         config.lease_duration = Duration::from_secs(3);
         config.renew_deadline = Duration::from_secs(2);
         config.retry_period = Duration::from_millis(500);

@@ -190,7 +190,9 @@ async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
 }
 
 fn election(ns: &str, identity: &str) -> LeaderElectionConfig {
-    let mut config = LeaderElectionConfig::new(ns, "manager", identity);
+    let mut config = LeaderElectionConfig::new("manager")
+        .namespace(ns)
+        .identity(identity);
     config.lease_duration = Duration::from_secs(4);
     config.renew_deadline = Duration::from_secs(3);
     config.retry_period = Duration::from_millis(500);
@@ -396,7 +398,9 @@ async fn a_controller_tuned_with_options_keeps_the_managers_election_and_metrics
     }))
     .unwrap();
     leases.create(&PostParams::default(), &held).await.unwrap();
-    let mut election = LeaderElectionConfig::new(&ns, "tuned", "me");
+    let mut election = LeaderElectionConfig::new("tuned")
+        .namespace(&ns)
+        .identity("me");
     election.retry_period = Duration::from_millis(200);
     let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
     let options = ManagerOptions::new().leader_election(election);
@@ -465,8 +469,11 @@ async fn a_controller_tuned_with_options_keeps_the_managers_election_and_metrics
 async fn a_controller_made_without_the_managers_options_is_refused_with_why() {
     let (client, ns) = setup("foreign").await;
     let factory = SharedInformerFactory::new(client.clone()).namespace(ns.clone());
-    let options =
-        ManagerOptions::new().leader_election(LeaderElectionConfig::new(&ns, "foreign", "me"));
+    let options = ManagerOptions::new().leader_election(
+        LeaderElectionConfig::new("foreign")
+            .namespace(&ns)
+            .identity("me"),
+    );
     let mut manager = Manager::with_factory(factory, client, options).unwrap();
     let foreign =
         kinformer_controllers::Controller::<ConfigMap>::builder("foreign", manager.factory())

@@ -83,8 +83,7 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let mut options = ManagerOptions::new();
     if let Ok(namespace) = std::env::var("LEADER_ELECTION_NAMESPACE") {
-        let identity = LeaderElectionConfig::default_identity();
-        let election = LeaderElectionConfig::new(&namespace, MANAGER, &identity);
+        let election = LeaderElectionConfig::new(MANAGER).namespace(&namespace);
         options = options.leader_election(election);
     }
     // COMPACT_CACHE=true (for the benchmark: lines marked "bench knob",

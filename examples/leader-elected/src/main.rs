@@ -26,7 +26,9 @@ async fn main() -> anyhow::Result<()> {
     else {
         anyhow::bail!(usage);
     };
-    let mut election = LeaderElectionConfig::new(&namespace, MANAGER, &identity);
+    let mut election = LeaderElectionConfig::new(MANAGER)
+        .namespace(&namespace)
+        .identity(&identity);
     // Shorter than client-go's 15/10/2 s, so a takeover is quick to watch.
     (election.lease_duration, election.renew_deadline) =
         (Duration::from_secs(6), Duration::from_secs(4));

@@ -214,16 +214,11 @@ fn from_v1(site: Website) -> Result<v2::Website, String> {
 async fn main() -> anyhow::Result<()> {
     kinformer_controllers::logging::init()?; // INFO and above, to stderr
     let env = |name: &str| std::env::var(name).map_err(|_| anyhow::anyhow!("{name} is not set"));
-    let identity = LeaderElectionConfig::default_identity();
     let options = ManagerOptions::new()
         .metrics_bind_address(env("METRICS_ADDR")?)
         .health_probe_bind_address(env("PROBE_ADDR")?)
         .webhook_server(env("WEBHOOK_ADDR")?, env("CERT_DIR")?)
-        .leader_election(LeaderElectionConfig::new(
-            &env("LEASE_NAMESPACE")?,
-            MANAGER,
-            &identity,
-        ));
+        .leader_election(LeaderElectionConfig::new(MANAGER).namespace(&env("LEASE_NAMESPACE")?));
     let client = Client::try_default().await?;
     let mut manager = Manager::new(client, options)?;
     let (client, events) = (manager.client(), manager.event_recorder(MANAGER));
