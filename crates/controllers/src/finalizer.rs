@@ -16,7 +16,13 @@
 //! The closure returns the same [`ReconcileError`] as a reconcile, so `?`
 //! works on any error in it without annotations, and a [`TerminalError`]
 //! returned from it stays terminal (the controller finds it through
-//! [`FinalizerError::Reconcile`]'s `source()`):
+//! [`FinalizerError::Reconcile`]'s `source()`). An error of another type
+//! returned as it is, `Err(e)` with `e` a `kube::Error`, does not convert:
+//! write `Err(e.into())` or `Err(e)?`. rustc's message for it ("expected
+//! `Box<dyn Error + Send + Sync>`, found `Error`", then "consider pinning
+//! your async block") points at the closure, and pinning is not the fix. A
+//! closure generic over its error type would take this away but break
+//! `?`, whose error type the closure's result then no longer names.
 //!
 //! ```no_run
 //! use std::sync::Arc;
