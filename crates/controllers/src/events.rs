@@ -120,6 +120,35 @@ const MAX_BACKOFF_INTERVALS: u32 = 10;
 /// The series a recorder holds at most; see the module docs.
 const MAX_SERIES: usize = 4096;
 
+/// What happened, for [`EventRecorder::publish`]: named fields, so that
+/// its three strings cannot be swapped unseen (kube-runtime's `Event` is
+/// the same).
+///
+/// ```no_run
+/// # async fn demo(events: kinformer_controllers::EventRecorder, regarding: k8s_openapi::api::core::v1::ObjectReference) -> Result<(), kube_client::Error> {
+/// use kinformer_controllers::{EventType, NewEvent};
+/// let event = NewEvent {
+///     type_: EventType::Warning,
+///     reason: "ReconcileFailed",
+///     action: "Reconcile",
+///     note: "cannot apply the Deployment",
+/// };
+/// events.publish(&regarding, event).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct NewEvent<'a> {
+    /// `Normal` or `Warning`.
+    pub type_: EventType,
+    /// Why, in UpperCamelCase (`ReconcileFailed`); occurrences with the
+    /// same reason, action and note about one object make one series.
+    pub reason: &'a str,
+    /// What was done, or failed (`Reconcile`).
+    pub action: &'a str,
+    /// For a human: what happened (cut to the API's 1024 bytes).
+    pub note: &'a str,
+}
+
 /// `Normal` or `Warning`, the two types the API accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -371,7 +400,12 @@ fn nanos(d: Duration) -> u64 {
 
 impl EventRecorder {
     /// A recorder reporting as `controller` (e.g. `kinformer.dev/service-strategy`)
-    /// from `instance` (e.g. the pod name).
+    /// from `instance` (e.g. the pod name), for a program without a
+    /// Manager: with one, take
+    /// [`Manager::event_recorder`](crate::Manager::event_recorder), which
+    /// the Manager flushes when it stops and whose metrics it exports. One
+    /// made here is yours to [`flush`](Self::flush) before the program
+    /// exits, and to [`export_metrics`](Self::export_metrics).
     pub fn new(client: Client, controller: &str, instance: &str) -> Self {
         Self {
             inner: Arc::new(Recorder {
@@ -485,11 +519,14 @@ impl EventRecorder {
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
+        event: NewEvent<'_>,
     ) -> Result<(), kube_client::Error> {
+        let NewEvent {
+            type_,
+            reason,
+            action,
+            note,
+        } = event;
         self.inner
             .publish(regarding, type_, reason, action, note)
             .await
@@ -1127,7 +1164,15 @@ mod tests {
 
     async fn publish(recorder: &EventRecorder, note: &str) -> Result<(), kube_client::Error> {
         recorder
-            .publish(&regarding(), EventType::Warning, "SyncFailed", "Sync", note)
+            .publish(
+                &regarding(),
+                NewEvent {
+                    type_: EventType::Warning,
+                    reason: "SyncFailed",
+                    action: "Sync",
+                    note,
+                },
+            )
             .await
     }
 

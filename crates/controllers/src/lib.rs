@@ -112,7 +112,7 @@ pub use kinformer_webhook as webhook;
 
 pub use builder::ControllerBuilder;
 pub use error::ControllerError;
-pub use events::{EventRecorder, EventType};
+pub use events::{EventRecorder, EventType, NewEvent};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{

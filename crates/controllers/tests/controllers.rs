@@ -1622,7 +1622,7 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_event_becomes_one_event_with_a_series_instead_of_a_flood() {
     use k8s_openapi::api::events::v1::Event as EventV1;
-    use kinformer_controllers::{EventRecorder, EventType};
+    use kinformer_controllers::{EventRecorder, EventType, NewEvent};
     let (client, ns) = setup("events").await;
     let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &config_map("noisy"))
@@ -1641,17 +1641,27 @@ async fn a_repeated_event_becomes_one_event_with_a_series_instead_of_a_flood() {
     // A hot loop: 100 identical failures, and one different one.
     for _ in 0..100 {
         recorder
-            .publish(&regarding, EventType::Warning, "SyncFailed", "Sync", "boom")
+            .publish(
+                &regarding,
+                NewEvent {
+                    type_: EventType::Warning,
+                    reason: "SyncFailed",
+                    action: "Sync",
+                    note: "boom",
+                },
+            )
             .await
             .unwrap();
     }
     recorder
         .publish(
             &regarding,
-            EventType::Warning,
-            "SyncFailed",
-            "Sync",
-            "other",
+            NewEvent {
+                type_: EventType::Warning,
+                reason: "SyncFailed",
+                action: "Sync",
+                note: "other",
+            },
         )
         .await
         .unwrap();

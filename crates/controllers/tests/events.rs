@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
-use kinformer_controllers::{EventRecorder, EventType};
+use kinformer_controllers::{EventRecorder, EventType, NewEvent};
 use kinformer_envtest::TestEnv;
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ListParams, PostParams};
@@ -42,7 +42,15 @@ async fn regarding(client: &Client, ns: &str, name: &str) -> ObjectReference {
 
 async fn publish(recorder: &EventRecorder, regarding: &ObjectReference) -> kube_client::Result<()> {
     recorder
-        .publish(regarding, EventType::Warning, "SyncFailed", "Sync", "boom")
+        .publish(
+            regarding,
+            NewEvent {
+                type_: EventType::Warning,
+                reason: "SyncFailed",
+                action: "Sync",
+                note: "boom",
+            },
+        )
         .await
 }
 
@@ -431,7 +439,15 @@ async fn a_note_longer_than_the_server_takes_is_cut_and_its_event_written() {
     // 2 000 bytes, with a two-byte character across the cut at 1 021.
     let note = format!("{}é{}", "x".repeat(1020), "y".repeat(978));
     recorder
-        .publish(&target, EventType::Warning, "SyncFailed", "Sync", &note)
+        .publish(
+            &target,
+            NewEvent {
+                type_: EventType::Warning,
+                reason: "SyncFailed",
+                action: "Sync",
+                note: &note,
+            },
+        )
         .await
         .unwrap();
     let events = events(&admin, &ns).await;
@@ -440,7 +456,15 @@ async fn a_note_longer_than_the_server_takes_is_cut_and_its_event_written() {
     // A note within the limit is written as it is.
     let short = "é".repeat(512);
     recorder
-        .publish(&target, EventType::Warning, "Other", "Sync", &short)
+        .publish(
+            &target,
+            NewEvent {
+                type_: EventType::Warning,
+                reason: "Other",
+                action: "Sync",
+                note: &short,
+            },
+        )
         .await
         .unwrap();
     let events = self::events(&admin, &ns).await;

@@ -499,7 +499,7 @@ async fn a_controller_made_without_the_managers_options_is_refused_with_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_managers_event_recorder_reports_its_identity_and_is_flushed_when_it_stops() {
     use k8s_openapi::api::events::v1::Event;
-    use kinformer_controllers::EventType;
+    use kinformer_controllers::{EventType, NewEvent};
     use kube_client::Resource;
     let (client, ns) = setup("recorder").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -522,10 +522,12 @@ async fn the_managers_event_recorder_reports_its_identity_and_is_flushed_when_it
                     events
                         .publish(
                             &regarding,
-                            EventType::Warning,
-                            "BadSpec",
-                            "Check",
-                            "bad spec",
+                            NewEvent {
+                                type_: EventType::Warning,
+                                reason: "BadSpec",
+                                action: "Check",
+                                note: "bad spec",
+                            },
                         )
                         .await?;
                 }

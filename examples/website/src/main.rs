@@ -24,7 +24,7 @@ use kinformer_controllers::kube::{Client, Resource, ResourceExt};
 use kinformer_controllers::webhook::{AdmissionRequest, Conversion, Verdict, Webhooks};
 use kinformer_controllers::{
     Action, EventRecorder, EventType, FinalizerEvent, LeaderElectionConfig, Lookup, Manager,
-    ManagerOptions, ReconcileError, apply_status, finalizer, rbac,
+    ManagerOptions, NewEvent, ReconcileError, apply_status, finalizer, rbac,
 };
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -101,18 +101,14 @@ async fn reconcile(website: Lookup<Website>, ctx: Arc<Context>) -> Result<Action
     })
     .await;
     if let Err(e) = &result {
-        let reference = website.object_ref(&());
         let note = e.to_string();
-        let _ = ctx
-            .events
-            .publish(
-                &reference,
-                EventType::Warning,
-                "ReconcileFailed",
-                "Reconcile",
-                &note,
-            )
-            .await;
+        let event = NewEvent {
+            type_: EventType::Warning,
+            reason: "ReconcileFailed",
+            action: "Reconcile",
+            note: &note,
+        };
+        let _ = ctx.events.publish(&website.object_ref(&()), event).await;
     }
     Ok(result?)
 }
