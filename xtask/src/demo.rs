@@ -35,7 +35,13 @@ struct Seen {
     dropped: AtomicUsize,
 }
 
-pub async fn run(kubeconfig: Option<PathBuf>, sharding: bool, root: &Path) -> Result<()> {
+/// Builds the CLI, starts a control plane (or takes `kubeconfig`'s
+/// cluster), runs `scenario` in a namespace of its own, and cleans up.
+pub async fn run(
+    kubeconfig: Option<PathBuf>,
+    root: &Path,
+    scenario: impl AsyncFnOnce(&Path, &Path, &Client, &str) -> Result<()>,
+) -> Result<()> {
     step("building the kinformer binary");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -79,11 +85,7 @@ pub async fn run(kubeconfig: Option<PathBuf>, sharding: bool, root: &Path) -> Re
         .with_context(|| format!("creating namespace {namespace}"))?;
     println!("    working in namespace {namespace}");
 
-    let outcome = if sharding {
-        crate::demo_sharding::scenario(&binary, &kubeconfig_path, &client, &namespace).await
-    } else {
-        scenario(&binary, &kubeconfig_path, &client, &namespace).await
-    };
+    let outcome = scenario(&binary, &kubeconfig_path, &client, &namespace).await;
 
     if env.is_none() {
         step(&format!("deleting namespace {namespace}"));
@@ -101,7 +103,8 @@ pub async fn run(kubeconfig: Option<PathBuf>, sharding: bool, root: &Path) -> Re
     outcome
 }
 
-async fn scenario(binary: &Path, kubeconfig: &Path, client: &Client, ns: &str) -> Result<()> {
+/// The two controllers, step by step.
+pub async fn scenario(binary: &Path, kubeconfig: &Path, client: &Client, ns: &str) -> Result<()> {
     let seen = Arc::new(Seen::default());
     step("starting both controllers (2 workers each, metrics on loopback)");
     let mut controllers = Vec::new();

@@ -158,7 +158,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             kubeconfig,
             sharding,
         } => {
-            runtime()?.block_on(demo::run(kubeconfig, sharding, &workspace_root()))?;
+            let root = workspace_root();
+            match sharding {
+                true => runtime()?.block_on(demo::run(kubeconfig, &root, demo_sharding::scenario)),
+                false => runtime()?.block_on(demo::run(kubeconfig, &root, demo::scenario)),
+            }?;
             println!("\ndemo finished");
             Ok(ExitCode::SUCCESS)
         }

@@ -14,11 +14,11 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use crate::leader::lease_lost;
 use crate::options::{Event, EventFilter};
 use crate::reason::{Reason, Reasons};
+use crate::reconcile::panic_message;
 use crate::ring::slot_of_uid;
-use crate::runtime::lease_lost;
-use crate::worker::panic_message;
 use crate::{Ring, SlotGuard};
 
 /// The slot of each primary key of a sharded controller, from the primary

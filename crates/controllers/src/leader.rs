@@ -227,6 +227,25 @@ impl LeaderElectionConfig {
     }
 }
 
+/// Resolves once `elector` has lost its lease, by its word (`leading`
+/// turns false) or by our own clock (past [`LeaderElector::safe_until`]
+/// without a renewal).
+pub(crate) async fn lease_lost(elector: &LeaderElector, leading: &mut watch::Receiver<bool>) {
+    loop {
+        let Some(safe) = elector.safe_until() else {
+            return;
+        };
+        tokio::select! {
+            _ = leading.wait_for(|leading| !*leading) => return,
+            _ = tokio::time::sleep_until(safe) => {
+                if !elector.may_work() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Where a pod's service account says which namespace it runs in.
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 

@@ -157,6 +157,15 @@ pub(crate) fn denied_in_chain(error: &(dyn std::error::Error + 'static)) -> bool
         .any(is_denied)
 }
 
+/// What a caught panic said: its `&str` or `String` payload.
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic with a non-string payload".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::key_slots::{KeySlots, Sharding, prime, wanted_on_taking};
+use crate::leader::lease_lost;
 use crate::options::{ControllerOptions, Event};
 use crate::rbac::{self, Permissions};
 use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker, api_group};
@@ -834,25 +835,6 @@ async fn lost_leadership(leadership: &mut Option<Leadership>) {
         return std::future::pending().await;
     };
     lease_lost(&l.elector, &mut l.leading).await;
-}
-
-/// Resolves once `elector` has lost its lease, by its word (`leading`
-/// turns false) or by our own clock (past [`LeaderElector::safe_until`]
-/// without a renewal).
-pub(crate) async fn lease_lost(elector: &LeaderElector, leading: &mut watch::Receiver<bool>) {
-    loop {
-        let Some(safe) = elector.safe_until() else {
-            return;
-        };
-        tokio::select! {
-            _ = leading.wait_for(|leading| !*leading) => return,
-            _ = tokio::time::sleep_until(safe) => {
-                if !elector.may_work() {
-                    return;
-                }
-            }
-        }
-    }
 }
 
 async fn join_all(workers: &mut JoinSet<()>) {

@@ -17,7 +17,7 @@ use crate::key_slots::{Entry, Sharding};
 use crate::options::PanicPolicy;
 use crate::read_your_writes::{Consistency, Readiness};
 use crate::reason::{Reason, Reasons};
-use crate::reconcile::{Action, Reconciler, chain, denied_in_chain, is_terminal};
+use crate::reconcile::{Action, Reconciler, chain, denied_in_chain, is_terminal, panic_message};
 use crate::{ControllerError, LeaderElector, Metrics, SlotGuard};
 
 pub(crate) struct Worker {
@@ -292,12 +292,4 @@ pub(crate) async fn with_timeout<F: Future>(
         Some(limit) => tokio::time::timeout(limit, future).await.ok(),
         None => Some(future.await),
     }
-}
-
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic with a non-string payload".to_owned())
 }
