@@ -71,32 +71,21 @@
 #![deny(missing_docs)]
 #![warn(clippy::return_self_not_must_use)]
 
-mod builder;
+mod controller;
 mod error;
 mod events;
 mod finalizer;
-mod key_slots;
 mod leader;
 #[cfg(feature = "logging")]
 pub mod logging;
 mod manager;
-mod membership;
 mod metrics;
-mod options;
-pub mod pod_stdout;
-pub mod predicate;
 pub mod rbac;
-mod read_your_writes;
-mod reason;
-mod reconcile;
-pub mod ring;
-mod runtime;
-pub mod service_strategy;
-mod slots;
+mod seeds;
+mod sharding;
 mod status;
 #[cfg(test)]
 mod testing;
-mod worker;
 
 /// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
 /// so that a controller needs no dependency of its own to make a
@@ -109,6 +98,12 @@ pub use kinformer_informer::kube;
 /// Admission and conversion webhooks (the `kinformer-webhook` crate),
 /// served by [`Manager::webhooks`].
 pub use kinformer_webhook as webhook;
+
+pub use controller::predicate;
+use controller::{builder, options, read_your_writes, reason, reconcile, runtime, worker};
+pub use seeds::{pod_stdout, service_strategy};
+pub use sharding::ring;
+use sharding::{key_slots, membership, slots};
 
 pub use builder::ControllerBuilder;
 pub use error::ControllerError;
