@@ -117,6 +117,19 @@ impl Log {
         self.lines.borrow().clone()
     }
 
+    /// The lines so far that carry a refusal by the API server
+    /// ("forbidden" or "Unauthorized"): none for a program bound to every
+    /// rule it needs.
+    pub fn refusals(&self) -> Vec<String> {
+        let refused = |l: &&String| l.contains("forbidden") || l.contains("Unauthorized");
+        self.lines
+            .borrow()
+            .iter()
+            .filter(refused)
+            .cloned()
+            .collect()
+    }
+
     /// The first line, so far or to come within `limit`, that `wanted`
     /// accepts; an error listing what was logged if none comes.
     pub async fn wait_for(
@@ -209,6 +222,43 @@ pub fn granted(manifests: &Value) -> Vec<(Option<String>, Granted)> {
         }
     }
     out
+}
+
+/// Starts `program` (args, environment and standard output as the caller
+/// set them) as the ServiceAccount `account` of `namespace`, bound to what
+/// `program print_args` prints (its `--print-rbac`) less `take_away`
+/// (verb, resource), its ClusterRoles named for `namespace`
+/// ([`unique`]); returns once the authorizer grants every rule
+/// ([`TestEnv::bind`](crate::TestEnv::bind)), with its standard error
+/// followed. The child is killed when dropped.
+pub async fn start_as_printed(
+    env: &crate::TestEnv,
+    mut program: tokio::process::Command,
+    print_args: &[&str],
+    account: &str,
+    namespace: &str,
+    take_away: Option<(&str, &str)>,
+) -> Result<(tokio::process::Child, Log), EnvtestError> {
+    let mut print = Command::new(program.as_std().get_program());
+    print
+        .args(print_args)
+        .env("KUBECONFIG", env.kubeconfig_path());
+    let mut manifests = printed(&mut print)?;
+    if let Some((verb, resource)) = take_away {
+        manifests = without(manifests, verb, resource)?;
+    }
+    let manifests = unique(manifests, namespace).to_string();
+    let kubeconfig = env.bind(&manifests, namespace, account).await?;
+    let mut child = program
+        .env("KUBECONFIG", kubeconfig)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| EnvtestError::Client(format!("starting {program:?}: {e}")))?;
+    let stderr = child.stderr.take().ok_or_else(|| {
+        EnvtestError::Client(format!("{program:?} has no standard error to follow"))
+    })?;
+    Ok((child, Log::follow(stderr)))
 }
 
 /// Whether a log line carries the API server's refusal of `verb` on

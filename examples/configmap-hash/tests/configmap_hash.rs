@@ -1,7 +1,6 @@
 //! Runs the example against a real kube-apiserver, as a ServiceAccount
 //! bound to the rules it prints, and once without one of them.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
@@ -57,33 +56,17 @@ async fn new_hash(api: &Api<Deployment>, name: &str, not: Option<&str>) -> Strin
 const BIN: &str = env!("CARGO_BIN_EXE_configmap-hash");
 
 /// The example, as the ServiceAccount `configmap-hash` of `ns` bound to
-/// what its `--print-rbac ns` prints less `take_away` (verb, resource):
-/// a ClusterRole, as it watches every namespace, named for `ns`.
+/// what its `--print-rbac ns` prints less `take_away` (verb, resource).
 async fn as_printed(
     env: &TestEnv,
     ns: &str,
     take_away: Option<(&str, &str)>,
 ) -> (Child, rbac::Log) {
-    let args = ["--print-rbac", ns];
-    let mut manifests = rbac::printed(
-        std::process::Command::new(BIN)
-            .args(args)
-            .env("KUBECONFIG", env.kubeconfig_path()),
-    )
-    .unwrap();
-    if let Some((verb, resource)) = take_away {
-        manifests = rbac::without(manifests, verb, resource).unwrap();
-    }
-    let manifests = rbac::unique(manifests, ns).to_string();
-    let kubeconfig = env.bind(&manifests, ns, "configmap-hash").await.unwrap();
-    let mut child = tokio::process::Command::new(BIN)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = rbac::Log::follow(child.stderr.take().unwrap());
-    (child, log)
+    let program = tokio::process::Command::new(BIN);
+    let print = ["--print-rbac", ns];
+    rbac::start_as_printed(env, program, &print, "configmap-hash", ns, take_away)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

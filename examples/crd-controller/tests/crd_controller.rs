@@ -2,7 +2,6 @@
 //! ServiceAccount bound to the rules it prints: create, repair, update and
 //! delete a Greeting; then without each write it declares.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -35,33 +34,17 @@ fn greeting(name: &str, message: &str) -> DynamicObject {
 const BIN: &str = env!("CARGO_BIN_EXE_crd-controller");
 
 /// The example, as the ServiceAccount `crd-controller` of `ns` bound to
-/// what its `--print-rbac ns` prints less `take_away` (verb, resource):
-/// a ClusterRole, as it watches every namespace, named for `ns`.
+/// what its `--print-rbac ns` prints less `take_away` (verb, resource).
 async fn as_printed(
     env: &TestEnv,
     ns: &str,
     take_away: Option<(&str, &str)>,
 ) -> (Child, rbac::Log) {
-    let args = ["--print-rbac", ns];
-    let mut manifests = rbac::printed(
-        std::process::Command::new(BIN)
-            .args(args)
-            .env("KUBECONFIG", env.kubeconfig_path()),
-    )
-    .unwrap();
-    if let Some((verb, resource)) = take_away {
-        manifests = rbac::without(manifests, verb, resource).unwrap();
-    }
-    let manifests = rbac::unique(manifests, ns).to_string();
-    let kubeconfig = env.bind(&manifests, ns, "crd-controller").await.unwrap();
-    let mut child = tokio::process::Command::new(BIN)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = rbac::Log::follow(child.stderr.take().unwrap());
-    (child, log)
+    let program = tokio::process::Command::new(BIN);
+    let print = ["--print-rbac", ns];
+    rbac::start_as_printed(env, program, &print, "crd-controller", ns, take_away)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,28 +33,13 @@ async fn as_printed(
     ns: &str,
     take_away: Option<(&str, &str)>,
 ) -> (Child, rbac::Log) {
-    let args = [ns, "--print-rbac", ns];
-    let mut manifests = rbac::printed(
-        std::process::Command::new(BIN)
-            .args(args)
-            .env("KUBECONFIG", env.kubeconfig_path()),
-    )
-    .unwrap();
-    if let Some((verb, resource)) = take_away {
-        manifests = rbac::without(manifests, verb, resource).unwrap();
-    }
-    let manifests = manifests.to_string();
-    let kubeconfig = env.bind(&manifests, ns, "informer-lister").await.unwrap();
-    let mut child = tokio::process::Command::new(BIN)
-        .arg(ns)
-        .env("KUBECONFIG", kubeconfig)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = rbac::Log::follow(child.stderr.take().unwrap());
-    (child, log)
+    let mut program = tokio::process::Command::new(BIN);
+    program.arg(ns).stdout(Stdio::piped());
+    let print = [ns, "--print-rbac", ns];
+    let account = "informer-lister";
+    rbac::start_as_printed(env, program, &print, account, ns, take_away)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

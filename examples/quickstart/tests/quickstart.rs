@@ -3,7 +3,6 @@
 //! code as it is.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -31,21 +30,12 @@ async fn mirrored(secrets: &Api<Secret>, name: &str, message: &str) -> String {
 async fn a_labelled_configmap_is_mirrored_into_a_secret_it_owns() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("quickstart").await.unwrap();
-    let printed = rbac::printed(
-        std::process::Command::new(BIN)
-            .args(["--print-rbac", &ns])
-            .env("KUBECONFIG", env.kubeconfig_path()),
-    )
-    .unwrap();
-    let printed = rbac::unique(printed, &ns).to_string();
-    let kubeconfig = env.bind(&printed, &ns, "quickstart").await.unwrap();
-    let mut controller = tokio::process::Command::new(BIN)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = rbac::Log::follow(controller.stderr.take().unwrap());
+    let program = tokio::process::Command::new(BIN);
+    let print = ["--print-rbac", ns.as_str()];
+    let (mut controller, log) =
+        rbac::start_as_printed(env, program, &print, "quickstart", &ns, None)
+            .await
+            .unwrap();
     let client = env.client().unwrap();
     let (configmaps, secrets) = (
         Api::<ConfigMap>::namespaced(client.clone(), &ns),
