@@ -106,10 +106,11 @@ impl LeaderElectionConfig {
             })
         };
         if self.namespace.is_empty() {
-            return invalid(format!(
-                "the Lease has no namespace: not running in a pod ({SERVICE_ACCOUNT_NAMESPACE} \
-                 is not there), so name one with LeaderElectionConfig::namespace"
-            ));
+            return invalid(
+                "the Lease's namespace is empty (out of a pod there is none to default to): \
+                 name one with LeaderElectionConfig::namespace (for a ring, RingConfig's namespace)"
+                    .into(),
+            );
         }
         if self.identity.is_empty() {
             return invalid("the identity is empty".into());
@@ -157,7 +158,7 @@ impl LeaderElectionConfig {
             ControllerError::InvalidOptions(format!(
                 "leader election on Lease {lease_name:?}: not running in a cluster ({SERVICE_ACCOUNT_NAMESPACE} \
                  is not there), so there is no namespace of its own: name one with \
-                 LeaderElectionConfig::new"
+                 LeaderElectionConfig::new(..).namespace(..)"
             ))
         })?;
         Ok(Self::new(lease_name).namespace(&namespace))
@@ -1000,7 +1001,8 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("not running in a cluster") && e.contains("LeaderElectionConfig::new"),
+                e.contains("not running in a cluster")
+                    && e.contains("LeaderElectionConfig::new(..).namespace(..)"),
                 "{e}"
             );
         }
@@ -1021,7 +1023,7 @@ mod tests {
         let election = LeaderElectionConfig::new("mine").namespace("");
         let e = election.validate().unwrap_err().to_string();
         assert!(
-            e.contains("no namespace") && e.contains("LeaderElectionConfig::namespace"),
+            e.contains("namespace is empty") && e.contains("LeaderElectionConfig::namespace"),
             "{e}"
         );
         let named = LeaderElectionConfig::new("mine")

@@ -3,7 +3,10 @@
 //! (tracing-subscriber's `fmt`) that writes INFO and above to standard
 //! error, or what `RUST_LOG` asks for (`RUST_LOG=debug`,
 //! `RUST_LOG=kinformer_controllers=debug,info`), in colour only on a
-//! terminal. It is controller-runtime's `ctrl.SetLogger(zap.New())` step.
+//! terminal (and not with `NO_COLOR` set). A `RUST_LOG` that does not
+//! parse is an error; one that parses as something else than was meant
+//! (`RUST_LOG=warning` is a target named `warning`, not a level) is taken
+//! as written, as tracing-subscriber takes it. It is controller-runtime's `ctrl.SetLogger(zap.New())` step.
 //! Behind the default feature `logging`; a program with a subscriber of its
 //! own (JSON, OpenTelemetry) installs that instead.
 
@@ -14,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 /// Why [`init`] installed nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
-    /// `RUST_LOG` is set to something that is not a level or filter.
+    /// `RUST_LOG` does not parse as a level or filter.
     #[error(
         "RUST_LOG={value:?} is not a level or filter ({reason}); try RUST_LOG=info or RUST_LOG=debug"
     )]
@@ -42,9 +45,15 @@ pub fn init() -> Result<(), LoggingError> {
     tracing_subscriber::fmt()
         .with_env_filter(filter(rust_log.as_deref())?)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(colour(std::env::var_os("NO_COLOR").as_deref()))
         .try_init()
         .map_err(|e| LoggingError::AlreadyInstalled(e.to_string()))
+}
+
+/// Colour on a terminal, unless `NO_COLOR` is set to something
+/// (<https://no-color.org>).
+fn colour(no_color: Option<&std::ffi::OsStr>) -> bool {
+    std::io::stderr().is_terminal() && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The filter `RUST_LOG` asks for: INFO and above when unset or empty.
@@ -72,5 +81,6 @@ mod tests {
             e.starts_with("RUST_LOG=\"kinformer=loud\" is not a level or filter"),
             "{e}"
         );
+        assert!(!colour(Some(std::ffi::OsStr::new("1"))));
     }
 }

@@ -69,7 +69,9 @@ pub struct ManagerOptions {
 }
 
 /// A listen address in kubebuilder's syntax, as its `--metrics-bind-address`
-/// takes it: `"0"` for none (serve nothing), `":8080"` for every interface,
+/// takes it: `"0"` for none (serve nothing), `":8080"` for every IPv4
+/// interface (`0.0.0.0`; Go's `:8080` listens on IPv6 too: give
+/// `"[::]:8080"` for that),
 /// `"localhost:8080"`, `"127.0.0.1:8080"` or `"[::1]:8080"`; or a
 /// [`SocketAddr`]. What the options' address setters take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,8 +240,11 @@ impl ManagerOptions {
         self
     }
 
-    /// `addr`, or none with why kept for [`Manager::new`].
+    /// `addr`, or none with why kept for [`Manager::new`] (in place of
+    /// what an earlier call of the same setter left).
     fn address(&mut self, option: &str, addr: impl ToBindAddress) -> Option<BindAddress> {
+        let prefix = format!("{option}: ");
+        self.invalid.retain(|e| !e.starts_with(&prefix));
         addr.to_bind_address()
             .map_err(|e| self.invalid.push(format!("{option}: {e}")))
             .ok()
@@ -996,5 +1001,9 @@ mod tests {
                 && e.contains("webhook_server: \"0\""),
             "{e}"
         );
+        let fixed = ManagerOptions::new()
+            .metrics_bind_address("8080")
+            .metrics_bind_address(":8080");
+        assert!(fixed.invalid.is_empty(), "{:?}", fixed.invalid);
     }
 }

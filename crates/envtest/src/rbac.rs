@@ -226,7 +226,9 @@ pub fn granted(manifests: &Value) -> Vec<(Option<String>, Granted)> {
 
 /// Starts `program` (args, environment and standard output as the caller
 /// set them) as the ServiceAccount `account` of `namespace`, bound to what
-/// `program print_args` prints (its `--print-rbac`) less `take_away`
+/// `program print_args` prints (its `--print-rbac`; run as the program
+/// alone, without `program`'s own args and environment: put in
+/// `print_args` what the printing needs) less `take_away`
 /// (verb, resource), its ClusterRoles named for `namespace`
 /// ([`unique`]); returns once the authorizer grants every rule
 /// ([`TestEnv::bind`](crate::TestEnv::bind)), with its standard error

@@ -3,8 +3,10 @@
 //! ConfigMap and the Secret follows; delete the Secret and it comes back;
 //! delete the ConfigMap and the garbage collector takes the Secret.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
 use kinformer_controllers::kube::{Client, Resource, ResourceExt};
@@ -18,10 +20,16 @@ async fn reconcile(cm: Lookup<ConfigMap>, client: Arc<Client>) -> Result<Action,
         return Ok(Action::Done);
     }
     let (name, ns) = (cm.name_any(), cm.namespace().unwrap_or_default());
+    // `data`, not `stringData`: applied, a key the ConfigMap drops goes too.
+    let data = cm
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, ByteString(v.clone().into())));
     let secret = serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": { "name": name, "ownerReferences": [cm.controller_owner_ref(&())] },
-        "stringData": cm.data,
+        "data": data.collect::<BTreeMap<_, _>>(),
     });
     let apply = PatchParams::apply("quickstart").force();
     let secrets = Api::<Secret>::namespaced((*client).clone(), &ns);

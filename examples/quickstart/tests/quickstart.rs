@@ -71,8 +71,26 @@ async fn a_labelled_configmap_is_mirrored_into_a_secret_it_owns() {
         ("ConfigMap", Some(true))
     );
 
-    // A change follows; a deleted Secret comes back.
-    let patch = serde_json::json!({"data": {"message": "hello again"}});
+    // A change follows, a key dropped goes too; a deleted Secret comes back.
+    let patch = serde_json::json!({"data": {"extra": "x"}});
+    configmaps
+        .patch("hello", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let mut added = false;
+    for _ in 0..300 {
+        let secret = secrets.get("hello").await.unwrap();
+        if secret.data.is_some_and(|d| d.contains_key("extra")) {
+            added = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        added,
+        "the key added to the ConfigMap never reached the Secret"
+    );
+    let patch = serde_json::json!({"data": {"message": "hello again", "extra": null}});
     configmaps
         .patch("hello", &PatchParams::default(), &Patch::Merge(patch))
         .await
