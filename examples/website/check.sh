@@ -262,4 +262,5 @@ wait "$pid" || code=$?
 pid=""
 [ "$code" = 0 ] || fail "exit code $code"
 ok
+echo "--- controller log: $log"
 echo "PASS"

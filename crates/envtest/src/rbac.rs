@@ -117,11 +117,10 @@ impl Log {
         self.lines.borrow().clone()
     }
 
-    /// The lines so far that carry a refusal by the API server
-    /// ("forbidden" or "Unauthorized"): none for a program bound to every
-    /// rule it needs.
+    /// The lines so far that carry an authorization refusal by the API
+    /// server: none for a program bound to every rule it needs.
     pub fn refusals(&self) -> Vec<String> {
-        let refused = |l: &&String| l.contains("forbidden") || l.contains("Unauthorized");
+        let refused = |l: &&String| is_refusal(l);
         self.lines
             .borrow()
             .iter()
@@ -263,6 +262,16 @@ pub async fn start_as_printed(
     Ok((child, Log::follow(stderr)))
 }
 
+/// Whether a log line carries an authorization refusal by the API server:
+/// RBAC's `... is forbidden: User "..." cannot ...` (plain or quoted), or
+/// 401 Unauthorized. Not a 403 for another cause, such as a quota's
+/// `is forbidden: exceeded quota`.
+pub fn is_refusal(line: &str) -> bool {
+    line.contains("is forbidden: User ")
+        || line.contains("is forbidden: User \\\"")
+        || line.contains("Unauthorized")
+}
+
 /// Whether a log line carries the API server's refusal of `verb` on
 /// `resource` (`... cannot watch resource "pods" in API group ...`) as
 /// it is or quoted (a log field written with `Debug` escapes the quotes).
@@ -367,9 +376,12 @@ mod tests {
 
     #[test]
     fn a_refusal_is_recognised_plain_or_quoted() {
+        let quota = r#"deployments.apps "x" is forbidden: exceeded quota: q, requested: pods=1"#;
+        assert!(!is_refusal(quota));
         let plain = r#"pods is forbidden: User "x" cannot watch resource "pods" in API group """#;
         let quoted = r#"error="pods is forbidden: User \"x\" cannot watch resource \"pods\"""#;
         for line in [plain, quoted] {
+            assert!(is_refusal(line), "{line}");
             assert!(names_refusal(line, "watch", "pods"), "{line}");
             assert!(!names_refusal(line, "list", "pods"), "{line}");
             assert!(!names_refusal(line, "watch", "pod"), "{line}");

@@ -66,6 +66,17 @@ async fn the_website_controller_passes_the_checks_its_peers_pass_under_its_print
         output.status.success() && stdout.ends_with("PASS\n"),
         "check.sh failed:\n{stdout}\n{stderr}"
     );
+    // Nothing it did under its own rules was refused.
+    let log = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("--- controller log: "))
+        .unwrap_or_else(|| panic!("no log named in:\n{stdout}"));
+    let log = std::fs::read_to_string(log).unwrap();
+    let refused: Vec<&str> = log.lines().filter(|l| rbac::is_refusal(l)).collect();
+    assert!(
+        refused.is_empty(),
+        "refused under its own rules: {refused:?}"
+    );
 
     // Without create on events, the Warning Event step fails, and the
     // log it shows names the refusal.
