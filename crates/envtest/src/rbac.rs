@@ -117,6 +117,18 @@ impl Log {
         self.lines.borrow().clone()
     }
 
+    /// The first line, so far or within 30 s, carrying the server's refusal
+    /// of `verb` on `resource` ([`names_refusal`]).
+    pub async fn wait_for_refusal(
+        &self,
+        verb: &str,
+        resource: &str,
+    ) -> Result<String, EnvtestError> {
+        let limit = std::time::Duration::from_secs(30);
+        self.wait_for(limit, |l| names_refusal(l, verb, resource))
+            .await
+    }
+
     /// The lines so far that carry an authorization refusal by the API
     /// server: none for a program bound to every rule it needs.
     pub fn refusals(&self) -> Vec<String> {

@@ -292,12 +292,7 @@ impl SharedInformerFactory {
         let mut permissions = Permissions::new();
         for entry in self.informers.lock().values() {
             if let (Some(read), namespace) = entry.startable.reads() {
-                permissions.allow(
-                    namespace.as_deref(),
-                    &read.group,
-                    &read.resource,
-                    &["list", "watch"],
-                );
+                permissions.allow_reads(namespace.as_deref(), &read);
             }
         }
         permissions

@@ -15,6 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use crate::GroupResource;
+
 /// Where a rule applies: a namespace, or the whole cluster (`None`).
 type Scope = Option<String>;
 
@@ -50,6 +52,17 @@ impl Permissions {
         verbs: &[&str],
     ) -> &mut Self {
         self.allow_named(namespace, group, resource, &[], verbs)
+    }
+
+    /// What an informer over `resource` in `namespace` (`None`: every
+    /// namespace, or a cluster-scoped resource) needs: list and watch.
+    pub fn allow_reads(&mut self, namespace: Option<&str>, resource: &GroupResource) -> &mut Self {
+        self.allow(
+            namespace,
+            &resource.group,
+            &resource.resource,
+            &["list", "watch"],
+        )
     }
 
     /// [`allow`](Self::allow), limited to the objects named `names`.

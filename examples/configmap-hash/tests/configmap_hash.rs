@@ -133,11 +133,6 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         .await
         .unwrap();
     let (_example, log) = as_printed(env, &ns, Some(("patch", "deployments"))).await;
-    let refusal = log
-        .wait_for(Duration::from_secs(30), |l| {
-            rbac::names_refusal(l, "patch", "deployments")
-        })
-        .await
-        .unwrap();
+    let refusal = log.wait_for_refusal("patch", "deployments").await.unwrap();
     assert!(refusal.contains(&ns), "{refusal}");
 }

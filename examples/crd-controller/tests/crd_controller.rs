@@ -190,11 +190,7 @@ async fn a_greeting_gets_its_configmap_and_status_keeps_it_and_cleans_it_up() {
             .create(&PostParams::default(), &greeting("hello", "hi"))
             .await
             .unwrap();
-        log.wait_for(Duration::from_secs(30), |l| {
-            rbac::names_refusal(l, verb, resource)
-        })
-        .await
-        .unwrap();
+        log.wait_for_refusal(verb, resource).await.unwrap();
         controller.kill().await.unwrap();
     }
 }

@@ -97,11 +97,6 @@ async fn without_watch_on_configmaps_it_logs_the_refusal_naming_it() {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace("lister-denied").await.unwrap();
     let (_child, log) = as_printed(env, &ns, Some(("watch", "configmaps"))).await;
-    let refusal = log
-        .wait_for(Duration::from_secs(30), |l| {
-            rbac::names_refusal(l, "watch", "configmaps")
-        })
-        .await
-        .unwrap();
+    let refusal = log.wait_for_refusal("watch", "configmaps").await.unwrap();
     assert!(refusal.contains(&ns), "{refusal}");
 }

@@ -373,12 +373,7 @@ impl<K: Object + Clone> Controller<K> {
         let mut permissions = self.writes.clone();
         for dependency in self.informers() {
             if let (Some(read), namespace) = dependency.reads() {
-                permissions.allow(
-                    namespace.as_deref(),
-                    &read.group,
-                    &read.resource,
-                    &["list", "watch"],
-                );
+                permissions.allow_reads(namespace.as_deref(), &read);
             }
         }
         if let Some(ring) = &self.options.ring {
