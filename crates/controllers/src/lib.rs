@@ -7,7 +7,8 @@
 //!   Lease, and reporting [`Metrics`] with controller-runtime's names.
 //! - [`EventRecorder`] publishes events.k8s.io/v1 Events, folding repeats
 //!   into an `EventSeries` written at most every 30 s, as client-go does.
-//! - [`apply_status`] writes an object's status through server-side apply.
+//! - [`apply`] writes an object, and [`apply_status`] an object's status,
+//!   through server-side apply.
 //! - [`finalizer`] wraps a reconcile in a finalizer: add it, run cleanup
 //!   when the object is deleted, then remove it.
 //! - [`pod_stdout`] prints every Pod add, update and delete.
@@ -71,6 +72,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::return_self_not_must_use)]
 
+mod apply;
 mod controller;
 mod error;
 mod events;
@@ -83,7 +85,6 @@ mod metrics;
 pub mod rbac;
 mod seeds;
 mod sharding;
-mod status;
 #[cfg(test)]
 mod testing;
 
@@ -105,6 +106,7 @@ pub use seeds::{pod_stdout, service_strategy};
 pub use sharding::ring;
 use sharding::{key_slots, membership, slots};
 
+pub use apply::{apply, apply_status};
 pub use builder::ControllerBuilder;
 pub use error::ControllerError;
 pub use events::{EventRecorder, EventType, NewEvent};
@@ -122,4 +124,3 @@ pub use read_your_writes::{DEFAULT_READ_YOUR_WRITES_BOUND, untracked};
 pub use reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError};
 pub use runtime::Controller;
 pub use slots::{Ring, RingConfig, SlotGuard};
-pub use status::apply_status;

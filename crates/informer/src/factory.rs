@@ -427,9 +427,8 @@ impl SharedInformerFactory {
     where
         K::Scope: 'static,
     {
-        let cluster_scoped = TypeId::of::<K::Scope>() == TypeId::of::<ClusterResourceScope>();
         InformerScope {
-            namespace: self.default_namespace.clone().filter(|_| !cluster_scoped),
+            namespace: (self.default_namespace.clone()).filter(|_| !is_cluster_scoped::<K>()),
             ..InformerScope::default()
         }
     }
@@ -541,4 +540,13 @@ impl SharedInformerFactory {
         }
         out
     }
+}
+
+/// Whether `K` is cluster-scoped (its `Resource::Scope` is
+/// `ClusterResourceScope`), as opposed to namespaced or dynamic.
+pub fn is_cluster_scoped<K: Resource>() -> bool
+where
+    K::Scope: 'static,
+{
+    TypeId::of::<K::Scope>() == TypeId::of::<ClusterResourceScope>()
 }

@@ -150,7 +150,9 @@ pub use kube_client as kube;
 
 pub use backoff::BackoffConfig;
 pub use error::{CatchUpError, Detail, InformerError, ListWatchError};
-pub use factory::{FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory};
+pub use factory::{
+    FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory, is_cluster_scoped,
+};
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{
     InformerOptions, MIN_RESYNC_PERIOD, ResourceEventHandlerRegistration, SharedIndexInformer,

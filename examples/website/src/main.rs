@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
-use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
+use kinformer_controllers::kube::api::Api;
 use kinformer_controllers::kube::{Client, Resource, ResourceExt};
 use kinformer_controllers::webhook::{AdmissionRequest, Conversion, Verdict, Webhooks};
 use kinformer_controllers::{
@@ -29,7 +29,6 @@ use kinformer_controllers::{
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 /// A web site: an image served by `replicas` Pods for `host`.
 #[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -78,6 +77,11 @@ pub struct WebsiteStatus {
 
 const MANAGER: &str = "website-controller";
 
+// The Deployment and Service, written with k8s-openapi's types (children.rs)
+// or, with the feature `json`, with `json!` (children_json.rs).
+#[cfg_attr(feature = "json", path = "children_json.rs")] // variant switch
+mod children; // variant switch
+
 struct Context {
     client: Client,
     events: Arc<EventRecorder>,
@@ -90,7 +94,7 @@ async fn reconcile(website: Lookup<Website>, ctx: Arc<Context>) -> Result<Action
     let api = Api::namespaced(ctx.client.clone(), &website.namespace().unwrap_or_default());
     let cleanup = "example.kinformer.dev/cleanup";
     let result = finalizer(&api, cleanup, website.clone(), async |event| match event {
-        FinalizerEvent::Apply(website) => apply(&website, &ctx.client).await,
+        FinalizerEvent::Apply(website) => children::serve(&website, &ctx.client).await,
         FinalizerEvent::Cleanup(website) => {
             tracing::info!(
                 "cleanup of {}: its Deployment and Service go with it",
@@ -111,48 +115,6 @@ async fn reconcile(website: Lookup<Website>, ctx: Arc<Context>) -> Result<Action
         let _ = ctx.events.publish(&website.object_ref(&()), event).await;
     }
     Ok(result?)
-}
-
-async fn apply(website: &Website, client: &Client) -> Result<Action, ReconcileError> {
-    let (name, ns) = (website.name_any(), website.namespace().unwrap_or_default());
-    let owner = [website.controller_owner_ref(&())];
-    let labels = json!({ "app": name });
-    let params = PatchParams::apply(MANAGER).force();
-    let deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": { "name": name, "ownerReferences": owner },
-        "spec": {
-            "replicas": website.spec.replicas,
-            "selector": { "matchLabels": labels },
-            "template": {
-                "metadata": { "labels": labels },
-                "spec": { "containers": [{
-                    "name": "web",
-                    "image": website.spec.image,
-                    "ports": [{ "containerPort": 80 }],
-                    "env": [{ "name": "WEBSITE_HOST", "value": website.spec.host }],
-                }] },
-            },
-        },
-    });
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
-        .patch(&name, &params, &Patch::Apply(deployment))
-        .await?;
-    let service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": name, "ownerReferences": owner },
-        "spec": { "selector": labels, "ports": [{ "port": 80 }] },
-    });
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .patch(&name, &params, &Patch::Apply(service))
-        .await?;
-    let ready_replicas = deployment
-        .status
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
-    let websites = Api::<Website>::namespaced(client.clone(), &ns);
-    apply_status(&websites, &name, MANAGER, &WebsiteStatus { ready_replicas }).await?;
-    Ok(Action::Done)
 }
 
 async fn default(mut site: Website, _: AdmissionRequest<Website>) -> Result<Website, Verdict> {

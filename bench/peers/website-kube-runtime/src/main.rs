@@ -79,6 +79,11 @@ pub struct WebsiteStatus {
 
 const MANAGER: &str = "website-controller";
 
+// The Deployment and Service, written with k8s-openapi's types (children.rs)
+// or, with the feature `json`, with `json!` (children_json.rs).
+#[cfg_attr(feature = "json", path = "children_json.rs")] // variant switch
+mod children; // variant switch
+
 struct Context {
     client: Client,
     recorder: Recorder,
@@ -93,7 +98,7 @@ async fn reconcile(website: Arc<Website>, ctx: Arc<Context>) -> Result<Action, E
     let cleanup = "example.kinformer.dev/cleanup";
     let result = finalizer(&api, cleanup, website.clone(), |event| async {
         match event {
-            Finalizer::Apply(website) => apply(&website, &ctx.client).await,
+            Finalizer::Apply(website) => children::serve(&website, &ctx.client).await,
             Finalizer::Cleanup(website) => {
                 tracing::info!(
                     "cleanup of {}: its Deployment and Service go with it",
@@ -115,53 +120,6 @@ async fn reconcile(website: Arc<Website>, ctx: Arc<Context>) -> Result<Action, E
         let _ = ctx.recorder.publish(&event, &website.object_ref(&())).await;
     }
     result
-}
-
-async fn apply(website: &Website, client: &Client) -> Result<Action, kube::Error> {
-    let (name, ns) = (website.name_any(), website.namespace().unwrap_or_default());
-    let owner = [website.controller_owner_ref(&())];
-    let labels = json!({ "app": name });
-    let params = PatchParams::apply(MANAGER).force();
-    let deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": { "name": name, "ownerReferences": owner },
-        "spec": {
-            "replicas": website.spec.replicas,
-            "selector": { "matchLabels": labels },
-            "template": {
-                "metadata": { "labels": labels },
-                "spec": { "containers": [{
-                    "name": "web",
-                    "image": website.spec.image,
-                    "ports": [{ "containerPort": 80 }],
-                    "env": [{ "name": "WEBSITE_HOST", "value": website.spec.host }],
-                }] },
-            },
-        },
-    });
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
-        .patch(&name, &params, &Patch::Apply(deployment))
-        .await?;
-    let service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": name, "ownerReferences": owner },
-        "spec": { "selector": labels, "ports": [{ "port": 80 }] },
-    });
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .patch(&name, &params, &Patch::Apply(service))
-        .await?;
-    let ready_replicas = deployment
-        .status
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
-    let status = json!({
-        "apiVersion": "example.kinformer.dev/v1", "kind": "Website",
-        "status": WebsiteStatus { ready_replicas },
-    });
-    Api::<Website>::namespaced(client.clone(), &ns)
-        .patch_status(&name, &params, &Patch::Apply(status))
-        .await?;
-    Ok(Action::await_change())
 }
 
 type Review = Json<AdmissionReview<DynamicObject>>;

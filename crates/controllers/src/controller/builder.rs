@@ -4,10 +4,11 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use kinformer_informer::{InformerScope, SharedIndexInformer, SharedInformerFactory};
+use kinformer_informer::{
+    InformerScope, SharedIndexInformer, SharedInformerFactory, is_cluster_scoped,
+};
 use kinformer_store::Object;
 use kube_client::Resource;
-use kube_client::core::ClusterResourceScope;
 use serde::de::DeserializeOwned;
 
 use crate::options::EventFilter;
@@ -42,14 +43,6 @@ pub struct ControllerBuilder<'f, K> {
     managed: Option<(Arc<Metrics>, Option<Arc<LeaderElector>>)>,
     /// What the reconciler writes (see [`writes`](Self::writes)).
     writes: Permissions,
-}
-
-/// Whether `K` is cluster-scoped.
-fn cluster_scoped<K: Resource>() -> bool
-where
-    K::Scope: 'static,
-{
-    std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>()
 }
 
 impl<K> Controller<K>
@@ -186,7 +179,7 @@ where
         if let Some(ns) = self
             .factory
             .namespace_of()
-            .filter(|_| !cluster_scoped::<K>())
+            .filter(|_| !is_cluster_scoped::<K>())
         {
             scope = scope.namespace(ns);
         }
@@ -240,7 +233,7 @@ where
         let namespace = self
             .factory
             .namespace_of()
-            .filter(|_| !cluster_scoped::<C>());
+            .filter(|_| !is_cluster_scoped::<C>());
         let resource = format!("{}{subresource}", C::plural(&dt));
         self.writes
             .allow(namespace, &C::group(&dt), &resource, verbs);
@@ -388,7 +381,7 @@ where
         let informer = self.informer();
         let mut controller = Controller::new(&self.name, informer, reconciler, self.options)?;
         controller.writes = self.writes;
-        controller.cluster_scoped = cluster_scoped::<K>();
+        controller.cluster_scoped = is_cluster_scoped::<K>();
         for wire in self.wiring {
             controller = wire(controller)?;
         }

@@ -23,7 +23,6 @@ use kinformer_workqueue::{
     Priority, QueueConfig, RateLimitingQueue, default_controller_rate_limiter,
 };
 use kube_client::Resource;
-use kube_client::core::ClusterResourceScope;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -307,8 +306,7 @@ impl<K: Object + Clone> Controller<K> {
         let dt = K::DynamicType::default();
         let kind = K::kind(&dt).into_owned();
         let group = K::group(&dt).into_owned();
-        let cluster_scoped =
-            std::any::TypeId::of::<K::Scope>() == std::any::TypeId::of::<ClusterResourceScope>();
+        let cluster_scoped = kinformer_informer::is_cluster_scoped::<K>();
         let child_kind = reason::type_name::<C>();
         let relation = Relation::Owned {
             group: group.clone(),

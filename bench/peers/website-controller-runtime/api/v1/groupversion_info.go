@@ -5,22 +5,21 @@
 package v1
 
 import (
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
-	// SchemeGroupVersion is the group and version of this package's types.
-	SchemeGroupVersion = schema.GroupVersion{Group: "example.kinformer.dev", Version: "v1"}
-	// SchemeBuilder adds this package's types to a scheme.
-	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds this package's types to a scheme.
+	// GroupVersion is group version used to register these objects.
+	GroupVersion = schema.GroupVersion{Group: "example.kinformer.dev", Version: "v1"}
+
+	// SchemeGroupVersion is GroupVersion under the name the generated apply
+	// configurations use (as kubebuilder scaffolds it since kubebuilder#5491).
+	SchemeGroupVersion = GroupVersion
+
+	// SchemeBuilder is used to add go types to the GroupVersionKind scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+
+	// AddToScheme adds the types in this group-version to the given scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
-
-func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(SchemeGroupVersion, &Website{}, &WebsiteList{})
-	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
-	return nil
-}

@@ -40,3 +40,7 @@ type WebsiteList struct {
 	metav1.ListMeta `json:"metadata,omitzero"`
 	Items           []Website `json:"items"`
 }
+
+func init() {
+	SchemeBuilder.Register(&Website{}, &WebsiteList{})
+}

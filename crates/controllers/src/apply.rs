@@ -1,0 +1,123 @@
+//! Server-side apply of a controller's writes: an object it builds
+//! ([`apply`]) and the status of one it reconciles ([`apply_status`]), each
+//! forced, as a controller owns the fields it writes (the API server's
+//! guidance for controllers), and sent without a resourceVersion: apply
+//! merges by field ownership, so there is no conflict to retry.
+
+use std::fmt::Debug;
+
+use kinformer_informer::is_cluster_scoped;
+use kube_client::api::{Api, Patch, PatchParams};
+use kube_client::core::Request;
+use kube_client::core::request::Error as RequestError;
+use kube_client::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Writes `object` through server-side apply as `field_manager`, forced, to
+/// the name (and, for a namespaced kind, the namespace) in its metadata,
+/// and returns it as stored: created if absent; the fields it sets are
+/// then owned by `field_manager`, and a field it set before and omits now
+/// is removed. Build the object fresh with only the fields you mean to
+/// own, as controller-runtime's `client.Apply` of an apply configuration:
+///
+/// ```no_run
+/// # async fn f(client: kinformer_controllers::kube::Client) -> Result<(), kinformer_controllers::kube::Error> {
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+///
+/// let config = ConfigMap {
+///     metadata: ObjectMeta {
+///         name: Some("settings".into()),
+///         namespace: Some("default".into()),
+///         ..Default::default()
+///     },
+///     data: Some([("mode".to_owned(), "fast".to_owned())].into()),
+///     ..Default::default()
+/// };
+/// let stored = kinformer_controllers::apply(&client, "my-controller", &config).await?;
+/// # Ok(()) }
+/// ```
+///
+/// An object without a name, a namespaced one without a namespace, or a
+/// cluster-scoped one with a namespace is an error naming what is missing
+/// (`kube::Error::BuildRequest`), and nothing is sent. The controller needs
+/// `create` and `patch` of the kind
+/// ([`writes`](crate::ControllerBuilder::writes)): an apply that creates is
+/// authorized as a create.
+pub async fn apply<K>(
+    client: &Client,
+    field_manager: &str,
+    object: &K,
+) -> Result<K, kube_client::Error>
+where
+    K: Resource + Serialize + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    K::Scope: 'static,
+{
+    let dt = K::DynamicType::default();
+    let meta = object.meta();
+    let refused = |what: String| {
+        kube_client::Error::BuildRequest(RequestError::Validation(format!(
+            "apply of {} {:?}: {what}",
+            K::kind(&dt),
+            meta.name.as_deref().unwrap_or_default()
+        )))
+    };
+    let name = meta.name.as_deref().filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| refused("metadata.name is not set".into()))?;
+    let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty());
+    match (is_cluster_scoped::<K>(), namespace) {
+        (true, Some(namespace)) => {
+            return Err(refused(format!(
+                "metadata.namespace is {namespace:?}, and the kind is cluster-scoped"
+            )));
+        }
+        (false, None) => {
+            return Err(refused(
+                "metadata.namespace is not set, and the kind is namespaced".into(),
+            ));
+        }
+        _ => {}
+    }
+    // The request `Api::patch` makes, built here because an `Api` of a
+    // namespace needs the scope as a bound, and this takes any kind.
+    let params = PatchParams::apply(field_manager).force();
+    let (request, patch) = (
+        Request::new(K::url_path(&dt, namespace)),
+        Patch::Apply(object),
+    );
+    let mut request = match K::metadata_api() {
+        true => request.patch_metadata(name, &params, &patch),
+        false => request.patch(name, &params, &patch),
+    }
+    .map_err(kube_client::Error::BuildRequest)?;
+    request.extensions_mut().insert("patch");
+    client.request::<K>(request).await
+}
+
+/// Writes `status` as the whole status owned by `field_manager`, through
+/// server-side apply of the `/status` subresource (forced: a controller
+/// owns its status fields). Fields it set before and omits now are removed;
+/// fields other managers own stay. No resourceVersion is sent: apply merges
+/// by field ownership, so there is no conflict to retry.
+pub async fn apply_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &S,
+) -> Result<K, kube_client::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    S: Serialize,
+{
+    let dt = K::DynamicType::default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&dt),
+        "kind": K::kind(&dt),
+        "status": status,
+    });
+    let params = PatchParams::apply(field_manager).force();
+    api.patch_status(name, &params, &Patch::Apply(&patch)).await
+}
