@@ -80,7 +80,7 @@ func (r *WebsiteReconciler) reconcile(ctx context.Context, website *examplev1.We
 	}
 	name, ns := website.Name, website.Namespace
 	owner := metav1ac.OwnerReference().
-		WithAPIVersion(examplev1.GroupVersion.String()).
+		WithAPIVersion(examplev1.SchemeGroupVersion.String()).
 		WithKind("Website").
 		WithName(name).
 		WithUID(website.UID).

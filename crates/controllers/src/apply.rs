@@ -1,15 +1,17 @@
 //! Server-side apply of a controller's writes: an object it builds
 //! ([`apply`]) and the status of one it reconciles ([`apply_status`]), each
 //! forced, as a controller owns the fields it writes (the API server's
-//! guidance for controllers), and sent without a resourceVersion: apply
-//! merges by field ownership, so there is no conflict to retry.
+//! guidance for controllers). Apply merges by field ownership: with no
+//! resourceVersion (`apply_status` sends none; an object built fresh for
+//! `apply` has none) there is no conflict to retry.
 
+use std::any::TypeId;
 use std::fmt::Debug;
 
 use kinformer_informer::is_cluster_scoped;
 use kube_client::api::{Api, Patch, PatchParams};
-use kube_client::core::Request;
 use kube_client::core::request::Error as RequestError;
+use kube_client::core::{NamespaceResourceScope, Request};
 use kube_client::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -19,7 +21,10 @@ use serde::de::DeserializeOwned;
 /// and returns it as stored: created if absent; the fields it sets are
 /// then owned by `field_manager`, and a field it set before and omits now
 /// is removed. Build the object fresh with only the fields you mean to
-/// own, as controller-runtime's `client.Apply` of an apply configuration:
+/// own, as controller-runtime's `client.Apply` of an apply configuration
+/// (an object read back carries a resourceVersion, which makes the write
+/// conditional, a 409 Conflict once stale, and managedFields, which apply
+/// refuses):
 ///
 /// ```no_run
 /// # async fn f(client: kinformer_controllers::kube::Client) -> Result<(), kinformer_controllers::kube::Error> {
@@ -39,9 +44,16 @@ use serde::de::DeserializeOwned;
 /// # Ok(()) }
 /// ```
 ///
-/// An object without a name, a namespaced one without a namespace, or a
-/// cluster-scoped one with a namespace is an error naming what is missing
-/// (`kube::Error::BuildRequest`), and nothing is sent. The controller needs
+/// An object without a name, a namespaced one without a namespace, a
+/// cluster-scoped one with a namespace, or one of a kind that is neither
+/// (a subresource's, such as `Scale`) is an error naming what is wrong
+/// (`kube::Error::BuildRequest`), and nothing is sent. k8s-openapi's
+/// required fields are always serialized (a Deployment's `spec.selector`
+/// and `spec.template`, empty or not), so a typed object is applied whole,
+/// as the controller means it to be; to set a few fields of an object
+/// another writer owns, apply a `json!` value with kube's `Api::patch`, or
+/// a `PartialObjectMeta<K>` for its labels and annotations (built with
+/// `ObjectMeta::into_request_partial`). The controller needs
 /// `create` and `patch` of the kind
 /// ([`writes`](crate::ControllerBuilder::writes)): an apply that creates is
 /// authorized as a create.
@@ -67,21 +79,28 @@ where
     let name = meta.name.as_deref().filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| refused("metadata.name is not set".into()))?;
     let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty());
-    match (is_cluster_scoped::<K>(), namespace) {
-        (true, Some(namespace)) => {
+    let namespaced = TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>();
+    match (is_cluster_scoped::<K>(), namespaced, namespace) {
+        (true, _, Some(namespace)) => {
             return Err(refused(format!(
                 "metadata.namespace is {namespace:?}, and the kind is cluster-scoped"
             )));
         }
-        (false, None) => {
+        (false, true, None) => {
             return Err(refused(
                 "metadata.namespace is not set, and the kind is namespaced".into(),
+            ));
+        }
+        (false, false, _) => {
+            // A subresource's kind (Scale, Eviction) or a dynamic scope.
+            return Err(refused(
+                "the kind is neither namespaced nor cluster-scoped: apply its parent".into(),
             ));
         }
         _ => {}
     }
     // The request `Api::patch` makes, built here because an `Api` of a
-    // namespace needs the scope as a bound, and this takes any kind.
+    // namespace needs the scope as a bound, and this takes both scopes.
     let params = PatchParams::apply(field_manager).force();
     let (request, patch) = (
         Request::new(K::url_path(&dt, namespace)),

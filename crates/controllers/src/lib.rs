@@ -124,3 +124,8 @@ pub use read_your_writes::{DEFAULT_READ_YOUR_WRITES_BOUND, untracked};
 pub use reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError};
 pub use runtime::Controller;
 pub use slots::{Ring, RingConfig, SlotGuard};
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

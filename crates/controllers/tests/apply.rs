@@ -3,7 +3,11 @@
 //! another manager's field taken over (forced); a cluster-scoped kind goes
 //! to its cluster path; an object missing its name or namespace, or
 //! cluster-scoped with one, is refused naming what is wrong, and nothing
-//! is written.
+//! is written. The server's refusals (a bad name, data over the limit, a
+//! stale resourceVersion, managedFields, RBAC) come back as its own errors, bytes that
+//! are not UTF-8 come back exact, a deleted object is created again, and
+//! concurrent applies need no retry; a `PartialObjectMeta` applies labels
+//! alone.
 
 use std::collections::BTreeMap;
 
@@ -83,11 +87,12 @@ async fn apply_writes_a_cluster_scoped_kind_to_its_cluster_path() {
         },
         ..Default::default()
     };
-    let stored = apply(&client, "site-controller", &role).await.unwrap();
-    assert_eq!(stored.metadata.name.as_deref(), Some(name.as_str()));
+    let stored = apply(&client, "site-controller", &role).await;
     let roles = Api::<ClusterRole>::all(client);
-    assert!(roles.get_opt(&name).await.unwrap().is_some());
-    roles.delete(&name, &DeleteParams::default()).await.unwrap();
+    let found = roles.get_opt(&name).await.unwrap();
+    let _ = roles.delete(&name, &DeleteParams::default()).await;
+    assert_eq!(stored.unwrap().metadata.name, Some(name));
+    assert!(found.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,6 +116,35 @@ async fn apply_refuses_a_missing_name_or_namespace_and_sends_nothing() {
             .iter()
             .any(|c| c.metadata.name.as_deref() == Some("orphan")),
         "written despite the error"
+    );
+
+    // An empty namespace is no namespace.
+    let cm = config_map(Some(""), Some("orphan"), &[("a", "1")]);
+    let message = apply(&client, "site-controller", &cm)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("metadata.namespace is not set"),
+        "{message}"
+    );
+
+    // A subresource's kind, not applied on its own.
+    let scale = k8s_openapi::api::autoscaling::v1::Scale {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let message = apply(&client, "site-controller", &scale)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("the kind is neither namespaced nor cluster-scoped"),
+        "{message}"
     );
 
     // No name.
@@ -151,4 +185,160 @@ async fn apply_refuses_a_missing_name_or_namespace_and_sends_nothing() {
             .unwrap()
             .is_none()
     );
+}
+
+/// The API server's answer, when `result` is one.
+fn status_of<K>(result: Result<K, kube_client::Error>) -> (u16, String) {
+    match result {
+        Err(kube_client::Error::Api(status)) => (status.code, status.message),
+        Err(other) => panic!("not the API server's refusal: {other}"),
+        Ok(_) => panic!("written"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_passes_the_servers_refusals_through_and_nothing_is_stored() {
+    let (client, ns) = setup("apply-hostile").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+
+    // A name the server does not accept: its 422, naming it.
+    let cm = config_map(Some(&ns), Some("Not_A_Name"), &[("a", "1")]);
+    let (code, message) = status_of(apply(&client, "site-controller", &cm).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("Not_A_Name"), "{message}");
+
+    // Data over the 1 MiB a ConfigMap may hold: refused, not truncated.
+    let huge = "x".repeat(1536 * 1024);
+    let cm = config_map(Some(&ns), Some("huge"), &[("a", huge.as_str())]);
+    let (code, message) = status_of(apply(&client, "site-controller", &cm).await);
+    assert!((400..500).contains(&code), "{code}: {message}");
+    assert!(api.get_opt("huge").await.unwrap().is_none());
+
+    // A resourceVersion in the object makes the write conditional: a stale
+    // one is a 409, and the stored object is left as it was.
+    let cm = config_map(Some(&ns), Some("versioned"), &[("a", "1")]);
+    let first = apply(&client, "site-controller", &cm).await.unwrap();
+    apply(
+        &client,
+        "site-controller",
+        &config_map(Some(&ns), Some("versioned"), &[("a", "2")]),
+    )
+    .await
+    .unwrap();
+    let mut stale = config_map(Some(&ns), Some("versioned"), &[("a", "3")]);
+    stale.metadata.resource_version = first.metadata.resource_version;
+    let (code, message) = status_of(apply(&client, "site-controller", &stale).await);
+    assert_eq!(code, 409, "{message}");
+    assert_eq!(data(&api.get("versioned").await.unwrap())["a"], "2");
+
+    // An object read back, its managedFields still in it: a 400 naming them.
+    let mut read = api.get("versioned").await.unwrap();
+    read.metadata.resource_version = None;
+    let (code, message) = status_of(apply(&client, "site-controller", &read).await);
+    assert_eq!(code, 400, "{message}");
+    assert!(message.contains("managedFields must be nil"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_keeps_bytes_exact_recreates_a_deleted_object_and_takes_concurrent_writes() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    let (client, ns) = setup("apply-bytes").await;
+
+    // Bytes that are not UTF-8 go and come back as they are.
+    let bytes = vec![0xff, 0xfe, 0x00, 0xc3, 0x28, b'\n'];
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("raw".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        data: Some([("k".to_owned(), ByteString(bytes.clone()))].into()),
+        ..Default::default()
+    };
+    apply(&client, "site-controller", &secret).await.unwrap();
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let stored = secrets.get("raw").await.unwrap();
+    assert_eq!(stored.data.unwrap()["k"].0, bytes);
+
+    // Deleted, then applied again: a new object (another uid).
+    let uid = stored.metadata.uid.unwrap();
+    secrets
+        .delete("raw", &DeleteParams::default())
+        .await
+        .unwrap();
+    let again = apply(&client, "site-controller", &secret).await.unwrap();
+    assert_ne!(again.metadata.uid.unwrap(), uid);
+
+    // Sixteen concurrent applies of one object by one manager: no conflict
+    // to retry, and the object ends as one of them wrote it.
+    let writes = (0..16).map(|i| {
+        let (client, ns) = (client.clone(), ns.clone());
+        tokio::spawn(async move {
+            let value = i.to_string();
+            let cm = config_map(Some(&ns), Some("contended"), &[("i", value.as_str())]);
+            apply(&client, "site-controller", &cm).await
+        })
+    });
+    for write in futures::future::join_all(writes).await {
+        write.unwrap().unwrap();
+    }
+    let cm = Api::<ConfigMap>::namespaced(client, &ns)
+        .get("contended")
+        .await
+        .unwrap();
+    let last: usize = data(&cm)["i"].parse().unwrap();
+    assert!(last < 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_that_creates_needs_create_as_well_as_patch() {
+    let (admin, ns) = setup("apply-rbac").await;
+    let user = ("patch-only", "apply-patch-only");
+    let client =
+        common::client_allowed_only(&admin, &ns, user, ("", "configmaps"), &["patch"]).await;
+    let cm = config_map(Some(&ns), Some("site"), &[("a", "1")]);
+    let (code, message) = status_of(apply(&client, "site-controller", &cm).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains(r#"cannot create resource "configmaps""#),
+        "{message}"
+    );
+    // Once the object exists, patch alone is enough.
+    apply(
+        &admin,
+        "someone-else",
+        &config_map(Some(&ns), Some("site"), &[("b", "2")]),
+    )
+    .await
+    .unwrap();
+    apply(&client, "site-controller", &cm).await.unwrap();
+    let stored = Api::<ConfigMap>::namespaced(admin, &ns)
+        .get("site")
+        .await
+        .unwrap();
+    assert_eq!(data(&stored).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_of_metadata_alone_sets_labels_and_leaves_the_rest() {
+    use kube_client::core::{PartialObjectMeta, PartialObjectMetaExt};
+    let (client, ns) = setup("apply-metadata").await;
+    let cm = config_map(Some(&ns), Some("site"), &[("a", "1")]);
+    apply(&client, "site-controller", &cm).await.unwrap();
+    let labels = ObjectMeta {
+        name: Some("site".into()),
+        namespace: Some(ns.clone()),
+        labels: Some([("tier".to_owned(), "web".to_owned())].into()),
+        ..Default::default()
+    };
+    let partial: PartialObjectMeta<ConfigMap> = labels.into_request_partial();
+    let stored = apply(&client, "labeller", &partial).await.unwrap();
+    assert_eq!(stored.metadata.labels.unwrap()["tier"], "web");
+    let cm = Api::<ConfigMap>::namespaced(client, &ns)
+        .get("site")
+        .await
+        .unwrap();
+    assert_eq!(data(&cm)["a"], "1");
+    assert!(managers(&cm).contains(&("labeller".to_string(), "Apply".to_string())));
 }

@@ -46,3 +46,8 @@ pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};
 pub use env::{TestEnv, TestEnvOptions};
 pub use error::EnvtestError;
 pub use proxy::Proxy;
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -73,3 +73,8 @@ pub use error::{FifoError, PopError, Requeue};
 pub use kinformer_store::{DeletedFinalStateUnknown, ObjectOrTombstone};
 pub use queue::{FifoKind, InformerQueue, QueueReplace};
 pub use real_fifo::{Popped, RealFifo, RealFifoOptions, RealFifoReplace, ReplacedAll};
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

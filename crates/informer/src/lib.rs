@@ -181,3 +181,8 @@ pub use shard::{
 pub use strip::{JsonShape, strip_managed_fields_json};
 pub use sync::{HasSynced, wait_for_cache_sync};
 pub use tokio_util::sync::CancellationToken;
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -239,3 +239,8 @@ mod tests {
         assert_eq!(list.items.len(), 1);
     }
 }
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

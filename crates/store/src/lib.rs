@@ -64,3 +64,8 @@ pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
 pub use reader::CacheReader;
 pub use resource_version::{InvalidResourceVersion, compare_resource_version};
 pub use thread_safe_store::{Swapped, ThreadSafeStore, Upserted};
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

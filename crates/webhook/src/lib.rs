@@ -112,3 +112,8 @@ pub enum WebhookError {
     #[error("making a development certificate: {0}")]
     DevCerts(#[from] rcgen::Error),
 }
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -60,3 +60,8 @@ pub use rate_limiter::{
     MaxOfRateLimiter, RateLimiter, RateLimiterError, default_controller_rate_limiter,
 };
 pub use rate_limiting::RateLimitingQueue;
+
+/// The README's code, compiled (and run, unless marked `no_run`) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -3,14 +3,13 @@
 //! ConfigMap and the Secret follows; delete the Secret and it comes back;
 //! delete the ConfigMap and the garbage collector takes the Secret.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kinformer_controllers::kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_controllers::kube::{Client, Resource, ResourceExt};
-use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError, rbac};
+use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError, apply, rbac};
 
 async fn reconcile(cm: Lookup<ConfigMap>, client: Arc<Client>) -> Result<Action, ReconcileError> {
     let Lookup::Found(cm) = cm else {
@@ -21,19 +20,19 @@ async fn reconcile(cm: Lookup<ConfigMap>, client: Arc<Client>) -> Result<Action,
     }
     let (name, ns) = (cm.name_any(), cm.namespace().unwrap_or_default());
     // `data`, not `stringData`: applied, a key the ConfigMap drops goes too.
-    let data = cm
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k, ByteString(v.clone().into())));
-    let secret = serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": name, "ownerReferences": [cm.controller_owner_ref(&())] },
-        "data": data.collect::<BTreeMap<_, _>>(),
-    });
-    let apply = PatchParams::apply("quickstart").force();
-    let secrets = Api::<Secret>::namespaced((*client).clone(), &ns);
-    secrets.patch(&name, &apply, &Patch::Apply(secret)).await?;
+    let data = cm.data.iter().flatten();
+    let data = data.map(|(k, v)| (k.clone(), ByteString(v.clone().into())));
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            owner_references: cm.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..Default::default()
+        },
+        data: Some(data.collect()),
+        ..Default::default()
+    };
+    apply(&client, "quickstart", &secret).await?; // server-side apply, forced
     tracing::info!("mirrored {ns}/{name}");
     Ok(Action::Done)
 }

@@ -1,25 +1,31 @@
-// Package v1 is the API group example.kinformer.dev/v1: the Website kind.
+// Package v1 is the API group example.kinformer.dev/v1: the Website kind,
+// registered as kubebuilder v4 scaffolds it (templates/api/group.go).
 // +kubebuilder:object:generate=true
 // +kubebuilder:ac:generate=true
 // +groupName=example.kinformer.dev
 package v1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
-	// GroupVersion is group version used to register these objects.
-	GroupVersion = schema.GroupVersion{Group: "example.kinformer.dev", Version: "v1"}
+	// SchemeGroupVersion is this package's group and version, under the
+	// name the generated apply configurations use.
+	SchemeGroupVersion = schema.GroupVersion{Group: "example.kinformer.dev", Version: "v1"}
 
-	// SchemeGroupVersion is GroupVersion under the name the generated apply
-	// configurations use (as kubebuilder scaffolds it since kubebuilder#5491).
-	SchemeGroupVersion = GroupVersion
+	// GroupVersion is the same, under kubebuilder's older name.
+	GroupVersion = SchemeGroupVersion
 
-	// SchemeBuilder is used to add go types to the GroupVersionKind scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// SchemeBuilder adds this package's types to a scheme (website_types.go
+	// registers them).
+	SchemeBuilder = runtime.NewSchemeBuilder(func(scheme *runtime.Scheme) error {
+		metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
+		return nil
+	})
 
-	// AddToScheme adds the types in this group-version to the given scheme.
+	// AddToScheme adds this package's types to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )

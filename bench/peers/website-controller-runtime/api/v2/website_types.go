@@ -1,6 +1,9 @@
 package v2
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
 
 // WebsiteSpec is the desired state of a Website.
 type WebsiteSpec struct {
@@ -42,5 +45,8 @@ type WebsiteList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&Website{}, &WebsiteList{})
+	SchemeBuilder.Register(func(s *runtime.Scheme) error {
+		s.AddKnownTypes(SchemeGroupVersion, &Website{}, &WebsiteList{})
+		return nil
+	})
 }
