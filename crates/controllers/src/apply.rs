@@ -9,7 +9,7 @@ use std::any::TypeId;
 use std::fmt::Debug;
 
 use kinformer_informer::is_cluster_scoped;
-use kube_client::api::{Api, Patch, PatchParams};
+use kube_client::api::{Patch, PatchParams};
 use kube_client::core::request::Error as RequestError;
 use kube_client::core::{NamespaceResourceScope, Request};
 use kube_client::{Client, Resource};
@@ -67,45 +67,9 @@ where
     K::DynamicType: Default,
     K::Scope: 'static,
 {
-    let dt = K::DynamicType::default();
-    let meta = object.meta();
-    let refused = |what: String| {
-        kube_client::Error::BuildRequest(RequestError::Validation(format!(
-            "apply of {} {:?}: {what}",
-            K::kind(&dt),
-            meta.name.as_deref().unwrap_or_default()
-        )))
-    };
-    let name = meta.name.as_deref().filter(|n| !n.is_empty());
-    let name = name.ok_or_else(|| refused("metadata.name is not set".into()))?;
-    let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty());
-    let namespaced = TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>();
-    match (is_cluster_scoped::<K>(), namespaced, namespace) {
-        (true, _, Some(namespace)) => {
-            return Err(refused(format!(
-                "metadata.namespace is {namespace:?}, and the kind is cluster-scoped"
-            )));
-        }
-        (false, true, None) => {
-            return Err(refused(
-                "metadata.namespace is not set, and the kind is namespaced".into(),
-            ));
-        }
-        (false, false, _) => {
-            // A subresource's kind (Scale, Eviction) or a dynamic scope.
-            return Err(refused(
-                "the kind is neither namespaced nor cluster-scoped: apply its parent".into(),
-            ));
-        }
-        _ => {}
-    }
-    // The request `Api::patch` makes, built here because an `Api` of a
-    // namespace needs the scope as a bound, and this takes both scopes.
+    let (name, request) = target(object, "apply")?;
     let params = PatchParams::apply(field_manager).force();
-    let (request, patch) = (
-        Request::new(K::url_path(&dt, namespace)),
-        Patch::Apply(object),
-    );
+    let patch = Patch::Apply(object);
     let mut request = match K::metadata_api() {
         true => request.patch_metadata(name, &params, &patch),
         false => request.patch(name, &params, &patch),
@@ -115,22 +79,78 @@ where
     client.request::<K>(request).await
 }
 
-/// Writes `status` as the whole status owned by `field_manager`, through
-/// server-side apply of the `/status` subresource (forced: a controller
-/// owns its status fields). Fields it set before and omits now are removed;
-/// fields other managers own stay. No resourceVersion is sent: apply merges
-/// by field ownership, so there is no conflict to retry.
+/// The name `object` is written under and the request for its kind's
+/// collection: in its namespace for a namespaced kind, none for a
+/// cluster-scoped one. `Api::patch` builds the same request; it is built
+/// here because an `Api` of a namespace needs the scope as a bound, and
+/// these take both scopes. An object whose name or namespace does not fit
+/// its kind is an error naming what is wrong (`doing` names the write).
+fn target<'o, K>(object: &'o K, doing: &str) -> Result<(&'o str, Request), kube_client::Error>
+where
+    K: Resource,
+    K::DynamicType: Default,
+    K::Scope: 'static,
+{
+    let dt = K::DynamicType::default();
+    let meta = object.meta();
+    let refused = |what: String| {
+        kube_client::Error::BuildRequest(RequestError::Validation(format!(
+            "{doing} of {} {:?}: {what}",
+            K::kind(&dt),
+            meta.name.as_deref().unwrap_or_default()
+        )))
+    };
+    let name = meta.name.as_deref().filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| refused("metadata.name is not set".into()))?;
+    let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty());
+    let namespaced = TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>();
+    match (is_cluster_scoped::<K>(), namespaced, namespace) {
+        (true, _, Some(namespace)) => Err(refused(format!(
+            "metadata.namespace is {namespace:?}, and the kind is cluster-scoped"
+        ))),
+        (false, true, None) => Err(refused(
+            "metadata.namespace is not set, and the kind is namespaced".into(),
+        )),
+        // A subresource's kind (Scale, Eviction) or a dynamic scope.
+        (false, false, _) => Err(refused(
+            "the kind is neither namespaced nor cluster-scoped: apply its parent".into(),
+        )),
+        _ => Ok((name, Request::new(K::url_path(&dt, namespace)))),
+    }
+}
+
+/// Writes `status` as the whole status of `object` owned by
+/// `field_manager`, through server-side apply of its `/status` subresource
+/// (forced: a controller owns its status fields), to the name and
+/// namespace in `object`'s metadata, and returns the object as stored.
+/// Fields it set before and omits now are removed; fields other managers
+/// own stay. No resourceVersion is sent, so there is no conflict to retry;
+/// an object that does not exist is the server's 404 (a status apply does
+/// not create). The name and namespace are checked as [`apply`] checks
+/// them. An object from the cache is an `Arc<K>`: pass `&*object`. The controller needs `patch` of the kind's status
+/// ([`writes_status`](crate::ControllerBuilder::writes_status)).
+///
+/// ```no_run
+/// # async fn f(client: kinformer_controllers::kube::Client, deployment: k8s_openapi::api::apps::v1::Deployment) -> Result<(), kinformer_controllers::kube::Error> {
+/// use k8s_openapi::api::apps::v1::DeploymentStatus;
+///
+/// let status = DeploymentStatus { replicas: Some(2), ..Default::default() };
+/// kinformer_controllers::apply_status(&client, "my-controller", &deployment, &status).await?;
+/// # Ok(()) }
+/// ```
 pub async fn apply_status<K, S>(
-    api: &Api<K>,
-    name: &str,
+    client: &Client,
     field_manager: &str,
+    object: &K,
     status: &S,
 ) -> Result<K, kube_client::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
+    K::Scope: 'static,
     S: Serialize,
 {
+    let (name, request) = target(object, "status apply")?;
     let dt = K::DynamicType::default();
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&dt),
@@ -138,5 +158,9 @@ where
         "status": status,
     });
     let params = PatchParams::apply(field_manager).force();
-    api.patch_status(name, &params, &Patch::Apply(&patch)).await
+    let mut request = request
+        .patch_subresource("status", name, &params, &Patch::Apply(&patch))
+        .map_err(kube_client::Error::BuildRequest)?;
+    request.extensions_mut().insert("patch_status");
+    client.request::<K>(request).await
 }

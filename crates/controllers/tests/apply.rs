@@ -7,7 +7,8 @@
 //! stale resourceVersion, managedFields, RBAC) come back as its own errors, bytes that
 //! are not UTF-8 come back exact, a deleted object is created again, and
 //! concurrent applies need no retry; a `PartialObjectMeta` applies labels
-//! alone.
+//! alone. `apply_status` writes the status of the object it is given, and
+//! creates nothing.
 
 use std::collections::BTreeMap;
 
@@ -341,4 +342,77 @@ async fn apply_of_metadata_alone_sets_labels_and_leaves_the_rest() {
         .unwrap();
     assert_eq!(data(&cm)["a"], "1");
     assert!(managers(&cm).contains(&("labeller".to_string(), "Apply".to_string())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_status_writes_the_status_of_the_object_it_is_given_and_creates_nothing() {
+    use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
+    use kinformer_controllers::apply_status;
+    let (client, ns) = setup("apply-status").await;
+    let labels = Some(BTreeMap::from([("app".to_owned(), "web".to_owned())]));
+    let mut deployment = Deployment {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        spec: DeploymentSpec {
+            selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: labels.clone(),
+                ..Default::default()
+            },
+            template: k8s_openapi::api::core::v1::PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels,
+                    ..Default::default()
+                }),
+                spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                    containers: vec![k8s_openapi::api::core::v1::Container {
+                        name: "web".into(),
+                        image: Some("nginx:1".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+
+    // Not there yet: a status apply does not create it.
+    let status = DeploymentStatus {
+        replicas: Some(2),
+        ready_replicas: Some(1),
+        ..Default::default()
+    };
+    let (code, message) =
+        status_of(apply_status(&client, "site-controller", &deployment, &status).await);
+    assert_eq!(code, 404, "{message}");
+
+    apply(&client, "site-controller", &deployment)
+        .await
+        .unwrap();
+    let stored = apply_status(&client, "site-controller", &deployment, &status)
+        .await
+        .unwrap();
+    let written = stored.status.unwrap();
+    assert_eq!(
+        (written.replicas, written.ready_replicas),
+        (Some(2), Some(1))
+    );
+    let api = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let read = api.get_status("web").await.unwrap().status.unwrap();
+    assert_eq!(read.ready_replicas, Some(1));
+
+    // Checked as `apply` checks: no namespace, refused before sending.
+    deployment.metadata.namespace = None;
+    let message = apply_status(&client, "site-controller", &deployment, &status)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains(r#"status apply of Deployment "web": metadata.namespace is not set"#),
+        "{message}"
+    );
 }

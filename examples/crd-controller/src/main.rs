@@ -16,10 +16,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_controllers::{
-    Action, FinalizerEvent, Lookup, Manager, ManagerOptions, ReconcileError, apply_status,
+    Action, FinalizerEvent, Lookup, Manager, ManagerOptions, ReconcileError, apply, apply_status,
     finalizer, rbac,
 };
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use kube::{Client, Resource, ResourceExt};
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
@@ -68,21 +68,19 @@ async fn reconcile(
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some(cm_name.clone()),
+                    namespace: Some(ns.clone()),
                     owner_references: g.controller_owner_ref(&()).map(|r| vec![r]),
                     ..ObjectMeta::default()
                 },
                 data: Some([("message".to_owned(), g.spec.message.clone())].into()),
                 ..ConfigMap::default()
             };
-            let apply = PatchParams::apply(MANAGER).force();
-            configmaps
-                .patch(&cm_name, &apply, &Patch::Apply(&cm))
-                .await?;
+            apply(&client, MANAGER, &cm).await?;
             let status = GreetingStatus {
                 config_map: cm_name.clone(),
                 observed_generation: g.metadata.generation.unwrap_or_default(),
             };
-            apply_status(&greetings, &g.name_any(), MANAGER, &status).await?;
+            apply_status(&client, MANAGER, &*g, &status).await?; // g: Arc<Greeting>
             println!("applied {ns}/{}", g.name_any());
             Ok(Action::Done)
         }
@@ -103,9 +101,7 @@ async fn reconcile(
 /// Creates or updates the CRD and waits until the server serves it.
 async fn install_crd(client: &Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let apply = PatchParams::apply(MANAGER).force();
-    crds.patch(Greeting::crd_name(), &apply, &Patch::Apply(Greeting::crd()))
-        .await?;
+    apply(client, MANAGER, &Greeting::crd()).await?;
     for _ in 0..300 {
         let crd = crds.get(Greeting::crd_name()).await?;
         let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();

@@ -73,7 +73,6 @@ pub async fn serve(website: &Website, client: &Client) -> Result<Action, Reconci
         .status
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
-    let websites = Api::<Website>::namespaced(client.clone(), &ns);
-    apply_status(&websites, &name, MANAGER, &WebsiteStatus { ready_replicas }).await?;
+    apply_status(client, MANAGER, website, &WebsiteStatus { ready_replicas }).await?;
     Ok(Action::Done)
 }

@@ -17,6 +17,7 @@ type WebsiteStatus struct {
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 }
 
+// +genclient
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=websites
