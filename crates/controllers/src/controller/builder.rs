@@ -197,8 +197,8 @@ where
     /// [`finalizer`](crate::finalizer) helper patches its object;
     /// [`apply_status`](crate::apply_status) patches the status
     /// subresource ([`writes_status`](Self::writes_status)). A server-side
-    /// apply of an object that may not exist yet needs `create` as well as
-    /// `patch` (the server creates it). Reads through the client (a `get`
+    /// apply ([`apply`](crate::apply)) of an object that may not exist yet
+    /// needs `create` as well as `patch` (the server creates it). Reads through the client (a `get`
     /// the cache does not serve) are declared here too.
     pub fn writes<C>(mut self, verbs: &[&str]) -> Self
     where
