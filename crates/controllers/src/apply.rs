@@ -127,7 +127,9 @@ where
 /// own stay. No resourceVersion is sent, so there is no conflict to retry;
 /// an object that does not exist is the server's 404 (a status apply does
 /// not create). The name and namespace are checked as [`apply`] checks
-/// them. An object from the cache is an `Arc<K>`: pass `&*object`. The controller needs `patch` of the kind's status
+/// them. An object from the cache is an `Arc<K>`: pass `&*object`. With a
+/// name and no object, use kube's `Api::patch_status` with `Patch::Apply`.
+/// The controller needs `patch` of the kind's status
 /// ([`writes_status`](crate::ControllerBuilder::writes_status)).
 ///
 /// ```no_run
