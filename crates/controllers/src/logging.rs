@@ -6,7 +6,8 @@
 //! terminal (and not with `NO_COLOR` set). A `RUST_LOG` that does not
 //! parse is an error; one that parses as something else than was meant
 //! (`RUST_LOG=warning` is a target named `warning`, not a level) is taken
-//! as written, as tracing-subscriber takes it. It is controller-runtime's `ctrl.SetLogger(zap.New())` step.
+//! as written, as tracing-subscriber takes it. It is controller-runtime's
+//! `ctrl.SetLogger(zap.New())` step.
 //! Behind the default feature `logging`; a program with a subscriber of its
 //! own (JSON, OpenTelemetry) installs that instead.
 

@@ -246,7 +246,7 @@ impl ManagerOptions {
         let prefix = format!("{option}: ");
         self.invalid.retain(|e| !e.starts_with(&prefix));
         addr.to_bind_address()
-            .map_err(|e| self.invalid.push(format!("{option}: {e}")))
+            .map_err(|e| self.invalid.push(format!("{prefix}{e}")))
             .ok()
     }
 

@@ -235,15 +235,34 @@ pub fn granted(manifests: &Value) -> Vec<(Option<String>, Granted)> {
     out
 }
 
+/// A kubeconfig acting as the ServiceAccount `account` of `namespace`,
+/// bound to what `print` prints (a program's `--print-rbac`, run with the
+/// test environment's kubeconfig) less `take_away` (verb, resource), its
+/// ClusterRoles named for `namespace` ([`unique`]); returned once the
+/// authorizer grants every rule ([`TestEnv::bind`](crate::TestEnv::bind)).
+pub async fn bind_as_printed(
+    env: &crate::TestEnv,
+    print: &mut Command,
+    account: &str,
+    namespace: &str,
+    take_away: Option<(&str, &str)>,
+) -> Result<std::path::PathBuf, EnvtestError> {
+    let mut manifests = printed(print.env("KUBECONFIG", env.kubeconfig_path()))?;
+    if let Some((verb, resource)) = take_away {
+        manifests = without(manifests, verb, resource)?;
+    }
+    let manifests = unique(manifests, namespace).to_string();
+    env.bind(&manifests, namespace, account).await
+}
+
 /// Starts `program` (args, environment and standard output as the caller
 /// set them) as the ServiceAccount `account` of `namespace`, bound to what
 /// `program print_args` prints (its `--print-rbac`; run as the program
 /// alone, without `program`'s own args and environment: put in
 /// `print_args` what the printing needs) less `take_away`
-/// (verb, resource), its ClusterRoles named for `namespace`
-/// ([`unique`]); returns once the authorizer grants every rule
-/// ([`TestEnv::bind`](crate::TestEnv::bind)), with its standard error
-/// followed. The child is killed when dropped.
+/// (verb, resource), as [`bind_as_printed`] binds it; returns once the
+/// authorizer grants every rule, with its standard error followed. The
+/// child is killed when dropped.
 pub async fn start_as_printed(
     env: &crate::TestEnv,
     mut program: tokio::process::Command,
@@ -253,15 +272,8 @@ pub async fn start_as_printed(
     take_away: Option<(&str, &str)>,
 ) -> Result<(tokio::process::Child, Log), EnvtestError> {
     let mut print = Command::new(program.as_std().get_program());
-    print
-        .args(print_args)
-        .env("KUBECONFIG", env.kubeconfig_path());
-    let mut manifests = printed(&mut print)?;
-    if let Some((verb, resource)) = take_away {
-        manifests = without(manifests, verb, resource)?;
-    }
-    let manifests = unique(manifests, namespace).to_string();
-    let kubeconfig = env.bind(&manifests, namespace, account).await?;
+    print.args(print_args);
+    let kubeconfig = bind_as_printed(env, &mut print, account, namespace, take_away).await?;
     let mut child = program
         .env("KUBECONFIG", kubeconfig)
         .stderr(std::process::Stdio::piped())

@@ -422,13 +422,23 @@ impl SharedInformerFactory {
         self.default_namespace.as_deref()
     }
 
+    /// The namespace the factory's informer of `K` watches by default: the
+    /// factory's ([`namespace_of`](Self::namespace_of)), or none for a
+    /// cluster-scoped `K`.
+    pub fn namespace_for<K: Resource>(&self) -> Option<&str>
+    where
+        K::Scope: 'static,
+    {
+        self.namespace_of().filter(|_| !is_cluster_scoped::<K>())
+    }
+
     /// The factory's namespace, or none for a cluster-scoped `K`.
     fn default_scope<K: Resource>(&self) -> InformerScope
     where
         K::Scope: 'static,
     {
         InformerScope {
-            namespace: (self.default_namespace.clone()).filter(|_| !is_cluster_scoped::<K>()),
+            namespace: self.namespace_for::<K>().map(str::to_owned),
             ..InformerScope::default()
         }
     }

@@ -18,23 +18,16 @@ const BIN: &str = env!("CARGO_BIN_EXE_website");
 /// as it watches every namespace, named for the namespace).
 async fn check(env: &TestEnv, take_away: Option<(&str, &str)>) -> Output {
     let ns = env.create_namespace("website").await.unwrap();
-    let mut manifests = rbac::printed(
-        std::process::Command::new(BIN)
-            .args(["--print-rbac", &ns])
-            .env("KUBECONFIG", env.kubeconfig_path())
-            .env("LEASE_NAMESPACE", &ns)
-            .env("METRICS_ADDR", "127.0.0.1:0")
-            .env("PROBE_ADDR", "127.0.0.1:0")
-            .env("WEBHOOK_ADDR", "127.0.0.1:0")
-            .env("CERT_DIR", env.dir()),
-    )
-    .unwrap();
-    if let Some((verb, resource)) = take_away {
-        manifests = rbac::without(manifests, verb, resource).unwrap();
-    }
-    let manifests = rbac::unique(manifests, &ns).to_string();
-    let kubeconfig = env
-        .bind(&manifests, &ns, "website-controller")
+    let mut print = std::process::Command::new(BIN);
+    print
+        .args(["--print-rbac", &ns])
+        .env("LEASE_NAMESPACE", &ns)
+        .env("METRICS_ADDR", "127.0.0.1:0")
+        .env("PROBE_ADDR", "127.0.0.1:0")
+        .env("WEBHOOK_ADDR", "127.0.0.1:0")
+        .env("CERT_DIR", env.dir());
+    let account = "website-controller";
+    let kubeconfig = rbac::bind_as_printed(env, &mut print, account, &ns, take_away)
         .await
         .unwrap();
     let kubectl_dir = env.binaries().kubectl().parent().unwrap().to_owned();

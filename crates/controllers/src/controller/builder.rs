@@ -176,11 +176,7 @@ where
     pub fn sharded(mut self, ring: Arc<Ring>) -> Self {
         let dt = K::DynamicType::default();
         let mut scope = InformerScope::all().shard(ring.scope());
-        if let Some(ns) = self
-            .factory
-            .namespace_of()
-            .filter(|_| !is_cluster_scoped::<K>())
-        {
+        if let Some(ns) = self.factory.namespace_for::<K>() {
             scope = scope.namespace(ns);
         }
         self.informer = Some(self.factory.informer_with(&dt, scope));
@@ -198,8 +194,9 @@ where
     /// [`apply_status`](crate::apply_status) patches the status
     /// subresource ([`writes_status`](Self::writes_status)). A server-side
     /// apply ([`apply`](crate::apply)) of an object that may not exist yet
-    /// needs `create` as well as `patch` (the server creates it). Reads through the client (a `get`
-    /// the cache does not serve) are declared here too.
+    /// needs `create` as well as `patch` (the server creates it). Reads
+    /// through the client (a `get` the cache does not serve) are declared
+    /// here too.
     pub fn writes<C>(mut self, verbs: &[&str]) -> Self
     where
         C: Resource,
@@ -230,10 +227,7 @@ where
         C::Scope: 'static,
     {
         let dt = C::DynamicType::default();
-        let namespace = self
-            .factory
-            .namespace_of()
-            .filter(|_| !is_cluster_scoped::<C>());
+        let namespace = self.factory.namespace_for::<C>();
         let resource = format!("{}{subresource}", C::plural(&dt));
         self.writes
             .allow(namespace, &C::group(&dt), &resource, verbs);
