@@ -86,7 +86,9 @@ impl<K> RealFifoOptions<K> {
     /// relist holds one copy of what did not change rather than two; one
     /// they hold at that version but not whole
     /// ([`KnownObjects::holds_version`], a compact cache) is not kept at
-    /// all, the consumer keeping what it holds. Give
+    /// all, the consumer keeping what it holds, unless a unit queued or
+    /// being applied ahead of the list could change it first (then the
+    /// listed copy is kept, as without sharing). Give
     /// no known objects to take every listed object as it came (content the
     /// server changed without a write, such as new CRD defaults, then
     /// reaches the cache on a relist, as in client-go).
@@ -263,6 +265,9 @@ struct Inner<K> {
     populated: bool,
     /// How many entries queued by the first replace have yet to be popped.
     initial_population_count: usize,
+    /// How many units a consumer has taken, to tell that none was taken
+    /// between two looks ([`Inner::quiet`]).
+    processed: u64,
     closed: bool,
 }
 
@@ -306,6 +311,7 @@ impl<K> RealFifo<K> {
                 in_flight: false,
                 populated: false,
                 initial_population_count: 0,
+                processed: 0,
                 closed: false,
             }),
             consumer: Mutex::new(()),
@@ -561,6 +567,7 @@ impl<K> RealFifo<K> {
                 let Some(process) = process.take() else {
                     unreachable!("process is consumed at most once")
                 };
+                inner.processed += 1;
                 let deltas = Deltas(vec![delta]);
                 return Some(match process(&key, &deltas, is_in_initial_list) {
                     Ok(value) => {
@@ -613,6 +620,7 @@ impl<K> RealFifo<K> {
                 unreachable!("process is consumed at most once")
             };
             inner.in_flight = true;
+            inner.processed += 1;
             let unlock = self.atomic && inner.items.len() < UNLOCKED_BELOW;
             let (item, result, mut inner) = if unlock {
                 drop(inner);
@@ -765,6 +773,31 @@ impl<K> RealFifo<K> {
         }
     }
 
+    /// Whether the consumer will still hold `key` at `resource_version`
+    /// (same uid) when it applies a unit queued now: it holds it now, and
+    /// nothing is queued or being applied that could change it first. A
+    /// list queued behind another (a relist after a shard scope narrowed,
+    /// then one after it widened again) is judged against the store the
+    /// first leaves behind, which is not the store as it is now; so only a
+    /// quiet queue is asked, before and after, with no unit processed in
+    /// between (a producer on another thread cannot slip one in).
+    fn still_held(
+        &self,
+        known: &dyn KnownObjects<K>,
+        key: &str,
+        resource_version: &str,
+        obj: &K,
+    ) -> bool
+    where
+        K: Object,
+    {
+        let Some(before) = self.inner.lock().quiet() else {
+            return false;
+        };
+        known.holds_version(key, resource_version, obj.uid())
+            && self.inner.lock().quiet() == Some(before)
+    }
+
     fn push(&self, inner: &mut Inner<K>, item: Item<K>) {
         let was_empty = inner.items.is_empty();
         inner.items.push_back(item);
@@ -868,7 +901,11 @@ impl<K: Object> RealFifoReplace<'_, K> {
                 Some(held) if same_version(held.as_ref(), obj.as_ref()) => Some(held),
                 Some(_) => Some(obj),
                 None => match obj.resource_version() {
-                    Some(rv) if !rv.is_empty() && known.holds_version(&key, rv, obj.uid()) => None,
+                    Some(rv)
+                        if !rv.is_empty() && self.fifo.still_held(&**known, &key, rv, &obj) =>
+                    {
+                        None
+                    }
                     _ => Some(obj),
                 },
             },
@@ -932,6 +969,12 @@ impl<K> RealFifoReplace<'_, K> {
 impl<K> Inner<K> {
     fn has_synced(&self) -> bool {
         self.populated && self.initial_population_count == 0
+    }
+
+    /// How many units have been processed, when nothing is queued or being
+    /// processed: the consumer's content cannot change until a unit is.
+    fn quiet(&self) -> Option<u64> {
+        (self.items.is_empty() && !self.in_flight).then_some(self.processed)
     }
 
     /// A replace arrived: the first fixes the initial population.

@@ -412,6 +412,52 @@ async fn a_relisted_object_a_compact_store_holds_at_its_version_is_not_kept_at_a
     );
 }
 
+/// Two relists queued behind each other: the first lacks `ns/k` (a shard
+/// scope narrowed), the second has it back unchanged. The second must not
+/// be judged "held" against the store as it is before the first is
+/// applied: the first removes `ns/k`, and the second would keep nothing.
+#[tokio::test]
+async fn a_relist_queued_behind_another_keeps_its_own_copy_of_what_the_store_holds_now() {
+    let held = Arc::new(Indexer::<Pod>::compact(
+        Default::default(),
+        kinformer_store::Compact::json(),
+    ));
+    held.add(pod("k", 1)).unwrap();
+    let known: Arc<dyn KnownObjects<Pod>> = held.clone();
+    let fifo = RealFifo::with_options(RealFifoOptions::new().known_objects(known).atomic());
+    fifo.begin_replace().finish("2");
+    let mut replace = fifo.begin_replace();
+    replace.push(pod("k", 1)).unwrap();
+    replace.finish("3");
+    assert_eq!(pop(&fifo).await.0, "ReplacedAll 2 []");
+    assert_eq!(pop(&fifo).await.0, "ReplacedAll 3 [ns/k 1]");
+}
+
+/// The same while the earlier unit is being applied (taken, not yet done).
+#[tokio::test]
+async fn a_relist_listed_while_a_unit_is_applied_keeps_its_own_copy() {
+    let held = Arc::new(Indexer::<Pod>::compact(
+        Default::default(),
+        kinformer_store::Compact::json(),
+    ));
+    held.add(pod("k", 1)).unwrap();
+    let known: Arc<dyn KnownObjects<Pod>> = held.clone();
+    let fifo = Arc::new(RealFifo::with_options(
+        RealFifoOptions::new().known_objects(known).atomic(),
+    ));
+    fifo.begin_replace().finish("2");
+    let producer = Arc::clone(&fifo);
+    fifo.pop_unit(|_, _| {
+        let mut replace = producer.begin_replace();
+        replace.push(pod("k", 1)).unwrap();
+        replace.finish("3");
+        Ok::<_, Requeue<()>>(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(pop(&fifo).await.0, "ReplacedAll 3 [ns/k 1]");
+}
+
 #[tokio::test]
 async fn a_unit_being_processed_still_counts_as_queued() {
     let fifo = Arc::new(RealFifo::<Pod>::atomic());
