@@ -156,7 +156,8 @@ pub struct InformerOptions<K> {
     /// On the atomic queue, a relisted object at the version the cache
     /// holds (same uid, same non-empty resourceVersion) is kept as the
     /// cached one rather than held twice until the swap (a compact cache
-    /// keeps its stored form, index entries included), so a relist's
+    /// keeps its stored form, its index values computed again as every
+    /// relisted object's are), so a relist's
     /// memory peak stays near the steady state (default `true`). Such an
     /// object also keeps what the transform made of it before. The server
     /// serves one content per version,
@@ -1002,7 +1003,7 @@ impl<K: Object> Inner<K> {
             .filter_map(|(key, obj)| Some((Arc::clone(key), Arc::clone(obj?))))
             .collect();
         // A key kept (its listed object could not be read) or held stays
-        // as stored, without a decode.
+        // as stored (decoded only to index it again).
         let keep = |key: &str| held.contains(key) || (!listed.contains(key) && all.keeps(key));
         let swapped = self
             .indexer

@@ -284,6 +284,24 @@ impl<K> Clone for Stored<K> {
     }
 }
 
+impl<K> Stored<K> {
+    /// Whether both are the one write: the same object, or the same bytes
+    /// of the same write.
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Stored::Whole(a), Stored::Whole(b)) => Arc::ptr_eq(a, b),
+            (
+                Stored::Encoded { bytes, version },
+                Stored::Encoded {
+                    bytes: other_bytes,
+                    version: other_version,
+                },
+            ) => version == other_version && Arc::ptr_eq(bytes, other_bytes),
+            _ => false,
+        }
+    }
+}
+
 /// An object as a read under the store's lock found it.
 pub(crate) enum Read<K> {
     /// Whole, or decoded already.

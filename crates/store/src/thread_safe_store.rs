@@ -487,10 +487,12 @@ impl<K> ThreadSafeStore<K> {
     /// out, to read what each key held before the swap (decoded only when
     /// read, from a compact store) after readers already see the new one.
     /// A key held before, absent from `items` and for which `keep` is true
-    /// stays as it is held (not decoded, not encoded again, its index
-    /// entries as they were: index functions are not run for it again) and
-    /// is not in the swapped-out content. `keep` runs under the store's
-    /// write lock and must not read the store.
+    /// stays as it is held (not encoded again) and is not in the
+    /// swapped-out content; its index values are computed again, as
+    /// client-go's Replace re-indexes every object (an index function may
+    /// read something outside the object), from the object decoded before
+    /// the write lock is taken. `keep` runs under the store's lock and
+    /// must not read the store.
     pub fn swap_at(
         &self,
         items: Vec<(Arc<str>, Arc<K>)>,
@@ -515,6 +517,28 @@ impl<K> ThreadSafeStore<K> {
                     index_values: values,
                 },
             );
+        }
+        // The objects kept, indexed again with the lock released; one
+        // written meanwhile is indexed under the lock below.
+        type Reindexed<K> = (Stored<K>, IndexValues, Vec<IndexError>);
+        let mut reindexed: Map<Arc<str>, Reindexed<K>> = Map::default();
+        if !indexers.is_empty() {
+            let held: Vec<(Arc<str>, Stored<K>)> = {
+                let inner = self.inner.read();
+                inner
+                    .items
+                    .iter()
+                    .filter(|(key, _)| !entries.contains_key(key.as_ref()) && keep(key))
+                    .map(|(key, entry)| (Arc::clone(key), entry.obj.clone()))
+                    .collect()
+            };
+            for (key, stored) in held {
+                let Some(obj) = self.finish(self.read(&key, &stored)) else {
+                    continue;
+                };
+                let (values, failed) = compute_index_values(&indexers, &key, &obj);
+                reindexed.insert(key, (stored, values, failed));
+            }
         }
         let mut indices: Vec<Map<Arc<str>, KeySet>> =
             indexers.iter().map(|_| Map::default()).collect();
@@ -545,9 +569,25 @@ impl<K> ThreadSafeStore<K> {
             .collect();
         let mut old = std::mem::take(&mut inner.items);
         for key in kept {
-            let Some((key, entry)) = old.remove_entry(key.as_ref()) else {
+            let Some((key, mut entry)) = old.remove_entry(key.as_ref()) else {
                 continue;
             };
+            if !indexers.is_empty() {
+                match reindexed.remove(&key) {
+                    Some((stored, values, failed)) if stored.same(&entry.obj) => {
+                        unindexed.extend(failed);
+                        entry.index_values = values;
+                    }
+                    _ => {
+                        // Written since it was read: indexed here.
+                        if let Some(obj) = self.finish(self.read(&key, &entry.obj)) {
+                            let (values, failed) = compute_index_values(&indexers, &key, &obj);
+                            unindexed.extend(failed);
+                            entry.index_values = values;
+                        }
+                    }
+                }
+            }
             for (index, values) in indices.iter_mut().zip(entry.index_values.iter()) {
                 for value in values.iter() {
                     index

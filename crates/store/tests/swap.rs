@@ -96,3 +96,33 @@ fn a_swap_gives_back_what_each_key_held_and_keeps_what_keep_says_indexed() {
         );
     }
 }
+
+/// client-go's Replace indexes every object again; a kept key must be too,
+/// or an index whose values come from outside the object (a table the
+/// index function reads) keeps the values of the previous list.
+#[test]
+fn a_kept_key_is_indexed_again_with_what_its_index_function_gives_now() {
+    let zone = Arc::new(parking_lot::Mutex::new("east".to_owned()));
+    let by_zone = || {
+        let zone = Arc::clone(&zone);
+        let f: IndexFunc<Pod> = Arc::new(move |_: &Pod| Ok(vec![zone.lock().clone()]));
+        Indexers::from([("zone".to_owned(), f)])
+    };
+    let stores = [
+        ThreadSafeStore::with_indexers(by_zone()),
+        ThreadSafeStore::compact(by_zone(), Compact::json()),
+    ];
+    for store in stores {
+        *zone.lock() = "east".to_owned();
+        store
+            .replace_at([("ns/kept".to_owned(), pod("kept", "n1", "1"))], "1")
+            .unwrap();
+        assert_eq!(store.index_keys("zone", "east").unwrap(), ["ns/kept"]);
+        *zone.lock() = "west".to_owned();
+        let swapped = store.swap_at(Vec::new(), &|key| key == "ns/kept", "2");
+        assert!(swapped.unindexed.is_empty());
+        drop(swapped);
+        assert_eq!(store.index_keys("zone", "west").unwrap(), ["ns/kept"]);
+        assert!(store.index_keys("zone", "east").unwrap().is_empty());
+    }
+}
