@@ -320,6 +320,36 @@ struct Inner<K> {
     applied: tokio::sync::Notify,
     /// Return freed memory to the system once a list is applied (a compact cache).
     release_after_list: bool,
+    /// Keys a relist kept at an older version (see [`Stale`]).
+    stale: Mutex<Stale>,
+}
+
+/// Keys a relist kept as cached because their listed object could not be
+/// decoded: the cache holds them at a version older than the list's, so
+/// it is synced no further than it was before that relist until each is
+/// applied again (an event, a later list) or deleted.
+#[derive(Default)]
+struct Stale {
+    keys: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// A listed object whose key could not be read either: which key is
+    /// behind is unknown until a later list reads them all.
+    unknown: bool,
+    /// The version the cache was synced to before the first of them was
+    /// kept; `None` if it had none.
+    floor: Option<String>,
+}
+
+impl Stale {
+    fn is_stale(&self) -> bool {
+        self.unknown || !self.keys.is_empty()
+    }
+
+    /// A key's object was applied (or deleted): it is as the server has it.
+    fn applied(&mut self, key: &str) {
+        if self.keys.remove(key) && !self.is_stale() {
+            self.floor = None;
+        }
+    }
 }
 
 struct Settings<K> {
@@ -383,6 +413,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 processing_latency: ProcessingLatency::default(),
                 applied: tokio::sync::Notify::new(),
                 release_after_list,
+                stale: Mutex::default(),
             }),
         }
     }
@@ -573,9 +604,12 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// relists at once ([`FifoKind::AtomicFifo`]) can say it; `None` on the
     /// others (a DeltaFifo merges a key's changes and applies keys out of
     /// watch order, a plain RealFifo applies a relist key by key), and
-    /// before the first list. (An object of a relist that could not be
-    /// decoded keeps its cached version under the list's: it is counted
-    /// and logged, see [`ReflectorStats`].)
+    /// before the first list. An object of a relist that could not be
+    /// decoded keeps its cached version (counted and logged, see
+    /// [`ReflectorStats`]), older than the list's: until it is applied
+    /// again (an event, a later list) or deleted, this stays at the version
+    /// the cache had before that relist, so the promise above holds for it
+    /// too.
     pub fn last_store_sync_resource_version(&self) -> Option<String> {
         self.inner.last_store_sync_resource_version()
     }
@@ -592,7 +626,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         if !self.inner.in_order() {
             return Err(CatchUpError::NotInOrder { what: what() });
         }
-        let Some(synced) = self.inner.indexer.last_store_sync_resource_version() else {
+        let Some(synced) = self.inner.last_store_sync_resource_version() else {
             // Check the version asked for all the same.
             return compare_resource_version(resource_version, resource_version)
                 .map(|_| false)
@@ -962,10 +996,18 @@ impl<K> Inner<K> {
     }
 
     fn last_store_sync_resource_version(&self) -> Option<String> {
-        if self.in_order() {
-            self.indexer.last_store_sync_resource_version()
+        if !self.in_order() {
+            return None;
+        }
+        // The store first, then the stale keys: a relist records the keys
+        // it keeps before it swaps, so a version read after the swap is
+        // never taken without them.
+        let synced = self.indexer.last_store_sync_resource_version();
+        let stale = self.stale.lock();
+        if stale.is_stale() {
+            stale.floor.clone()
         } else {
-            None
+            synced
         }
     }
 }
@@ -1005,9 +1047,34 @@ impl<K: Object> Inner<K> {
         // A key kept (its listed object could not be read) or held stays
         // as stored (decoded only to index it again).
         let keep = |key: &str| held.contains(key) || (!listed.contains(key) && all.keeps(key));
+        // Kept older than the list: recorded before the swap makes the
+        // list's version visible (see `last_store_sync_resource_version`).
+        // (One never cached stays absent: the cache lacks it all the same.)
+        let kept_stale: std::collections::HashSet<&Arc<str>, foldhash::fast::RandomState> = all
+            .kept_keys()
+            .filter(|k| !listed.contains(k.as_ref()))
+            .collect();
+        if !kept_stale.is_empty() || all.keeps_all() {
+            let synced = self.indexer.last_store_sync_resource_version();
+            let mut stale = self.stale.lock();
+            if !stale.is_stale() {
+                stale.floor = synced;
+            }
+            stale.keys.extend(kept_stale.iter().map(|k| Arc::clone(k)));
+            stale.unknown |= all.keeps_all();
+        }
         let swapped = self
             .indexer
             .swap_by_key(items, &keep, all.resource_version());
+        {
+            // Every other key is now as this list has it, or gone.
+            let mut stale = self.stale.lock();
+            stale.keys.retain(|k| kept_stale.contains(k));
+            stale.unknown = all.keeps_all();
+            if !stale.is_stale() {
+                stale.floor = None;
+            }
+        }
         for e in &swapped.unindexed {
             // Stored, and missing from this one index.
             self.index_failures.fetch_add(1, Ordering::Relaxed);
@@ -1147,5 +1214,7 @@ impl<K: Object> Inner<K> {
                 }
             }
         }
+        // After the store: a reader never sees the key fresh before it is.
+        self.stale.lock().applied(key);
     }
 }
