@@ -603,3 +603,124 @@ async fn without_read_your_writes_another_controller_reads_the_child_unstamped()
         "the scenario no longer shows the defect: no reconcile found the child unstamped"
     );
 }
+
+struct Counter {
+    lister: Lister<ConfigMap>,
+    client: Client,
+    ns: String,
+    written: AtomicUsize,
+    conflicts: AtomicUsize,
+    done: CancellationToken,
+}
+
+/// A Secret controller that `watches` ConfigMaps through a mapper, on
+/// informers whose queue is `fifo`, under watch answers 1 s behind: it
+/// bumps ConfigMap `counter` from its cached copy (a PUT carrying the
+/// cached resourceVersion) and is requeued at once. Its reconciles must
+/// wait for its own writes only until they are seen, never to the bound,
+/// on every queue (`has_caught_up_to` is an error on the DeltaFifo and the
+/// plain RealFifo, and the wait used to end only at the bound).
+async fn a_watching_controller_waits_for_its_writes_on(fifo: kinformer_informer::FifoKind) {
+    let env = TestEnv::shared().await.unwrap();
+    let ns = env.create_namespace("ryw-watches").await.unwrap();
+    let proxy = Arc::new(AnsweringProxy::start(env).await.unwrap());
+    proxy.delay_watches(Duration::from_secs(1));
+    let client = env.client_via(proxy.port()).unwrap();
+    let factory = kinformer_informer::SharedInformerFactory::new(client.clone()).fifo(fifo);
+    let mut manager = Manager::with_factory(factory, client, ManagerOptions::new()).unwrap();
+    let admin = env.client().unwrap();
+    let counter: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "counter"}, "data": {"n": "0"},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &counter)
+        .await
+        .unwrap();
+    let done = CancellationToken::new();
+    let configmaps = manager.factory().informer::<ConfigMap>();
+    let context = Arc::new(Counter {
+        lister: configmaps.lister(),
+        client: manager.client(),
+        ns: ns.clone(),
+        written: AtomicUsize::new(0),
+        conflicts: AtomicUsize::new(0),
+        done: done.clone(),
+    });
+    // The bound is far above the lag: a wait that ends at it fails the run.
+    let options = manager
+        .controller_options()
+        .read_your_writes_bound(Duration::from_secs(600));
+    let metrics = Arc::clone(manager.metrics());
+    let mapped_ns = ns.clone();
+    let controller = manager
+        .controller::<Secret>("watcher")
+        .watches(configmaps, move |cm: &ConfigMap| {
+            if cm.namespace().as_deref() == Some(&mapped_ns) {
+                vec![format!("{mapped_ns}/parent")]
+            } else {
+                Vec::new()
+            }
+        })
+        .options(options)
+        .reconcile(Arc::clone(&context), |secret, ctx| async move {
+            let Lookup::Found(secret) = secret else {
+                return Ok(Action::Done);
+            };
+            if secret.namespace().as_deref() != Some(&ctx.ns) {
+                return Ok(Action::Done);
+            }
+            let Some(cached) = ctx.lister.namespaced(&ctx.ns).get("counter") else {
+                return Ok(Action::Done);
+            };
+            let mut next = (*cached).clone();
+            let n: usize = next
+                .data
+                .as_ref()
+                .and_then(|d| d.get("n")?.parse().ok())
+                .unwrap_or(0);
+            next.data = Some([("n".to_owned(), (n + 1).to_string())].into());
+            let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ctx.ns);
+            match api.replace("counter", &PostParams::default(), &next).await {
+                Ok(_) => {
+                    if ctx.written.fetch_add(1, Ordering::SeqCst) + 1 == 4 {
+                        ctx.done.cancel();
+                    }
+                }
+                Err(kube_client::Error::Api(e)) if e.code == 409 => {
+                    ctx.conflicts.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Action::RequeueAfter(Duration::from_millis(10)))
+        })
+        .unwrap();
+    manager.add(controller);
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "parent"}})).unwrap();
+    Api::<Secret>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    run_until(manager, done).await;
+    waited_and_never_skipped(&metrics, "watcher");
+    assert_eq!(
+        context.conflicts.load(Ordering::SeqCst),
+        0,
+        "a reconcile read a stale counter"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_controller_on_a_delta_fifo_waits_for_its_writes_until_seen() {
+    a_watching_controller_waits_for_its_writes_on(kinformer_informer::FifoKind::DeltaFifo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_controller_on_a_plain_real_fifo_waits_for_its_writes_until_seen() {
+    a_watching_controller_waits_for_its_writes_on(kinformer_informer::FifoKind::RealFifo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_controller_on_the_atomic_queue_waits_for_its_writes_until_seen() {
+    a_watching_controller_waits_for_its_writes_on(kinformer_informer::FifoKind::AtomicFifo).await;
+}

@@ -614,6 +614,14 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.last_store_sync_resource_version()
     }
 
+    /// Whether its queue applies changes in watch order and relists at
+    /// once ([`FifoKind::AtomicFifo`]): only then can it say which version
+    /// its cache holds ([`has_caught_up_to`](Self::has_caught_up_to) is an
+    /// error on the others).
+    pub fn applies_in_order(&self) -> bool {
+        self.inner.in_order()
+    }
+
     /// Whether the cache holds the state of `resource_version` or a later
     /// one (its [`last_store_sync_resource_version`](Self::last_store_sync_resource_version)
     /// is at or past it, ordered as apimachinery's `CompareResourceVersion`):

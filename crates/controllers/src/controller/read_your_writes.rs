@@ -20,7 +20,10 @@
 //!   controller's); writes to objects whose controller ownerReference is X
 //!   (for kinds it `owns`); writes made while reconciling X; and, for kinds
 //!   it `watches` through a mapper the tracker cannot run, the highest
-//!   version the Manager wrote to that resource. "Seen" is: the cache's
+//!   version the Manager wrote to that resource (or, for an informer that
+//!   cannot say its version, a DeltaFifo's or a plain RealFifo's, or one
+//!   that lists one namespace, each write to an object it lists). "Seen"
+//!   is: the cache's
 //!   resourceVersion ([`SharedIndexInformer::has_caught_up_to`]) at or
 //!   past the write's, or the cached object itself at or past it, or for a
 //!   delete, the object (that uid) no longer cached.
@@ -161,6 +164,10 @@ pub(crate) trait Follows: Send + Sync {
     fn covers(&self, key: &str) -> bool;
     /// Whether it lists every namespace.
     fn lists_every_namespace(&self) -> bool;
+    /// Whether it can say which version of the resource its cache holds
+    /// (its queue applies changes in watch order): only then is a
+    /// [`Target::Version`] ever seen.
+    fn knows_its_version(&self) -> bool;
     /// Whether its cache holds `target` or something newer.
     fn seen(&self, target: &Target) -> bool;
     /// Resolves once [`seen`](Self::seen) holds (`true`) or the informer
@@ -180,6 +187,10 @@ impl<C: Object + Clone> Follows for SharedIndexInformer<C> {
 
     fn lists_every_namespace(&self) -> bool {
         self.namespace().is_none()
+    }
+
+    fn knows_its_version(&self) -> bool {
+        self.applies_in_order()
     }
 
     fn seen(&self, target: &Target) -> bool {
@@ -481,12 +492,19 @@ impl WriteTracker {
                         }
                     }
                     // The highest version is of every namespace's writes.
-                    Relation::Watched if read.informer.lists_every_namespace() => {
+                    Relation::Watched
+                        if read.informer.lists_every_namespace()
+                            && read.informer.knows_its_version() =>
+                    {
                         if let Some(highest) = &resource_writes.highest {
                             candidates.push((read, Target::Version(highest.clone())));
                         }
                     }
-                    Relation::Primary | Relation::Watched => {}
+                    // An informer that cannot say its version (a DeltaFifo,
+                    // a plain RealFifo) or lists one namespace: each write
+                    // to an object it lists, seen in the cached object.
+                    Relation::Watched => keys.extend(resource_writes.objects.keys()),
+                    Relation::Primary => {}
                 }
                 // A write outside the informer's namespace never reaches it.
                 for key in keys.into_iter().filter(|k| read.informer.covers(k)) {
@@ -579,7 +597,9 @@ impl WriteTracker {
                         .iter()
                         .filter(|i| match &target {
                             Target::Object { key, .. } => i.covers(key),
-                            Target::Version(_) => i.lists_every_namespace(),
+                            Target::Version(_) => {
+                                i.lists_every_namespace() && i.knows_its_version()
+                            }
                         })
                         .all(|i| i.seen(&target))
                 };
@@ -867,6 +887,11 @@ struct WriteRequest {
     name: Option<String>,
 }
 
+/// The subresources of a Namespace (apiserver's `namespaceSubresources`):
+/// `namespaces/x/status` is Namespace x's status, not a collection
+/// `status` in namespace x.
+const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
+
 /// The write `request` makes, if it is one worth remembering.
 fn write_request<B>(request: &Request<B>) -> Option<WriteRequest> {
     let method = request.method();
@@ -886,8 +911,13 @@ fn write_request<B>(request: &Request<B>) -> Option<WriteRequest> {
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => return None,
     };
+    // As the API server's RequestInfoFactory reads a path: `namespaces/NS`
+    // scopes what follows, unless what follows is a subresource of the
+    // Namespace itself (`/api/v1/namespaces/x/status` writes Namespace x).
     let (namespace, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
+        ["namespaces", ns, next, ..] if !NAMESPACE_SUBRESOURCES.contains(next) => {
+            (Some((*ns).to_owned()), &rest[2..])
+        }
         rest => (None, rest),
     };
     let (resource, name) = match (rest, method) {
@@ -998,19 +1028,22 @@ mod tests {
         Request::builder().method(method).uri(uri).body(()).unwrap()
     }
 
-    /// An informer of ConfigMaps in every namespace that sees nothing: what
-    /// is recorded stays (the sweep forgets what every informer has seen,
-    /// and what no informer covers).
-    struct Blind;
+    /// An informer of a core resource (ConfigMaps in [`tracker`]) in every
+    /// namespace that sees nothing: what is recorded stays (the sweep
+    /// forgets what every informer has seen, and what no informer covers).
+    struct Blind(&'static str);
 
     impl Follows for Blind {
         fn resource(&self) -> Option<GroupResource> {
-            Some(GroupResource::new("", "configmaps"))
+            Some(GroupResource::new("", self.0))
         }
         fn covers(&self, _: &str) -> bool {
             true
         }
         fn lists_every_namespace(&self) -> bool {
+            true
+        }
+        fn knows_its_version(&self) -> bool {
             true
         }
         fn seen(&self, _: &Target) -> bool {
@@ -1023,7 +1056,7 @@ mod tests {
 
     fn tracker() -> WriteTracker {
         let tracker = WriteTracker::default();
-        tracker.follow(Arc::new(Blind));
+        tracker.follow(Arc::new(Blind("configmaps")));
         tracker
     }
 
@@ -1181,6 +1214,9 @@ mod tests {
         fn lists_every_namespace(&self) -> bool {
             self.namespace.is_none()
         }
+        fn knows_its_version(&self) -> bool {
+            true
+        }
         fn seen(&self, _: &Target) -> bool {
             *self.sight.borrow() == Sight::Seen
         }
@@ -1334,6 +1370,142 @@ mod tests {
         c.wrote("theirs/a", 10);
         assert_eq!(c.before("theirs/a", Priority::High), Readiness::Ready);
         assert_eq!(c.before("mine/a", Priority::High), Readiness::Parked);
+    }
+
+    /// Every shape of write path the API server serves, read as its
+    /// RequestInfoFactory reads it: (method, path) and the resource,
+    /// namespace and name remembered, or `None` for nothing remembered.
+    #[test]
+    fn every_shape_of_write_path_is_read_as_the_api_server_reads_it() {
+        type Want = Option<(&'static str, Option<&'static str>, Option<&'static str>)>;
+        let cases: [(Method, &str, Want); 22] = [
+            // core, namespaced
+            (
+                Method::POST,
+                "/api/v1/namespaces/a/configmaps",
+                Some(("configmaps", Some("a"), None)),
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/a/configmaps/c",
+                Some(("configmaps", Some("a"), Some("c"))),
+            ),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/a/pods/p/status",
+                Some(("pods", Some("a"), Some("p"))),
+            ),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/a/pods/p",
+                Some(("pods", Some("a"), Some("p"))),
+            ),
+            (Method::DELETE, "/api/v1/namespaces/a/pods", None),
+            (Method::POST, "/api/v1/namespaces/a/pods/p/eviction", None),
+            // core, cluster-scoped: Namespaces and their own subresources
+            (
+                Method::POST,
+                "/api/v1/namespaces",
+                Some(("namespaces", None, None)),
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/x",
+                Some(("namespaces", None, Some("x"))),
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/x/status",
+                Some(("namespaces", None, Some("x"))),
+            ),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/x/status",
+                Some(("namespaces", None, Some("x"))),
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/x/finalize",
+                Some(("namespaces", None, Some("x"))),
+            ),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/x",
+                Some(("namespaces", None, Some("x"))),
+            ),
+            (Method::DELETE, "/api/v1/namespaces", None),
+            (
+                Method::PATCH,
+                "/api/v1/nodes/n/status",
+                Some(("nodes", None, Some("n"))),
+            ),
+            // grouped, namespaced
+            (
+                Method::POST,
+                "/apis/apps/v1/namespaces/a/deployments",
+                Some(("deployments.apps", Some("a"), None)),
+            ),
+            (
+                Method::PUT,
+                "/apis/apps/v1/namespaces/a/deployments/d/scale",
+                Some(("deployments.apps", Some("a"), Some("d"))),
+            ),
+            (
+                Method::DELETE,
+                "/apis/apps/v1/namespaces/a/deployments",
+                None,
+            ),
+            // a namespaced custom resource called "status" is a collection
+            (
+                Method::PUT,
+                "/apis/x.io/v1/namespaces/a/statuses/s",
+                Some(("statuses.x.io", Some("a"), Some("s"))),
+            ),
+            // grouped, cluster-scoped
+            (
+                Method::PATCH,
+                "/apis/x.io/v1/widgets/w",
+                Some(("widgets.x.io", None, Some("w"))),
+            ),
+            (
+                Method::PUT,
+                "/apis/x.io/v1/widgets/w/status",
+                Some(("widgets.x.io", None, Some("w"))),
+            ),
+            (Method::DELETE, "/apis/x.io/v1/widgets", None),
+            (
+                Method::POST,
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                Some(("tokenreviews.authentication.k8s.io", None, None)),
+            ),
+        ];
+        for (method, path, want) in cases {
+            let got = write_request(&request(method.clone(), path));
+            let got = got.as_ref().map(|w| {
+                (
+                    w.resource.to_string(),
+                    w.namespace.as_deref(),
+                    w.name.as_deref(),
+                )
+            });
+            let want = want.map(|(r, ns, name)| (r.to_owned(), ns, name));
+            assert_eq!(got, want, "{method} {path}");
+        }
+    }
+
+    /// A Namespace's status write is remembered under the Namespace's key:
+    /// the requeued reconcile of Namespace x waits for it.
+    #[tokio::test]
+    async fn a_namespaces_status_write_is_remembered_under_its_name() {
+        let tracker = WriteTracker::default();
+        tracker.follow(Arc::new(Blind("namespaces")));
+        let write = write_request(&request(Method::PUT, "/api/v1/namespaces/x/status")).unwrap();
+        let answer =
+            br#"{"kind":"Namespace","metadata":{"name":"x","uid":"u","resourceVersion":"9"}}"#;
+        tracker.record(&write, answer, None);
+        let writes = tracker.writes.lock();
+        let namespaces = writes.get(&GroupResource::new("", "namespaces")).unwrap();
+        assert_eq!(namespaces.objects["x"].version.as_deref(), Some("9"));
     }
 
     #[test]
