@@ -8,12 +8,25 @@
 //! The patch applies to the object the API server holds, not to the typed
 //! copy the handler saw: a type may not model every field, may write `null`
 //! for an absent `Option`, or `[]` for an absent list. So the change is
-//! found between the typed copies (before and after the handler), laid over
-//! the object as it came (fields the type does not know stay as they are;
-//! a list whose length changed is replaced whole, an equal-length one
-//! merged item by item; a field the handler set to `null` is removed), and
-//! the patch is the difference between the object as it came and that
-//! (json-patch's `diff`).
+//! found between the typed copies (before and after the handler) and laid
+//! over the object as it came; the patch is the difference between the
+//! object as it came and that (json-patch's `diff`):
+//! - fields the type does not know stay as they are; so does a field the
+//!   object lacks that the handler left as the type read it (an absent
+//!   list stays absent, not `[]`);
+//! - objects are merged key by key, equal-length lists item by item; a
+//!   value the object has nothing to merge with (absent or `null` there, of
+//!   another shape, a list of another length) is written whole, as the
+//!   handler returned it, default fields included: a struct the handler
+//!   fills in reads back as the handler's, and meets a schema that
+//!   requires its fields;
+//! - a field the handler set to `null` (an absent `Option`) is removed, and
+//!   none is written within a value written whole: the API server does not
+//!   prune a `null` that a patch puts into a custom resource, and its
+//!   schema refuses it.
+//!
+//! The stored object so reads back as the handler's answer wherever the
+//! type reads an absent field as its default (serde's `default`, `Option`).
 
 use std::any::type_name;
 
@@ -23,7 +36,7 @@ use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview}
 use kube_core::dynamic::DynamicObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// The answer of a validating handler (and of a defaulting one that
 /// refuses the object).
@@ -109,7 +122,7 @@ pub(crate) enum Body<'a> {
 impl Body<'_> {
     fn parse<T: DeserializeOwned>(self) -> Result<T, serde_json::Error> {
         match self {
-            Body::Bytes(bytes) => serde_json::from_slice(bytes),
+            Body::Bytes(bytes) => crate::nesting::from_slice(bytes),
             Body::Parsed(value) => T::deserialize(value),
         }
     }
@@ -159,13 +172,10 @@ fn overlay(raw: Option<&Value>, before: &Value, after: &Value) -> Option<Value> 
     if before == after {
         return raw.cloned();
     }
-    match (before, after) {
-        (_, Value::Null) => None,
-        (Value::Object(b), Value::Object(a)) => {
-            let mut out = match raw {
-                Some(Value::Object(r)) => r.clone(),
-                _ => Map::new(),
-            };
+    match (raw, before, after) {
+        (_, _, Value::Null) => None,
+        (Some(Value::Object(r)), Value::Object(b), Value::Object(a)) => {
+            let mut out = r.clone();
             for (key, a_value) in a {
                 let b_value = b.get(key).unwrap_or(&Value::Null);
                 match overlay(out.get(key), b_value, a_value) {
@@ -178,21 +188,46 @@ fn overlay(raw: Option<&Value>, before: &Value, after: &Value) -> Option<Value> 
             }
             Some(Value::Object(out))
         }
-        (Value::Array(b), Value::Array(a)) if b.len() == a.len() => {
-            let r = match raw {
-                Some(Value::Array(r)) if r.len() == a.len() => Some(r),
-                _ => None,
-            };
-            let items = a
+        (Some(Value::Array(r)), Value::Array(b), Value::Array(a))
+            if r.len() == a.len() && b.len() == a.len() =>
+        {
+            let items = r
                 .iter()
-                .zip(b)
-                .enumerate()
-                .map(|(i, (a, b))| overlay(r.map(|r| &r[i]), b, a).unwrap_or(Value::Null))
+                .zip(b.iter().zip(a))
+                .map(|(r, (b, a))| overlay(Some(r), b, a).unwrap_or(Value::Null))
                 .collect();
             Some(Value::Array(items))
         }
-        _ => Some(after.clone()),
+        // Nothing in the object to merge with (absent, `null`, of another
+        // shape, a list of another length): the handler's value, whole.
+        _ => Some(without_nulls(after)),
     }
+}
+
+/// `value` as the handler returned it, but for the `null` members of its
+/// objects (absent `Option`s): a field set to `null` is removed (module
+/// docs), and the API server does not prune a `null` a patch writes into
+/// a custom resource, which its schema then refuses.
+fn without_nulls(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The JSON patch to `raw` (the object as it came) that makes it `after`,
+/// the handler's answer to `before`: see the module docs.
+fn patch_for<K: Serialize>(raw: &Value, before: &K, after: &K) -> Result<Patch, String> {
+    let to_value =
+        |k: &K| serde_json::to_value(k).map_err(|e| format!("cannot write the object: {e}"));
+    let target = overlay(Some(raw), &to_value(before)?, &to_value(after)?).unwrap_or(Value::Null);
+    Ok(json_patch::diff(raw, &target))
 }
 
 /// The review answering a defaulting handler: `before` changed into
@@ -204,10 +239,7 @@ pub(crate) fn defaulted<K: Serialize>(
     before: &K,
     after: &K,
 ) -> Result<AdmissionReview<DynamicObject>, String> {
-    let to_value =
-        |k: &K| serde_json::to_value(k).map_err(|e| format!("cannot write the object: {e}"));
-    let target = overlay(Some(raw), &to_value(before)?, &to_value(after)?).unwrap_or(Value::Null);
-    let patch: Patch = json_patch::diff(raw, &target);
+    let patch = patch_for(raw, before, after)?;
     if patch.0.is_empty() {
         return Ok(response.into_review());
     }
@@ -229,7 +261,7 @@ pub(crate) fn unreadable(
 mod tests {
     use super::*;
     use serde::Deserialize;
-    use serde_json::json;
+    use serde_json::{Map, json};
 
     /// A kind as kube-derive users write them: an `Option` written as
     /// `null` when absent, a list defaulted to `[]`, fields it does not model.
@@ -290,5 +322,312 @@ mod tests {
         // Nothing changed: no patch.
         let target = overlay(Some(&raw), &json!({"a": null}), &json!({"a": null}));
         assert!(json_patch::diff(&raw, &target.unwrap()).0.is_empty());
+    }
+
+    /// A kind with a struct of its own in its spec, defaulted when absent,
+    /// whose `port` the CRD's schema requires.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    struct Probed {
+        #[serde(default)]
+        spec: ProbedSpec,
+    }
+
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    struct ProbedSpec {
+        replicas: Option<i32>,
+        #[serde(default)]
+        probe: Probe,
+        extra: Option<Probe>,
+        #[serde(default)]
+        ports: Vec<NamedPort>,
+        #[serde(default)]
+        hosts: Vec<String>,
+    }
+
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    struct NamedPort {
+        port: i32,
+        name: Option<String>,
+    }
+
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    struct Probe {
+        path: String,
+        port: u16,
+        #[serde(rename = "timeoutSeconds")]
+        timeout_seconds: Option<i32>,
+    }
+
+    /// `raw` with the patch answering a defaulting handler that does
+    /// `default` applied (as the API server applies it), and the handler's
+    /// answer.
+    fn stored<K>(raw: &Value, default: impl FnOnce(&mut K)) -> (Value, K)
+    where
+        K: Serialize + DeserializeOwned + Clone,
+    {
+        let before: K = serde_json::from_value(raw.clone()).unwrap();
+        let mut after = before.clone();
+        default(&mut after);
+        let patch = patch_for(raw, &before, &after).unwrap();
+        let mut patched = raw.clone();
+        json_patch::patch(&mut patched, &patch.0).expect("the patch applies to the object");
+        (patched, after)
+    }
+
+    #[test]
+    fn a_struct_the_handler_adds_is_stored_whole_with_its_default_fields() {
+        // The spec has no probe: the type defaults one; the handler sets
+        // its path. The port (0, as defaulted) goes with it, or the stored
+        // object no longer reads as the type and the schema refuses it.
+        let raw = json!({"spec": {"unmodelled": "kept"}});
+        let (patched, after) = stored(&raw, |p: &mut Probed| p.spec.probe.path = "/x".into());
+        assert_eq!(
+            patched,
+            json!({"spec": {"unmodelled": "kept", "probe": {"path": "/x", "port": 0}}})
+        );
+        assert_eq!(serde_json::from_value::<Probed>(patched).unwrap(), after);
+
+        // No spec at all: the spec is added whole, as the handler returned
+        // it, except for the `null`s of its absent `Option`s (a patch's
+        // `null` is not pruned by the API server, and a CRD's schema
+        // refuses it).
+        let raw = json!({"metadata": {"name": "p"}});
+        let (patched, after) = stored(&raw, |p: &mut Probed| {
+            p.spec.extra = Some(Probe {
+                path: "/y".into(),
+                ..Probe::default()
+            })
+        });
+        assert_eq!(
+            patched,
+            json!({"metadata": {"name": "p"}, "spec": {
+                "probe": {"path": "", "port": 0},
+                "extra": {"path": "/y", "port": 0},
+                "ports": [], "hosts": [],
+            }})
+        );
+        assert_eq!(serde_json::from_value::<Probed>(patched).unwrap(), after);
+
+        // A struct the object has is merged: its field the type does not
+        // model stays, its absent `Option` stays absent.
+        let raw = json!({"spec": {"probe": {"path": "/a", "port": 1, "scheme": "HTTPS"}}});
+        let (patched, _) = stored(&raw, |p: &mut Probed| p.spec.probe.path = "/b".into());
+        assert_eq!(
+            patched,
+            json!({"spec": {"probe": {"path": "/b", "port": 1, "scheme": "HTTPS"}}})
+        );
+    }
+
+    #[test]
+    fn a_list_the_type_reads_at_another_length_is_stored_as_the_handler_returned_it() {
+        // A set read from a list with a duplicate: the typed copies have
+        // two items, the object three; the handler changes one. No item
+        // can be matched to the object's, so the list is the handler's.
+        let raw = json!({"hosts": ["a", "a", "b"]});
+        let target = overlay(
+            Some(&raw),
+            &json!({"hosts": ["a", "b"]}),
+            &json!({"hosts": ["a", "c"]}),
+        );
+        assert_eq!(target, Some(json!({"hosts": ["a", "c"]})));
+    }
+
+    mod property {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The object as the API server might send it: any field of
+        /// [`Probed`] present or absent (or `null` where that reads), and
+        /// fields the type does not model.
+        fn raw_object() -> impl Strategy<Value = Value> {
+            let probe = (
+                "/[a-c]{0,2}",
+                0u16..3,
+                prop::option::of(prop::option::of(0i32..3)),
+                prop::option::of(0i32..3),
+            )
+                .prop_map(|(path, port, timeout, unmodelled)| {
+                    let mut probe = json!({"path": path, "port": port});
+                    if let Some(timeout) = timeout {
+                        probe["timeoutSeconds"] = json!(timeout);
+                    }
+                    if let Some(unmodelled) = unmodelled {
+                        probe["unmodelled"] = json!(unmodelled);
+                    }
+                    probe
+                });
+            let port = (
+                0i32..3,
+                prop::option::of(prop::option::of("[a-c]{1,2}")),
+                any::<bool>(),
+            )
+                .prop_map(|(port, name, unmodelled)| {
+                    let mut item = json!({"port": port});
+                    if let Some(name) = name {
+                        item["name"] = json!(name);
+                    }
+                    if unmodelled {
+                        item["protocol"] = json!("TCP");
+                    }
+                    item
+                });
+            let spec = (
+                prop::option::of(prop::option::of(0i32..3)),
+                prop::option::of(probe.clone()),
+                prop::option::of(prop::option::of(probe)),
+                prop::option::of(prop::collection::vec(port, 0..3)),
+                prop::option::of(prop::collection::vec("[a-c]", 0..3)),
+                prop::option::of(0i32..3),
+            )
+                .prop_map(|(replicas, probe, extra, ports, hosts, unmodelled)| {
+                    let mut spec = Map::new();
+                    let mut put = |key: &str, value: Option<Value>| {
+                        if let Some(value) = value {
+                            spec.insert(key.to_owned(), value);
+                        }
+                    };
+                    put("replicas", replicas.map(|r| json!(r)));
+                    put("probe", probe);
+                    put("extra", extra.map(|e| json!(e)));
+                    put("ports", ports.map(Value::Array));
+                    put("hosts", hosts.map(|h| json!(h)));
+                    put("unmodelled", unmodelled.map(|u| json!(u)));
+                    Value::Object(spec)
+                });
+            (prop::option::of(spec), any::<bool>()).prop_map(|(spec, unmodelled)| {
+                let mut raw = json!({"metadata": {"name": "p"}});
+                if let Some(spec) = spec {
+                    raw["spec"] = spec;
+                }
+                if unmodelled {
+                    raw["status"] = json!({"ready": true});
+                }
+                raw
+            })
+        }
+
+        fn probe() -> impl Strategy<Value = Probe> {
+            ("/[a-c]{0,2}", 0u16..3, prop::option::of(0i32..3)).prop_map(
+                |(path, port, timeout_seconds)| Probe {
+                    path,
+                    port,
+                    timeout_seconds,
+                },
+            )
+        }
+
+        /// A spec the handler might return, and which of its fields it
+        /// sets (the others it leaves as they were).
+        fn answer() -> impl Strategy<Value = (ProbedSpec, u8)> {
+            let port = (0i32..3, prop::option::of("[a-c]{1,2}"))
+                .prop_map(|(port, name)| NamedPort { port, name });
+            (
+                prop::option::of(0i32..3),
+                probe(),
+                prop::option::of(probe()),
+                prop::collection::vec(port, 0..3),
+                prop::collection::vec("[a-c]", 0..3),
+                any::<u8>(),
+            )
+                .prop_map(|(replicas, probe, extra, ports, hosts, sets)| {
+                    let spec = ProbedSpec {
+                        replicas,
+                        probe,
+                        extra,
+                        ports,
+                        hosts,
+                    };
+                    (spec, sets)
+                })
+        }
+
+        /// `value` without the `null` members of its objects, at any depth.
+        fn no_nulls(value: &Value) -> Value {
+            match value {
+                Value::Object(map) => Value::Object(
+                    map.iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| (k.clone(), no_nulls(v)))
+                        .collect(),
+                ),
+                Value::Array(items) => Value::Array(items.iter().map(no_nulls).collect()),
+                other => other.clone(),
+            }
+        }
+
+        /// Where the object as it came has no `key` (or `null`) and the
+        /// handler set one, the stored object has the handler's value.
+        fn added_whole(raw: &Value, before: &Value, after: &Value, patched: &Value, at: &str) {
+            let (Some(after), Some(patched)) = (after.as_object(), patched.as_object()) else {
+                return;
+            };
+            for (key, a) in after {
+                let at = format!("{at}/{key}");
+                let b = before.get(key).unwrap_or(&Value::Null);
+                match raw.get(key) {
+                    None | Some(Value::Null) if a != b && !a.is_null() => {
+                        assert_eq!(patched.get(key), Some(&no_nulls(a)), "at {at}");
+                    }
+                    Some(r) if a != b => {
+                        let p = patched.get(key).unwrap_or(&Value::Null);
+                        added_whole(r, b, a, p, &at);
+                    }
+                    _ => {}
+                }
+            }
+        }
+
+        proptest! {
+            // No failure file written into the source tree.
+            #![proptest_config(ProptestConfig {
+                cases: 512,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn the_stored_object_reads_back_as_the_handlers_answer_keeping_what_the_type_does_not_model(
+                raw in raw_object(),
+                (answer, sets) in answer(),
+            ) {
+                let before: Probed = serde_json::from_value(raw.clone()).unwrap();
+                let mut after = before.clone();
+                let set = |bit: u8| sets & (1 << bit) != 0;
+                if set(0) { after.spec.replicas = answer.replicas; }
+                if set(1) { after.spec.probe.path = answer.probe.path.clone(); }
+                if set(2) { after.spec.probe.port = answer.probe.port; }
+                if set(3) { after.spec.probe.timeout_seconds = answer.probe.timeout_seconds; }
+                if set(4) { after.spec.extra = answer.extra.clone(); }
+                if set(5) { after.spec.ports = answer.ports.clone(); }
+                if set(6) {
+                    for (item, new) in after.spec.ports.iter_mut().zip(&answer.ports) {
+                        item.port = new.port;
+                    }
+                }
+                if set(7) { after.spec.hosts = answer.hosts.clone(); }
+
+                let patch = patch_for(&raw, &before, &after).unwrap();
+                let mut patched = raw.clone();
+                json_patch::patch(&mut patched, &patch.0).unwrap();
+
+                let read: Probed = serde_json::from_value(patched.clone()).unwrap();
+                prop_assert_eq!(&read, &after);
+                added_whole(
+                    &raw,
+                    &serde_json::to_value(&before).unwrap(),
+                    &serde_json::to_value(&after).unwrap(),
+                    &patched,
+                    "",
+                );
+                prop_assert_eq!(&patched["metadata"], &raw["metadata"]);
+                prop_assert_eq!(&patched["status"], &raw["status"]);
+                if let Some(unmodelled) = raw.get("spec").and_then(|s| s.get("unmodelled")) {
+                    prop_assert_eq!(&patched["spec"]["unmodelled"], unmodelled);
+                }
+                if before == after {
+                    prop_assert!(patch.0.is_empty(), "{:?}", patch);
+                }
+            }
+        }
     }
 }

@@ -48,9 +48,11 @@
 #![warn(clippy::return_self_not_must_use)]
 
 mod admission;
+mod connection;
 pub mod conversion;
 #[cfg(feature = "dev-certs")]
 pub mod dev_certs;
+mod nesting;
 pub mod server;
 mod tls;
 

@@ -15,7 +15,13 @@
 //!   (or a tenth of it) early, before the API server gives up, the
 //!   handler dropped.
 //! - a panic outside the handler (a type's own `Deserialize`): a 500.
-//! - a client that sends no request head within 10 s: cut.
+//! - a connection whose TLS handshake, or whose request head, takes more
+//!   than 10 s (from its first byte; for a new connection's first
+//!   request, from the handshake): cut. An idle keep-alive connection is
+//!   kept 120 s, longer than the API server keeps it.
+//! - an object nested deeper than serde_json reads (128 levels) is read
+//!   as the API server stores it, up to its limit of 10 000 levels, on a
+//!   stack of its own; a body nested deeper: 400.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,7 +39,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use kube_core::Resource;
 use kube_core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube_core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
@@ -48,7 +54,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use crate::admission::{self, Body, Malformed, Review, Verdict};
+use crate::connection::{Phase, Timed};
 use crate::conversion::{self, Conversion};
+use crate::nesting::{self, OnStack};
 use crate::{CertFiles, WebhookError};
 
 /// The largest request body read, by default: an AdmissionReview carries
@@ -61,7 +69,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most a webhook configuration may set.
 const MAX_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a TLS handshake, and then a request's head, may take.
+/// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may finish its request once the server stops.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,7 +88,9 @@ pub enum OnPanic {
 /// What a route made of a request body.
 enum Outcome {
     Answered(Box<AdmissionReview<DynamicObject>>),
-    Converted(Box<ConversionReview>),
+    /// A ConversionReview answered, already written: its objects are as
+    /// deep as the request's, so written (and dropped) on the route's stack.
+    Converted(Response<Full<Bytes>>),
     /// A panic outside a handler: answered 500.
     Failed(String),
     Malformed(String),
@@ -162,8 +172,8 @@ where
     let handle = Arc::new(handle);
     Arc::new(move |body: Bytes| {
         let handle = Arc::clone(&handle);
-        async move {
-            let parsed = match raw.then(|| serde_json::from_slice::<Value>(&body)) {
+        measured("an AdmissionReview", body, move |body| async move {
+            let parsed = match raw.then(|| nesting::from_slice::<Value>(&body)) {
                 None => None,
                 Some(Ok(value)) => Some(value),
                 Some(Err(e)) => return Outcome::Malformed(format!("not an AdmissionReview: {e}")),
@@ -187,9 +197,27 @@ where
                     handle(*request, object).await
                 }
             }
-        }
-        .boxed()
+        })
     })
+}
+
+/// `answer(body)`, on a stack deep enough for `body` (see [`nesting`]), or
+/// `body` refused as not `review` when it nests deeper than the API server
+/// sends.
+fn measured<Fut>(
+    review: &'static str,
+    body: Bytes,
+    answer: impl FnOnce(Bytes) -> Fut,
+) -> BoxFuture<'static, Outcome>
+where
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    match nesting::depth(&body) {
+        Ok(depth) => OnStack::new(depth, answer(body).boxed()).boxed(),
+        Err(too_deep) => {
+            futures::future::ready(Outcome::Malformed(format!("not {review}: {too_deep}"))).boxed()
+        }
+    }
 }
 
 impl Webhooks {
@@ -280,12 +308,12 @@ impl Webhooks {
         let conversion = Arc::new(conversion);
         let route: Route = Arc::new(move |body: Bytes| {
             let conversion = Arc::clone(&conversion);
-            async move {
-                let review = match serde_json::from_slice::<ConversionReview>(&body) {
-                    Ok(review) => review,
+            measured("a ConversionReview", body, move |body| async move {
+                let sent = match nesting::from_slice::<ConversionReview>(&body) {
+                    Ok(sent) => sent,
                     Err(e) => return Outcome::Malformed(format!("not a ConversionReview: {e}")),
                 };
-                let request = match ConversionRequest::try_from(review) {
+                let request = match ConversionRequest::try_from(sent) {
                     Ok(request) => request,
                     Err(e) => {
                         return Outcome::Malformed(format!(
@@ -300,12 +328,11 @@ impl Webhooks {
                     objects: Vec::new(),
                 });
                 let converted = guarded(|| async { conversion.review(request) }).await;
-                Outcome::Converted(Box::new(match converted {
+                Outcome::Converted(review(&match converted {
                     Ok(review) => review,
                     Err(message) => conversion::panicked(skeleton, &message),
                 }))
-            }
-            .boxed()
+            })
         });
         self.routes.push((path.to_owned(), route));
         self
@@ -441,16 +468,25 @@ impl Server {
                         return;
                     }
                 };
-                let service = service_fn(move |request| {
-                    let routes = Arc::clone(&routes);
-                    async move { Ok::<_, Infallible>(routes.answer(request).await) }
+                let phase = Phase::new();
+                let service = service_fn({
+                    let phase = phase.clone();
+                    move |request| {
+                        phase.answering();
+                        let (routes, phase) = (Arc::clone(&routes), phase.clone());
+                        async move {
+                            let response = routes.answer(request).await;
+                            phase.answered();
+                            Ok::<_, Infallible>(response)
+                        }
+                    }
                 });
-                // A client that never sends its request (or sends it a
-                // byte at a time) is cut after HANDSHAKE_TIMEOUT.
+                // A request's head is timed from its first byte, an idle
+                // connection kept long (see `connection`): not hyper's
+                // header timeout, which runs while idle.
                 let connection = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HANDSHAKE_TIMEOUT)
-                    .serve_connection(TokioIo::new(tls), service);
+                    .header_read_timeout(None)
+                    .serve_connection(TokioIo::new(Timed::new(tls, phase)), service);
                 tokio::pin!(connection);
                 tokio::select! {
                     _ = connection.as_mut() => {}
@@ -650,7 +686,7 @@ impl Routes {
             ),
             Ok(Err(response)) => response,
             Ok(Ok(Outcome::Answered(answer))) => review(&*answer),
-            Ok(Ok(Outcome::Converted(answer))) => review(&*answer),
+            Ok(Ok(Outcome::Converted(answer))) => answer,
             Ok(Ok(Outcome::Malformed(why))) => plain(StatusCode::BAD_REQUEST, why),
             Ok(Ok(Outcome::Failed(panic))) => {
                 warn!(path, panic = %panic, "a webhook panicked outside its handler");

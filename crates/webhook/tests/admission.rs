@@ -1,8 +1,9 @@
 //! Admission webhooks called by a real kube-apiserver over TLS: a
 //! validating webhook's denial and warning reach the client, a defaulting
-//! webhook's changes are stored, the serving certificate rotated while
-//! the API server calls (no admission fails; its new connections get the
-//! new certificate), failurePolicy Fail and Ignore with the server
+//! webhook's changes are stored (a struct it fills into a custom resource
+//! whole, as the CRD's schema requires), the serving certificate rotated
+//! while the API server calls (no admission fails; its new connections get
+//! the new certificate), failurePolicy Fail and Ignore with the server
 //! stopped, and a panicking handler (its denial). What the server
 //! answers to bad requests is in bad_input.rs.
 
@@ -259,4 +260,150 @@ async fn the_api_server_admits_through_the_webhooks_their_denials_and_defaults()
         .delete(&format!("{ns}-validate"), &DeleteParams::default())
         .await
         .unwrap();
+}
+
+const GROUP: &str = "defaulting.kinformer.dev";
+
+/// A custom resource as kube-derive users write one: a probe its schema
+/// requires whole (path and port) when present, defaulted when absent.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Probed {
+    metadata: kube_client::api::ObjectMeta,
+    #[serde(default)]
+    spec: ProbedSpec,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct ProbedSpec {
+    #[serde(default)]
+    probe: Probe,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Probe {
+    path: String,
+    port: u16,
+}
+
+impl kube_client::core::Resource for Probed {
+    type DynamicType = ();
+    type Scope = kube_client::core::NamespaceResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Probed".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "probeds".into()
+    }
+    fn meta(&self) -> &kube_client::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube_client::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[tokio::test]
+async fn a_struct_a_defaulting_webhook_fills_in_is_stored_whole_and_meets_the_crds_schema() {
+    use kube_client::api::{ApiResource, DynamicObject};
+    use kube_client::core::GroupVersionKind;
+
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let ns = env.create_namespace("defaulting").await.unwrap();
+    let served = serve(Webhooks::new().defaulting(
+        "/default-probed",
+        |mut probed: Probed, _| async move {
+            if probed.spec.probe.path.is_empty() {
+                probed.spec.probe.path = "/healthz".into();
+            }
+            Ok(probed)
+        },
+    ))
+    .await;
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("probeds.{GROUP}")},
+        "spec": {
+            "group": GROUP, "scope": "Namespaced",
+            "names": {"plural": "probeds", "singular": "probed", "kind": "Probed", "listKind": "ProbedList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {
+                        "probe": {"type": "object", "required": ["path", "port"], "properties": {
+                            "path": {"type": "string"}, "port": {"type": "integer"},
+                        }},
+                    }},
+                }}},
+            }],
+        },
+    });
+    let crd = serde_json::from_value(crd).unwrap();
+    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .unwrap();
+    let mut webhook = hook(
+        "probed.kinformer.dev",
+        &served,
+        "/default-probed",
+        &ns,
+        "Fail",
+    );
+    webhook["rules"] = json!([{
+        "apiGroups": [GROUP], "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"], "resources": ["probeds"],
+    }]);
+    let mutating: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-probed")},
+        "webhooks": [webhook],
+    }))
+    .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mutating)
+        .await
+        .unwrap();
+
+    // Created without a probe, until the resource is served and the
+    // webhook in force (until then the probe stays absent).
+    let gvk = GroupVersionKind::gvk(GROUP, "v1", "Probed");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(&gvk, "probeds"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut attempt = 0;
+    let created = loop {
+        attempt += 1;
+        let name = format!("probed-{attempt}");
+        let object = serde_json::from_value(json!({
+            "apiVersion": format!("{GROUP}/v1"), "kind": "Probed",
+            "metadata": {"name": name}, "spec": {},
+        }))
+        .unwrap();
+        match api.create(&PostParams::default(), &object).await {
+            Ok(created) if created.data["spec"].get("probe").is_some() => break Ok(created),
+            // The webhook's patch refused by the schema.
+            Err(kube_client::Error::Api(status)) if status.code == 422 => break Err(status),
+            other => assert!(
+                Instant::now() < deadline,
+                "not in force after 60 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let created = created.unwrap();
+    assert_eq!(
+        created.data["spec"],
+        json!({"probe": {"path": "/healthz", "port": 0}})
+    );
+    // It reads back as the webhook's own type.
+    let read: Probed = serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+    assert_eq!(read.spec.probe.path, "/healthz");
 }

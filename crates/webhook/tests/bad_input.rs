@@ -1,7 +1,8 @@
 //! What the webhook server answers to bad requests, a slow handler and a
 //! rotating certificate, called over TLS by a plain HTTP/1.1 client (the
 //! API server never sends most of these; a scanner or a misconfigured
-//! caller does).
+//! caller does); objects nested as deep as the API server stores them and
+//! deeper; idle keep-alive connections and slow request heads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,9 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
 mod common;
@@ -27,7 +30,8 @@ fn at(served: &Served) -> At<'_> {
     (served.port, &served.certs.ca)
 }
 
-async fn call((port, ca): At<'_>, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+/// A TLS connection to the server, trusting its CA.
+async fn connect((port, ca): At<'_>) -> TlsStream<TcpStream> {
     let mut roots = RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
@@ -38,13 +42,15 @@ async fn call((port, ca): At<'_>, head: &str, body: &[u8]) -> (u16, String, Vec<
             .unwrap()
             .with_root_certificates(roots)
             .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let mut tls = TlsConnector::from(Arc::new(config))
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn call(at: At<'_>, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+    let mut tls = connect(at).await;
     let peer = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
     // A head saying `Transfer-Encoding: chunked` gets the body in one
     // chunk, its length unsaid; any other a Content-Length.
@@ -379,4 +385,243 @@ async fn a_defaulting_route_reads_bad_bodies_as_a_validating_one_does() {
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], true, "{body}");
     assert!(answer["response"].get("patch").is_none(), "{body}");
+}
+
+/// A custom resource nesting `depth` levels of JSON objects, itself the
+/// first (the API server's decoder counts so and accepts 10 000), as
+/// text: a value that deep is not built, written or dropped on the test's
+/// stack.
+fn nested_custom_resource(depth: usize) -> String {
+    let levels = depth - 1;
+    format!(
+        r#"{{"apiVersion":"example.com/v1","kind":"Deep","metadata":{{"name":"d","namespace":"ns"}},"spec":{}1{}}}"#,
+        r#"{"a":"#.repeat(levels),
+        "}".repeat(levels)
+    )
+}
+
+/// How many levels of `{"a": ...}` `value` nests, counted without recursion.
+fn levels(mut value: &serde_json::Value) -> usize {
+    let mut n = 0;
+    while let Some(inner) = value.get("a") {
+        (n, value) = (n + 1, inner);
+    }
+    n
+}
+
+fn custom_review(object: &str) -> Vec<u8> {
+    format!(
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"0d9d5b2c-5f3c-4f37-9a65-3f2d1b3c4d5e","kind":{{"group":"example.com","version":"v1","kind":"Deep"}},"resource":{{"group":"example.com","version":"v1","resource":"deeps"}},"operation":"CREATE","name":"d","namespace":"ns","userInfo":{{"username":"someone"}},"object":{object}}}}}"#
+    )
+    .into_bytes()
+}
+
+/// Webhooks for any kind: the validator admits, warning how deep the
+/// object nests; the defaulter labels.
+fn for_any_kind() -> Webhooks {
+    use kube_client::core::DynamicObject;
+    Webhooks::new()
+        .validate("/validate", |request| async move {
+            let object: DynamicObject = request.object.unwrap();
+            let spec = &object.data["spec"];
+            Verdict::allow().warn(format!("the object nests {} levels", levels(spec) + 1))
+        })
+        .defaulting("/default", |mut object: DynamicObject, _| async move {
+            object
+                .metadata
+                .labels
+                .get_or_insert_default()
+                .insert("defaulted".into(), "yes".into());
+            Ok(object)
+        })
+}
+
+#[tokio::test]
+async fn an_object_nested_as_deep_as_the_api_server_stores_is_reviewed() {
+    // serde_json reads 128 levels; the API server stores up to 10 000.
+    let served = serve(for_any_kind()).await;
+    for depth in [150, 10_000] {
+        let body = custom_review(&nested_custom_resource(depth));
+        let (status, body_text, _) = call(
+            at(&served),
+            &format!("POST /validate HTTP/1.1\r\n{JSON}"),
+            &body,
+        )
+        .await;
+        assert_eq!(status, 200, "{depth}: {body_text}");
+        let answer: serde_json::Value = serde_json::from_str(&body_text).unwrap();
+        assert_eq!(answer["response"]["allowed"], true, "{depth}: {body_text}");
+        assert_eq!(
+            answer["response"]["warnings"],
+            json!([format!("the object nests {depth} levels")]),
+        );
+
+        let (status, body_text, _) = call(
+            at(&served),
+            &format!("POST /default HTTP/1.1\r\n{JSON}"),
+            &body,
+        )
+        .await;
+        assert_eq!(status, 200, "{depth}: {body_text}");
+        let answer: serde_json::Value = serde_json::from_str(&body_text).unwrap();
+        assert_eq!(answer["response"]["allowed"], true, "{depth}: {body_text}");
+        // kube-core writes the patch's bytes as a JSON array of numbers.
+        let patch: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+        let patch: serde_json::Value = serde_json::from_slice(&patch).unwrap();
+        assert_eq!(
+            patch,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"defaulted": "yes"}}]),
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_nested_deeper_than_the_api_server_sends_is_refused_and_the_server_goes_on() {
+    let served = serve(for_any_kind()).await;
+    let deep = custom_review(&nested_custom_resource(100_000));
+    for path in ["/validate", "/default"] {
+        let head = format!("POST {path} HTTP/1.1\r\n{JSON}");
+        let (status, body, _) = call(at(&served), &head, &deep).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body.contains("not an AdmissionReview") && body.contains("levels deep"),
+            "{body}"
+        );
+        let shallow = custom_review(&nested_custom_resource(3));
+        let (status, body, _) = call(at(&served), &head, &shallow).await;
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// A custom resource of any content, in version `v{V}` of
+/// `example.com`'s `Deep`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Deep<const V: u8> {
+    metadata: kube_client::api::ObjectMeta,
+    spec: serde_json::Value,
+}
+
+impl<const V: u8> kube_client::core::Resource for Deep<V> {
+    type DynamicType = ();
+    type Scope = kube_client::core::NamespaceResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Deep".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "example.com".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        format!("v{V}").into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "deeps".into()
+    }
+    fn meta(&self) -> &kube_client::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube_client::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[tokio::test]
+async fn a_conversion_of_an_object_nested_as_deep_as_the_api_server_stores_converts() {
+    let conversion = kinformer_webhook::Conversion::<Deep<2>>::hub().spoke::<Deep<1>>(
+        |v1| {
+            Ok(Deep {
+                metadata: v1.metadata,
+                spec: v1.spec,
+            })
+        },
+        |v2| {
+            Ok(Deep {
+                metadata: v2.metadata,
+                spec: v2.spec,
+            })
+        },
+    );
+    let served = serve(Webhooks::new().convert("/convert", conversion)).await;
+    for depth in [150, 10_000] {
+        let review = format!(
+            r#"{{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{{"uid":"0d9d5b2c-5f3c-4f37-9a65-3f2d1b3c4d5e","desiredAPIVersion":"example.com/v2","objects":[{}]}}}}"#,
+            nested_custom_resource(depth)
+        );
+        let (status, body, _) = call(
+            at(&served),
+            &format!("POST /convert HTTP/1.1\r\n{JSON}"),
+            review.as_bytes(),
+        )
+        .await;
+        assert_eq!(status, 200, "{depth}: {body}");
+        // Too deep for serde_json's reader here: looked at as text.
+        assert!(body.contains(r#""status":"Success""#), "{depth}");
+        assert!(body.contains(r#""apiVersion":"example.com/v2""#), "{depth}");
+        assert_eq!(body.matches(r#"{"a":"#).count(), depth - 1);
+    }
+}
+
+/// Sends `body` to `path` on `tls`, which stays open (HTTP/1.1 keep-alive),
+/// and reads the answer: its status.
+async fn exchange(tls: &mut TlsStream<TcpStream>, path: &str, body: &[u8]) -> u16 {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{JSON}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // In one write: a second small one would wait for the first's
+    // acknowledgement (Nagle), and paused time jumps while it waits.
+    tls.write_all(&[head.as_bytes(), body].concat())
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        let read = tls.read(&mut byte).await.unwrap();
+        assert_eq!(read, 1, "closed: {:?}", String::from_utf8_lossy(&answer));
+        answer.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap();
+    tls.read_exact(&mut vec![0; length]).await.unwrap();
+    head[9..12].parse().unwrap()
+}
+
+/// Waits until the server closes `tls` (an end or an error), the clock
+/// (paused) jumping to its next timer each time nothing else is ready.
+async fn closed(mut tls: TlsStream<TcpStream>) {
+    let mut rest = Vec::new();
+    let waited = tokio::time::timeout(Duration::from_secs(3600), tls.read_to_end(&mut rest)).await;
+    assert!(waited.is_ok(), "not closed in an hour (virtual)");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_keep_alive_connection_is_kept_past_10_s_and_a_silent_or_half_sent_request_is_cut()
+{
+    let served = serve(validating()).await;
+    let good = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
+    let mut kept = connect(at(&served)).await;
+    assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
+
+    // Slowloris: a connection that sends nothing, and one that sends half a
+    // head, are cut (the clock jumps to the server's timers), before the
+    // first connection, idle since before they opened, is closed.
+    let silent = connect(at(&served)).await;
+    let mut half = connect(at(&served)).await;
+    half.write_all(b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    closed(silent).await;
+    closed(half).await;
+
+    // Meanwhile the first connection idled, and idles on past the 10 s a
+    // head may take: the API server's next call on it is answered.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
+    assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
+    // Left idle for good, it is closed in the end.
+    closed(kept).await;
 }
