@@ -1845,3 +1845,70 @@ async fn a_relist_that_keeps_an_undecodable_objects_older_copy_is_not_caught_up_
     assert_eq!(h.informer.has_caught_up_to("7"), Ok(true));
     h.shutdown.cancel();
 }
+
+/// A compact cache, relist sharing on: two relists queued while a first
+/// relist is still being applied (held by its index function, which runs
+/// before the store is locked). The second lacks `ns/k` (as after a shard
+/// scope narrowed), the third has it back unchanged. Once all are applied,
+/// `ns/k` must be cached: the third was once judged "already held"
+/// against the store as it was before the second removed it, and kept
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_compact_cache_keeps_an_object_a_relist_queued_behind_another_brings_back() {
+    let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let gate = Arc::new(Mutex::new(Some((entered_tx, release_rx))));
+    let index: kinformer_store::IndexFunc<ConfigMap> = {
+        let gate = Arc::clone(&gate);
+        Arc::new(move |cm: &ConfigMap| {
+            // Held once, while applying the first relist, which brings x at 2.
+            if cm.metadata.resource_version.as_deref() == Some("2")
+                && let Some((entered, release)) = gate.lock().take()
+            {
+                entered.send(()).unwrap();
+                release.recv().unwrap();
+            }
+            Ok(vec![String::new()])
+        })
+    };
+    let options = InformerOptions::new()
+        .fifo(FifoKind::AtomicFifo)
+        .compact(kinformer_store::Compact::json())
+        .indexers(Indexers::from([("any".to_owned(), index)]));
+    let mut h = harness(
+        vec![
+            page(vec![cm("k", 1), cm("x", 1)], 1),
+            page(vec![cm("k", 1), cm("x", 2)], 2),
+            page(vec![cm("x", 2)], 5),
+            page(vec![cm("k", 1), cm("x", 2)], 6),
+        ],
+        options,
+    );
+    h.start();
+    let w = h.next_watch().await;
+    h.informer.wait_caught_up_to("1").await.unwrap();
+    // Released on the way out of a failure too, not to hang the test.
+    struct Release(std::sync::mpsc::Sender<()>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let release = Release(release);
+    w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+    // The first relist is being applied: two more queue up behind it.
+    let w2 = h.next_watch().await;
+    w2.send(Err(ListWatchError::Gone("too old".into())))
+        .unwrap();
+    let w3 = h.next_watch().await;
+    w3.send(Err(ListWatchError::Gone("too old".into())))
+        .unwrap();
+    let _w4 = h.next_watch().await;
+    drop(release);
+    h.informer.wait_caught_up_to("6").await.unwrap();
+    assert_eq!(cached_rv(&h.informer, "ns/k").as_deref(), Some("1"));
+    h.shutdown.cancel();
+}
