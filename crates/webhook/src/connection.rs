@@ -6,9 +6,11 @@
 //! some admissions fail (under `failurePolicy: Fail`, refused). So an idle
 //! connection is kept [`IDLE_TIMEOUT`], longer than the client keeps it,
 //! so that the client is the one to close it (controller-runtime's server
-//! keeps it 90 s, as long as the client). A request's head must still come
-//! whole within [`HEAD_TIMEOUT`] of its first byte, and a new connection's
-//! first within that of its TLS handshake, or the connection is cut
+//! keeps it 90 s, as long as the client). A new connection is idle too:
+//! Go's Transport puts a connection it dialled but did not use (another
+//! came free first) in its pool of idle ones, and may send on it any time
+//! in its 90 s. A request's head must still come whole within
+//! [`HEAD_TIMEOUT`] of its first byte, or the connection is cut
 //! (slowloris). hyper's own `header_read_timeout` cannot do this: it runs
 //! while the connection is idle.
 //!
@@ -27,21 +29,21 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// How long a request's head may take from its first byte (for a new
-/// connection's first request, from the TLS handshake).
+/// How long a request's head may take from its first byte.
 pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a keep-alive connection is kept without a request: longer than
-/// Go's HTTP client keeps it (90 s), so that the client closes it first.
+/// How long a connection is kept without a request, new or kept alive:
+/// longer than Go's HTTP client keeps it (90 s), so that the client closes
+/// it first.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// A head is awaited (a new connection) or arriving; cut at `until`.
+    /// A head is arriving; cut at `until`.
     Head { until: Instant },
     /// A request is being answered.
     Request,
-    /// Answered; no byte of the next request yet. Closed at `until`.
+    /// New or answered; no byte of the next request yet. Closed at `until`.
     Idle { until: Instant },
 }
 
@@ -50,10 +52,10 @@ enum State {
 pub(crate) struct Phase(Arc<Mutex<State>>);
 
 impl Phase {
-    /// A connection just set up: its first head is awaited.
+    /// A connection just set up: idle until its first request.
     pub(crate) fn new() -> Self {
-        let until = Instant::now() + HEAD_TIMEOUT;
-        Self(Arc::new(Mutex::new(State::Head { until })))
+        let until = Instant::now() + IDLE_TIMEOUT;
+        Self(Arc::new(Mutex::new(State::Idle { until })))
     }
 
     /// A head was read: its request is being answered.
@@ -92,7 +94,8 @@ pub(crate) struct Timed<IO> {
 
 impl<IO> Timed<IO> {
     pub(crate) fn new(io: IO, phase: Phase) -> Self {
-        let timer = Box::pin(tokio::time::sleep(HEAD_TIMEOUT));
+        // Set to the phase's deadline when first waited on.
+        let timer = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
         Self { io, phase, timer }
     }
 

@@ -12,8 +12,10 @@
 //! recurse: one nested deeper than the API server ever sends
 //! ([`MAX_NESTING`]) is refused; one deeper than serde_json's own limit
 //! is answered (read, handled, written and dropped) on a stack of its own,
-//! sized for its depth ([`OnStack`], `stacker`: virtual memory, of which
-//! only the pages used are touched); the rest as before, on the caller's.
+//! sized for its depth ([`Stack`], [`OnStack`], `stacker`: virtual memory,
+//! of which only the pages used are touched), and so is a defaulting
+//! handler's patch, found on a blocking thread; the rest as before, on the
+//! caller's.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -83,33 +85,46 @@ pub(crate) fn from_slice<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_js
     Ok(value)
 }
 
-/// A future polled, and dropped, on a stack deep enough for a body nested
-/// `depth` levels (a new one at each poll when the body is deeper than
-/// serde_json reads by default, the caller's otherwise).
-pub(crate) struct OnStack<F> {
-    future: Option<F>,
+/// The stack a body is answered on: deep enough for its nesting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stack {
     /// Bytes of stack to run on; 0: the caller's.
-    stack: usize,
+    bytes: usize,
 }
 
-impl<F> OnStack<F> {
-    /// `future`, which answers a body nested `depth` levels.
-    pub(crate) fn new(depth: usize, future: F) -> Self {
-        let stack = match depth {
+impl Stack {
+    /// For a body nested `depth` levels: a new one when it is deeper than
+    /// serde_json reads by default, the caller's otherwise.
+    pub(crate) fn for_depth(depth: usize) -> Self {
+        let bytes = match depth {
             0..=SHALLOW => 0,
             _ => depth * STACK_PER_LEVEL + (1 << 20),
         };
-        Self {
-            future: Some(future),
-            stack,
+        Self { bytes }
+    }
+
+    /// `f()`, run on this stack.
+    pub(crate) fn run<R>(self, f: impl FnOnce() -> R) -> R {
+        match self.bytes {
+            0 => f(),
+            bytes => stacker::grow(bytes, f),
         }
     }
 }
 
-fn on_stack<R>(stack: usize, f: impl FnOnce() -> R) -> R {
-    match stack {
-        0 => f(),
-        _ => stacker::grow(stack, f),
+/// A future polled, and dropped, on a [`Stack`] (a new one at each poll
+/// when it is not the caller's).
+pub(crate) struct OnStack<F> {
+    future: Option<F>,
+    stack: Stack,
+}
+
+impl<F> OnStack<F> {
+    pub(crate) fn new(stack: Stack, future: F) -> Self {
+        Self {
+            future: Some(future),
+            stack,
+        }
     }
 }
 
@@ -119,7 +134,7 @@ impl<F: Future + Unpin> Future for OnStack<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let slot = &mut this.future;
-        on_stack(this.stack, || {
+        this.stack.run(|| {
             let Some(future) = slot.as_mut() else {
                 return Poll::Pending; // polled again after its answer
             };
@@ -137,7 +152,7 @@ impl<F> Drop for OnStack<F> {
         // Cancelled (the call's timeout, the client gone): what it holds
         // is as deep as the body.
         if let Some(future) = self.future.take() {
-            on_stack(self.stack, move || drop(future));
+            self.stack.run(move || drop(future));
         }
     }
 }

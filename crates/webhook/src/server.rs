@@ -10,15 +10,16 @@
 //! - a handler that panics: a denial naming the panic (controller-runtime's
 //!   default), or a 500 ([`OnPanic::Error`]) left to the `failurePolicy`;
 //!   the server goes on either way.
-//! - a handler slower than the call's timeout (the API server sends it as
-//!   `?timeout=`, 10 s unless configured, at most 30 s): a 504 a second
-//!   (or a tenth of it) early, before the API server gives up, the
-//!   handler dropped.
-//! - a panic outside the handler (a type's own `Deserialize`): a 500.
-//! - a connection whose TLS handshake, or whose request head, takes more
-//!   than 10 s (from its first byte; for a new connection's first
-//!   request, from the handshake): cut. An idle keep-alive connection is
-//!   kept 120 s, longer than the API server keeps it.
+//! - a handler, or its patch, slower than the call's timeout (the API
+//!   server sends it as `?timeout=`, 10 s unless configured, at most
+//!   30 s): a 504 a second (or a tenth of it) early, before the API server
+//!   gives up, the handler dropped.
+//! - a panic outside the handler (a type's own `Deserialize` or
+//!   `Serialize`): a 500.
+//! - a connection whose TLS handshake, or whose request head (from its
+//!   first byte), takes more than 10 s: cut. A connection without a
+//!   request, new or kept alive, is kept 120 s, longer than the API server
+//!   keeps an idle one.
 //! - an object nested deeper than serde_json reads (128 levels) is read
 //!   as the API server stores it, up to its limit of 10 000 levels, on a
 //!   stack of its own; a body nested deeper: 400.
@@ -56,7 +57,7 @@ use tracing::{debug, warn};
 use crate::admission::{self, Body, Malformed, Review, Verdict};
 use crate::connection::{Phase, Timed};
 use crate::conversion::{self, Conversion};
-use crate::nesting::{self, OnStack};
+use crate::nesting::{self, OnStack, Stack};
 use crate::{CertFiles, WebhookError};
 
 /// The largest request body read, by default: an AdmissionReview carries
@@ -162,17 +163,18 @@ fn answered(response: AdmissionResponse, verdict: Verdict) -> Outcome {
 /// A CONNECT (exec, attach, port-forward: its object is their options, not
 /// a `K`) is admitted without a handler, as controller-runtime does. With
 /// `raw`, the body is parsed once into a `Value` and the handler also gets
-/// the object as the API server sent it (`Null` otherwise).
+/// the object as the API server sent it (`Null` otherwise), and the stack
+/// the body is answered on.
 fn typed<K, F, Fut>(raw: bool, handle: F) -> Route
 where
     K: Resource + DeserializeOwned + Send + 'static,
-    F: Fn(AdmissionRequest<K>, Value) -> Fut + Send + Sync + 'static,
+    F: Fn(AdmissionRequest<K>, Value, Stack) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Outcome> + Send + 'static,
 {
     let handle = Arc::new(handle);
     Arc::new(move |body: Bytes| {
         let handle = Arc::clone(&handle);
-        measured("an AdmissionReview", body, move |body| async move {
+        measured("an AdmissionReview", body, move |body, stack| async move {
             let parsed = match raw.then(|| nesting::from_slice::<Value>(&body)) {
                 None => None,
                 Some(Ok(value)) => Some(value),
@@ -194,26 +196,61 @@ where
                     let object = parsed
                         .map(|mut review| review["request"]["object"].take())
                         .unwrap_or_default();
-                    handle(*request, object).await
+                    handle(*request, object, stack).await
                 }
             }
         })
     })
 }
 
-/// `answer(body)`, on a stack deep enough for `body` (see [`nesting`]), or
-/// `body` refused as not `review` when it nests deeper than the API server
-/// sends.
+/// The review answering a defaulting handler that made `before` into
+/// `after`: its patch to `raw`, found on a blocking thread (on `stack`),
+/// work in proportion to the object kept off the threads that read
+/// sockets, and awaited where the call's timeout runs (a 504, not a 200
+/// the API server no longer waits for).
+async fn patched<K>(
+    stack: Stack,
+    response: AdmissionResponse,
+    raw: Value,
+    before: K,
+    after: K,
+) -> Outcome
+where
+    K: Serialize + Send + 'static,
+{
+    let found = tokio::task::spawn_blocking(move || {
+        stack.run(
+            move || match admission::defaulted(response.clone(), &raw, &before, &after) {
+                Ok(review) => Outcome::Answered(Box::new(review)),
+                Err(why) => answered(response, Verdict::deny(why)),
+            },
+        )
+    });
+    // A panic in the type's own `Serialize`: a 500, as one outside a handler.
+    found
+        .await
+        .unwrap_or_else(|error| match error.try_into_panic() {
+            Ok(panic) => Outcome::Failed(panic_message(&*panic)),
+            Err(cancelled) => Outcome::Failed(cancelled.to_string()),
+        })
+}
+
+/// `answer(body, stack)`, on `stack`, deep enough for `body` (see
+/// [`nesting`]), or `body` refused as not `review` when it nests deeper
+/// than the API server sends.
 fn measured<Fut>(
     review: &'static str,
     body: Bytes,
-    answer: impl FnOnce(Bytes) -> Fut,
+    answer: impl FnOnce(Bytes, Stack) -> Fut,
 ) -> BoxFuture<'static, Outcome>
 where
     Fut: Future<Output = Outcome> + Send + 'static,
 {
     match nesting::depth(&body) {
-        Ok(depth) => OnStack::new(depth, answer(body).boxed()).boxed(),
+        Ok(depth) => {
+            let stack = Stack::for_depth(depth);
+            OnStack::new(stack, answer(body, stack).boxed()).boxed()
+        }
         Err(too_deep) => {
             futures::future::ready(Outcome::Malformed(format!("not {review}: {too_deep}"))).boxed()
         }
@@ -237,7 +274,7 @@ impl Webhooks {
         Fut: Future<Output = Verdict> + Send + 'static,
     {
         let validate = Arc::new(validate);
-        let route = typed(false, move |request: AdmissionRequest<K>, _| {
+        let route = typed(false, move |request: AdmissionRequest<K>, _, _| {
             let validate = Arc::clone(&validate);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -267,7 +304,7 @@ impl Webhooks {
         Fut: Future<Output = Result<K, Verdict>> + Send + 'static,
     {
         let default = Arc::new(default);
-        let route = typed(true, move |request: AdmissionRequest<K>, raw: Value| {
+        let route = typed(true, move |request: AdmissionRequest<K>, raw, stack| {
             let default = Arc::clone(&default);
             async move {
                 let response = AdmissionResponse::from(&request);
@@ -278,12 +315,7 @@ impl Webhooks {
                 // `raw`, the object as the API server sent it: the patch is to it.
                 let object = before.clone();
                 match guarded(|| default(object, request)).await {
-                    Ok(Ok(after)) => {
-                        match admission::defaulted(response.clone(), &raw, &before, &after) {
-                            Ok(review) => Outcome::Answered(Box::new(review)),
-                            Err(why) => answered(response, Verdict::deny(why)),
-                        }
-                    }
+                    Ok(Ok(after)) => patched(stack, response, raw, before, after).await,
                     Ok(Err(verdict)) => answered(response, verdict),
                     Err(message) => Outcome::Panicked {
                         response: Box::new(response),
@@ -308,7 +340,7 @@ impl Webhooks {
         let conversion = Arc::new(conversion);
         let route: Route = Arc::new(move |body: Bytes| {
             let conversion = Arc::clone(&conversion);
-            measured("a ConversionReview", body, move |body| async move {
+            measured("a ConversionReview", body, move |body, _| async move {
                 let sent = match nesting::from_slice::<ConversionReview>(&body) {
                     Ok(sent) => sent,
                     Err(e) => return Outcome::Malformed(format!("not a ConversionReview: {e}")),

@@ -231,6 +231,72 @@ async fn a_handler_slower_than_the_calls_timeout_is_answered_504_before_it() {
     assert!(body.contains("the call's timeout is 1s"), "{body}");
 }
 
+/// A ConfigMap slow to write once its handler has seen it: the patch to it
+/// takes seconds to find.
+#[derive(Clone, serde::Deserialize)]
+struct SlowToWrite {
+    metadata: kube_client::api::ObjectMeta,
+    #[serde(skip)]
+    seen: bool,
+}
+
+impl serde::Serialize for SlowToWrite {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        if self.seen {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        let mut object = serializer.serialize_struct("SlowToWrite", 1)?;
+        object.serialize_field("metadata", &self.metadata)?;
+        object.end()
+    }
+}
+
+impl kube_client::core::Resource for SlowToWrite {
+    type DynamicType = ();
+    type Scope = kube_client::core::NamespaceResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "ConfigMap".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "configmaps".into()
+    }
+    fn meta(&self) -> &kube_client::api::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube_client::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[tokio::test]
+async fn a_patch_slower_than_the_calls_timeout_is_answered_504_before_it() {
+    // Found while the timeout runs, not in the poll that answers (which
+    // answered 200 once done, after the API server had given up).
+    let served = serve(
+        Webhooks::new().defaulting("/slow", |mut cm: SlowToWrite, _| async move {
+            cm.seen = true;
+            Ok(cm)
+        }),
+    )
+    .await;
+    let good = review(json!({"metadata": {"name": "x"}}));
+    let (status, body, _) = call(
+        at(&served),
+        &format!("POST /slow?timeout=1s HTTP/1.1\r\n{JSON}"),
+        &good,
+    )
+    .await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("the call's timeout is 1s"), "{body}");
+}
+
 #[tokio::test]
 async fn a_rotated_certificate_serves_the_next_connection_and_a_broken_one_is_not_used() {
     let served = serve(validating()).await;
@@ -392,9 +458,14 @@ async fn a_defaulting_route_reads_bad_bodies_as_a_validating_one_does() {
 /// text: a value that deep is not built, written or dropped on the test's
 /// stack.
 fn nested_custom_resource(depth: usize) -> String {
+    nested_custom_resource_with_leaf(depth, 1)
+}
+
+/// [`nested_custom_resource`] with `leaf` at its deepest level.
+fn nested_custom_resource_with_leaf(depth: usize, leaf: i64) -> String {
     let levels = depth - 1;
     format!(
-        r#"{{"apiVersion":"example.com/v1","kind":"Deep","metadata":{{"name":"d","namespace":"ns"}},"spec":{}1{}}}"#,
+        r#"{{"apiVersion":"example.com/v1","kind":"Deep","metadata":{{"name":"d","namespace":"ns"}},"spec":{}{leaf}{}}}"#,
         r#"{"a":"#.repeat(levels),
         "}".repeat(levels)
     )
@@ -473,6 +544,64 @@ async fn an_object_nested_as_deep_as_the_api_server_stores_is_reviewed() {
             json!([{"op": "add", "path": "/metadata/labels", "value": {"defaulted": "yes"}}]),
         );
     }
+}
+
+#[tokio::test]
+async fn a_default_at_the_deepest_leaf_of_an_object_as_deep_as_the_api_server_stores_is_patched_there()
+ {
+    use kube_client::core::DynamicObject;
+    // The handler changes one leaf, 10 000 levels down: the patch is found
+    // in time and memory proportional to the object (it took time and
+    // memory growing with the square of the depth: tens of GB here), not
+    // answered 504.
+    let served = serve(Webhooks::new().defaulting(
+        "/default",
+        |mut object: DynamicObject, _| async move {
+            let mut leaf = &mut object.data["spec"];
+            while leaf.get("a").is_some() {
+                leaf = &mut leaf["a"];
+            }
+            *leaf = json!(2);
+            Ok(object)
+        },
+    ))
+    .await;
+    let depth = 10_000;
+    let object = nested_custom_resource(depth);
+    let (status, body, _) = call(
+        at(&served),
+        &format!("POST /default?timeout=30s HTTP/1.1\r\n{JSON}"),
+        &custom_review(&object),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{body}");
+    let patch: Vec<u8> = serde_json::from_value(answer["response"]["patch"].clone()).unwrap();
+    let patch: serde_json::Value = serde_json::from_slice(&patch).unwrap();
+    let leaf = format!("/spec{}", "/a".repeat(depth - 1));
+    assert_eq!(patch, json!([{"op": "replace", "path": leaf, "value": 2}]));
+
+    // Applied as the API server applies it, the object is the handler's:
+    // read, patched, compared and dropped on a stack deep enough for it.
+    let expected = nested_custom_resource_with_leaf(depth, 2);
+    let patched = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(move || {
+            let read = |json: &str| {
+                let mut de = serde_json::Deserializer::from_str(json);
+                de.disable_recursion_limit();
+                serde::Deserialize::deserialize(&mut de).unwrap()
+            };
+            let mut object: serde_json::Value = read(&object);
+            let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
+            json_patch::patch(&mut object, &patch).unwrap();
+            object == read(&expected)
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(patched, "the patched object is not the handler's");
 }
 
 #[tokio::test]
@@ -599,29 +728,33 @@ async fn closed(mut tls: TlsStream<TcpStream>) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_keep_alive_connection_is_kept_past_10_s_and_a_silent_or_half_sent_request_is_cut()
-{
+async fn a_fresh_or_idle_keep_alive_connection_is_kept_past_10_s_and_a_half_sent_head_is_cut() {
     let served = serve(validating()).await;
     let good = review(json!({"metadata": {"name": "x"}, "data": {"a": "b"}}));
     let mut kept = connect(at(&served)).await;
     assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
 
-    // Slowloris: a connection that sends nothing, and one that sends half a
-    // head, are cut (the clock jumps to the server's timers), before the
-    // first connection, idle since before they opened, is closed.
-    let silent = connect(at(&served)).await;
+    // Slowloris: a connection that sends half a head is cut (the clock
+    // jumps to the server's timers), before the first connection, idle
+    // since before it opened, is closed.
+    let mut fresh = connect(at(&served)).await;
     let mut half = connect(at(&served)).await;
     half.write_all(b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .await
         .unwrap();
-    closed(silent).await;
     closed(half).await;
 
     // Meanwhile the first connection idled, and idles on past the 10 s a
-    // head may take: the API server's next call on it is answered.
+    // head may take: the API server's next call on it is answered. So is
+    // its first call on a connection it dialled and left unused in its
+    // pool (Go's Transport does when another came free first).
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
+    assert_eq!(exchange(&mut fresh, "/validate", &good).await, 200);
     assert_eq!(exchange(&mut kept, "/validate", &good).await, 200);
-    // Left idle for good, it is closed in the end.
+    // Left idle for good, they are closed in the end, as is a connection
+    // that never sends a byte.
     closed(kept).await;
+    closed(fresh).await;
+    closed(connect(at(&served)).await).await;
 }
