@@ -49,8 +49,9 @@ struct Cli {
     /// Name of the Lease (default: `kinformer-<controller>`).
     #[arg(long, global = true, visible_alias = "leader-election-id")]
     lease_name: Option<String>,
-    /// Namespace of the Lease (default: the pod's own namespace in-cluster,
-    /// else --namespace, or "default" with --all-namespaces).
+    /// Namespace of the Leases, the election's and --shard-ring's (default:
+    /// the pod's own namespace in-cluster, else --namespace, or "default"
+    /// with --all-namespaces).
     #[arg(long, global = true, alias = "lease-namespace")]
     leader_election_namespace: Option<String>,
     /// Serve /metrics on this address ("0" disables it; ":8080" is every interface).
@@ -341,7 +342,8 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 /// The Deployment of --print-manifests: this controller with the flags it
-/// was given, as the ServiceAccount `account` of `namespace`.
+/// was given, as the ServiceAccount `account` of `namespace`, its Leases
+/// in `lease_ns`.
 fn deployment(cli: &Cli, account: &str, namespace: &str, lease_ns: &str) -> serde_json::Value {
     let mut args = vec![cli.command.name().to_owned()];
     match cli.all_namespaces {
@@ -349,11 +351,7 @@ fn deployment(cli: &Cli, account: &str, namespace: &str, lease_ns: &str) -> serd
         false => args.extend(["--namespace".into(), cli.namespace.clone()]),
     }
     if cli.leader_elect {
-        args.extend([
-            "--leader-elect".into(),
-            "--leader-election-namespace".into(),
-            lease_ns.to_owned(),
-        ]);
+        args.push("--leader-elect".into());
         if let Some(lease) = &cli.lease_name {
             args.extend(["--lease-name".into(), lease.clone()]);
         }
@@ -365,6 +363,11 @@ fn deployment(cli: &Cli, account: &str, namespace: &str, lease_ns: &str) -> serd
             "--shard-slots".into(),
             cli.shard_slots.to_string(),
         ]);
+    }
+    if cli.leader_elect || cli.shard_ring.is_some() {
+        // Where the Role for its Leases is: without the flag the pod
+        // would take its own namespace, `namespace`, which may differ.
+        args.extend(["--leader-election-namespace".into(), lease_ns.to_owned()]);
     }
     if cli.fatal_panics {
         args.push("--fatal-panics".into());

@@ -586,8 +586,8 @@ impl Manager {
     /// The RBAC rules this Manager needs to run what it has now (see
     /// [`Permissions`]; render them with [`Permissions::manifests`]):
     /// - each controller's ([`Controller::permissions`]): list and watch of
-    ///   its informers, what its builder declared it writes, its ring's
-    ///   Leases;
+    ///   its informers, what its builder declared it writes, what setting
+    ///   ownerReferences on the children it owns takes, its ring's Leases;
     /// - list and watch of every informer made from its
     ///   [`factory`](Self::factory), a controller's or not
     ///   ([`SharedInformerFactory::permissions`]);

@@ -1,6 +1,7 @@
 //! The RBAC rules a Manager needs, derived from what it runs: each
 //! controller's informers (list and watch), what its reconciler declares it
 //! writes ([`ControllerBuilder::writes`](crate::ControllerBuilder::writes)),
+//! what setting ownerReferences on the children it owns takes,
 //! the election's Lease, a sharding ring's Leases, and the Events of its
 //! recorders. [`Manager::permissions`](crate::Manager::permissions) gives
 //! them (a [`Permissions`], the informer crate's, re-exported here);
@@ -16,6 +17,8 @@
 
 pub use kinformer_informer::Permissions;
 pub use kinformer_informer::rbac::print_if_asked;
+
+use kinformer_informer::GroupResource;
 
 /// The rules of a leader election on the Lease `lease` of `namespace`:
 /// read, acquire, renew and release it (get and update, by name), watch it
@@ -44,6 +47,28 @@ pub(crate) fn ring(permissions: &mut Permissions, namespace: &str) {
         "leases",
         &["get", "create", "update", "list", "watch", "delete"],
     );
+}
+
+/// The rules of setting ownerReferences to objects of `owner` on objects
+/// of `child` in `namespace` (`None`: every namespace, or cluster-scoped
+/// children) where the server enforces them (the admission plugin
+/// `OwnerReferencesPermissionEnforcement`, on in OpenShift): `update` of
+/// the owner's `finalizers`, to set `blockOwnerDeletion`, and `delete` of
+/// the child, to add an ownerReference to one that exists (adopting it).
+/// The plugin checks the child's in its namespace, a namespaced owner's
+/// in the same one (an owner is in its child's namespace), and a
+/// cluster-scoped owner's cluster-wide.
+pub(crate) fn owner_references(
+    permissions: &mut Permissions,
+    namespace: Option<&str>,
+    owner: &GroupResource,
+    owner_cluster_scoped: bool,
+    child: &GroupResource,
+) {
+    let finalizers = format!("{}/finalizers", owner.resource);
+    let owner_namespace = namespace.filter(|_| !owner_cluster_scoped);
+    permissions.allow(owner_namespace, &owner.group, &finalizers, &["update"]);
+    permissions.allow(namespace, &child.group, &child.resource, &["delete"]);
 }
 
 /// The rules of an Events recorder writing about objects of `namespace`
@@ -116,7 +141,7 @@ mod tests {
         );
         assert_eq!(
             p.verbs(Some("web"), "", "secrets"),
-            ["create", "list", "patch", "watch"].into()
+            ["create", "delete", "list", "patch", "watch"].into()
         );
         assert_eq!(
             p.verbs(Some("web"), "events.k8s.io", "events"),
@@ -135,6 +160,98 @@ mod tests {
                     && !r["verbs"].to_string().contains("create"))
         );
         assert_eq!(p.namespaces().collect::<Vec<_>>(), ["ops", "web"]);
+    }
+
+    struct Done;
+
+    impl crate::Reconciler for Done {
+        fn reconcile<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<crate::Action, crate::ReconcileError>> {
+            Box::pin(async { Ok(crate::Action::Done) })
+        }
+    }
+
+    /// What a Manager over `factory_namespace` (`None`: every namespace)
+    /// needs to run one controller of `K` owning `C`.
+    fn owning<K, C>(factory_namespace: Option<&str>) -> Permissions
+    where
+        K: kube_client::Resource + kinformer_store::Object + Clone + serde::de::DeserializeOwned,
+        K: std::fmt::Debug,
+        K::DynamicType: Default,
+        K::Scope: 'static,
+        C: kube_client::Resource + kinformer_store::Object + Clone + serde::de::DeserializeOwned,
+        C: std::fmt::Debug,
+        C::DynamicType: Default,
+        C::Scope: 'static,
+    {
+        use kinformer_informer::SharedInformerFactory;
+
+        use crate::{Manager, ManagerOptions};
+        let config = kube_client::Config::new("https://kubernetes.invalid".parse().unwrap());
+        let client = kube_client::Client::try_from(config).unwrap();
+        let mut factory = SharedInformerFactory::new(client.clone());
+        if let Some(ns) = factory_namespace {
+            factory = factory.namespace(ns);
+        }
+        let mut manager = Manager::with_factory(factory, client, ManagerOptions::new()).unwrap();
+        let controller = manager
+            .controller::<K>("c")
+            .owns::<C>()
+            .reconciler(Done)
+            .unwrap();
+        manager.add(controller);
+        manager.permissions()
+    }
+
+    #[tokio::test]
+    async fn owning_children_allows_blocking_the_owners_deletion_and_adopting_them() {
+        use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+
+        // OwnerReferencesPermissionEnforcement: `blockOwnerDeletion` needs
+        // update of the owner's finalizers, adopting needs delete of the child.
+        let p = owning::<ConfigMap, Secret>(Some("web"));
+        assert_eq!(
+            p.verbs(Some("web"), "", "configmaps/finalizers"),
+            ["update"].into()
+        );
+        assert_eq!(
+            p.verbs(Some("web"), "", "secrets"),
+            ["delete", "list", "watch"].into()
+        );
+        assert!(!p.is_cluster_wide());
+        let role = p.manifests("c", "web", "c")["items"][1].clone();
+        assert_eq!(role["kind"], "Role");
+        assert!(
+            role["rules"].as_array().unwrap().contains(&json!({
+                "apiGroups": [""], "resources": ["configmaps/finalizers"], "verbs": ["update"],
+            })),
+            "{role}"
+        );
+
+        let p = owning::<Deployment, ReplicaSet>(None);
+        assert_eq!(
+            p.verbs(None, "apps", "deployments/finalizers"),
+            ["update"].into()
+        );
+        assert_eq!(
+            p.verbs(None, "apps", "replicasets"),
+            ["delete", "list", "watch"].into()
+        );
+
+        // The plugin checks a cluster-scoped owner's finalizers cluster-wide.
+        let p = owning::<Namespace, ConfigMap>(Some("web"));
+        assert_eq!(
+            p.verbs(None, "", "namespaces/finalizers"),
+            ["update"].into()
+        );
+        assert_eq!(
+            p.verbs(Some("web"), "", "configmaps"),
+            ["delete", "list", "watch"].into()
+        );
+        assert_eq!(p.verbs(Some("web"), "", "namespaces/finalizers"), [].into());
     }
 
     #[test]

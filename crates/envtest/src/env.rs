@@ -98,6 +98,13 @@ impl TestEnvOptions {
 /// A running control plane: etcd and kube-apiserver on free loopback ports,
 /// with an admin kubeconfig.
 ///
+/// The server authorizes by RBAC and admits with its default plugins,
+/// less `ServiceAccount` (no controller manager makes each namespace's
+/// `default` account for its pods), plus
+/// `OwnerReferencesPermissionEnforcement` (on in OpenShift): setting
+/// `blockOwnerDeletion` takes `update` of the owner's `finalizers`, and
+/// adding an ownerReference to an existing object `delete` of it.
+///
 /// Dropping it (or [`stop`](Self::stop)) sends SIGTERM, then SIGKILL, to both
 /// and removes their directory. Child processes also die with the process
 /// that started them, however it ends.
@@ -303,6 +310,9 @@ impl TestEnv {
             "--authorization-mode=RBAC".to_owned(),
             "--allow-privileged=true".to_owned(),
             "--disable-admission-plugins=ServiceAccount".to_owned(),
+            // In addition to the defaults: OpenShift's, where setting an
+            // ownerReference takes rights on the owner and the child.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_owned(),
             "--endpoint-reconciler-type=none".to_owned(),
             "--profiling=false".to_owned(),
         ];

@@ -207,13 +207,15 @@ impl Permissions {
     }
 }
 
-/// A program's `--print-rbac NAMESPACE`: if its arguments hold the flag,
-/// prints the manifests of the rules `permissions` gives (a ServiceAccount
-/// `name` of NAMESPACE, and its roles, `name` too; see
-/// [`Permissions::manifests`]) and returns true: the program should then
-/// exit, having run nothing. False without the flag; an error if it has
-/// no namespace after it. For a program without an argument parser of its
-/// own (one with clap adds a flag and calls `manifests`).
+/// A program's `--print-rbac NAMESPACE` (or `--print-rbac=NAMESPACE`): if
+/// its arguments hold the flag, prints the manifests of the rules
+/// `permissions` gives (a ServiceAccount `name` of NAMESPACE, and its
+/// roles, `name` too; see [`Permissions::manifests`]) and returns true:
+/// the program should then exit, having run nothing. False without the
+/// flag (or with it after `--`, where it is an argument); an error if it
+/// has no namespace, an empty one or another flag after it. For a program
+/// without an argument parser of its own (one with clap adds a flag and
+/// calls `manifests`).
 ///
 /// ```no_run
 /// # fn demo(manager: &kinformer_informer::SharedInformerFactory) -> std::io::Result<()> {
@@ -226,21 +228,42 @@ pub fn print_if_asked(
     name: &str,
     permissions: impl FnOnce() -> Permissions,
 ) -> std::io::Result<bool> {
-    let mut args = std::env::args().skip_while(|a| a != "--print-rbac");
-    if args.next().is_none() {
+    let Some(namespace) = print_rbac_namespace(std::env::args())? else {
         return Ok(false);
-    }
-    let namespace = args
-        .next()
-        .filter(|ns| !ns.starts_with('-'))
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "--print-rbac needs the ServiceAccount's NAMESPACE after it",
-            )
-        })?;
+    };
     println!("{}", permissions().manifests(name, &namespace, name));
     Ok(true)
+}
+
+/// The namespace `--print-rbac` names in `args` (the program's name
+/// first), in either of the forms clap and Go's flag package read:
+/// `--print-rbac NAMESPACE` and `--print-rbac=NAMESPACE`.
+fn print_rbac_namespace(args: impl IntoIterator<Item = String>) -> std::io::Result<Option<String>> {
+    let invalid =
+        |message: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, message.to_owned());
+    let mut args = args.into_iter().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        if arg == "--print-rbac" {
+            return match args.next() {
+                Some(ns) if !ns.is_empty() && !ns.starts_with('-') => Ok(Some(ns)),
+                _ => Err(invalid(
+                    "--print-rbac needs the ServiceAccount's NAMESPACE after it",
+                )),
+            };
+        }
+        if let Some(ns) = arg.strip_prefix("--print-rbac=") {
+            return match ns.is_empty() {
+                true => Err(invalid(
+                    "--print-rbac= needs the ServiceAccount's NAMESPACE after the `=`",
+                )),
+                false => Ok(Some(ns.to_owned())),
+            };
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -303,6 +326,49 @@ mod tests {
         let list = p.manifests("ctl", "ops", "ctl-sa");
         assert_eq!(list["items"].as_array().unwrap().len(), 5);
         assert_eq!(list["items"][1]["kind"], "ClusterRole");
+    }
+
+    /// What `--print-rbac` asks of a program run with `args`.
+    fn asked(args: &[&str]) -> std::io::Result<Option<String>> {
+        print_rbac_namespace(args.iter().map(|a| (*a).to_owned()))
+    }
+
+    #[test]
+    fn print_rbac_takes_its_namespace_as_the_next_argument_or_after_an_equals_sign() {
+        assert_eq!(
+            asked(&["ctl", "--print-rbac", "ops"]).unwrap(),
+            Some("ops".into())
+        );
+        assert_eq!(
+            asked(&["ctl", "--print-rbac=ops"]).unwrap(),
+            Some("ops".into())
+        );
+        assert_eq!(
+            asked(&["ctl", "-v", "--print-rbac=ops", "--other"]).unwrap(),
+            Some("ops".into())
+        );
+        assert_eq!(asked(&["ctl", "--other", "ops"]).unwrap(), None);
+        assert_eq!(asked(&["ctl", "--print-rbac-x=ops"]).unwrap(), None);
+    }
+
+    #[test]
+    fn print_rbac_without_a_namespace_is_an_error_not_a_run() {
+        for args in [
+            &["ctl", "--print-rbac"][..],
+            &["ctl", "--print-rbac", "--other"],
+            &["ctl", "--print-rbac", ""],
+            &["ctl", "--print-rbac="],
+        ] {
+            let err = asked(args).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{args:?}");
+            assert!(err.to_string().contains("NAMESPACE"), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn print_rbac_after_a_double_dash_is_an_argument_not_the_flag() {
+        assert_eq!(asked(&["ctl", "--", "--print-rbac", "ops"]).unwrap(), None);
+        assert_eq!(asked(&["ctl", "--", "--print-rbac=ops"]).unwrap(), None);
     }
 
     #[tokio::test]

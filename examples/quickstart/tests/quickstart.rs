@@ -13,7 +13,8 @@ use kinformer_envtest::{TestEnv, rbac};
 const BIN: &str = env!("CARGO_BIN_EXE_quickstart");
 
 /// Waits (up to 30 s) until the Secret `name` holds `message`; its uid.
-async fn mirrored(secrets: &Api<Secret>, name: &str, message: &str) -> String {
+/// Failing, names the refusals in the controller's `log`.
+async fn mirrored(secrets: &Api<Secret>, log: &rbac::Log, name: &str, message: &str) -> String {
     let want = BTreeMap::from([("message".to_owned(), ByteString(message.into()))]);
     for _ in 0..300 {
         if let Some(s) = secrets.get_opt(name).await.unwrap()
@@ -23,7 +24,12 @@ async fn mirrored(secrets: &Api<Secret>, name: &str, message: &str) -> String {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("Secret {name} never held {message:?}");
+    let refused: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("forbidden"))
+        .collect();
+    panic!("Secret {name} never held {message:?}; refused: {refused:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +64,7 @@ async fn a_labelled_configmap_is_mirrored_into_a_secret_it_owns() {
         .create(&pp, &cm("hello", "yes", "hi"))
         .await
         .unwrap();
-    let first = mirrored(&secrets, "hello", "hi").await;
+    let first = mirrored(&secrets, &log, "hello", "hi").await;
     let owner = secrets
         .get("hello")
         .await
@@ -95,13 +101,37 @@ async fn a_labelled_configmap_is_mirrored_into_a_secret_it_owns() {
         .patch("hello", &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();
-    mirrored(&secrets, "hello", "hello again").await;
+    mirrored(&secrets, &log, "hello", "hello again").await;
     secrets
         .delete("hello", &DeleteParams::default())
         .await
         .unwrap();
-    let again = mirrored(&secrets, "hello", "hello again").await;
+    let again = mirrored(&secrets, &log, "hello", "hello again").await;
     assert_ne!(first, again);
+    // A Secret there before its ConfigMap is adopted: an ownerReference
+    // added to an existing object, which the server lets only those who
+    // may delete it add (OwnerReferencesPermissionEnforcement).
+    let orphan: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "taken"}, "data": {"message": "b2xk"},
+    }))
+    .unwrap();
+    let orphan = secrets.create(&pp, &orphan).await.unwrap();
+    configmaps
+        .create(&pp, &cm("taken", "yes", "mine"))
+        .await
+        .unwrap();
+    assert_eq!(
+        Some(mirrored(&secrets, &log, "taken", "mine").await),
+        orphan.metadata.uid,
+        "adopted, not replaced"
+    );
+    let owner = secrets
+        .get("taken")
+        .await
+        .unwrap()
+        .metadata
+        .owner_references;
+    assert_eq!(owner.unwrap()[0].kind, "ConfigMap");
     // It logs what it did; a ConfigMap not labelled mirror=yes is left alone.
     log.wait_for(Duration::from_secs(30), |l| {
         l.contains(&format!("mirrored {ns}/hello"))

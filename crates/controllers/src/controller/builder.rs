@@ -74,7 +74,10 @@ where
     K::Scope: 'static,
 {
     /// Reconcile the owner of every `C` whose controller ownerReference
-    /// names a `K` (see [`Controller::owns`]).
+    /// names a `K` (see [`Controller::owns`]). The controller's
+    /// permissions then let it set those ownerReferences where the server
+    /// enforces them: `update` of `K`'s `finalizers` (for
+    /// `blockOwnerDeletion`) and `delete` of `C` (to adopt one).
     ///
     /// ```no_run
     /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {

@@ -294,8 +294,14 @@ impl<K: Object + Clone> Controller<K> {
     /// controller ownerReference names a `K`: client-go's
     /// `EnqueueRequestForOwner` with `OnlyControllerOwner`. An update that
     /// moves the object to another owner reconciles both.
+    ///
+    /// Its [`permissions`](Self::permissions) then hold what setting those
+    /// ownerReferences takes where the server enforces them
+    /// (`OwnerReferencesPermissionEnforcement`): `update` of `K`'s
+    /// `finalizers` and `delete` of the informer's kind, in its namespace
+    /// (a cluster-scoped `K`'s finalizers cluster-wide).
     pub fn owns<C: Object + Clone + Resource>(
-        self,
+        mut self,
         informer: SharedIndexInformer<C>,
     ) -> Result<Self, ControllerError>
     where
@@ -307,6 +313,11 @@ impl<K: Object + Clone> Controller<K> {
         let kind = K::kind(&dt).into_owned();
         let group = K::group(&dt).into_owned();
         let cluster_scoped = kinformer_informer::is_cluster_scoped::<K>();
+        if let Some(child) = informer.resource() {
+            let owner = GroupResource::new(group.as_str(), K::plural(&dt));
+            let namespace = informer.namespace();
+            rbac::owner_references(&mut self.writes, namespace, &owner, cluster_scoped, &child);
+        }
         let child_kind = reason::type_name::<C>();
         let relation = Relation::Owned {
             group: group.clone(),
@@ -365,8 +376,10 @@ impl<K: Object + Clone> Controller<K> {
     /// each informer it reads, in that informer's namespace (or
     /// cluster-wide), what its builder declared it writes
     /// ([`ControllerBuilder::writes`](crate::ControllerBuilder::writes)),
-    /// and its sharding ring's Leases. An informer over a lister-watcher
-    /// of your own names no resource: add its rules yourself.
+    /// what setting ownerReferences on the children it
+    /// [`owns`](Self::owns) takes, and its sharding ring's Leases. An
+    /// informer over a lister-watcher of your own names no resource: add
+    /// its rules yourself.
     pub fn permissions(&self) -> Permissions {
         let mut permissions = self.writes.clone();
         for dependency in self.informers() {
