@@ -79,6 +79,53 @@ async fn pod_stdout_prints_adds_updates_and_deletes() {
     task.await.unwrap().unwrap();
 }
 
+/// Why pod-stdout (and client-go's workqueue example) may print "does not
+/// exist anymore" twice for one deletion: the API server changes a deleted
+/// Pod twice, even one on no node (grace period 0): it first marks it
+/// (deletionTimestamp), then removes it. Each change queues the key, and a
+/// key queued while it is reconciled is reconciled once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_on_no_node_deleted_is_marked_then_removed_two_changes() {
+    let (client, ns) = setup("poddelete").await;
+    let informer = informer::<Pod>(&client, &ns);
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (on_update, on_delete) = (Arc::clone(&seen), Arc::clone(&seen));
+    informer
+        .add_event_handler(
+            kinformer_informer::ResourceEventHandlerFuncs::new()
+                .on_update(move |_old: &Arc<Pod>, new: &Arc<Pod>| {
+                    let marked = new.metadata.deletion_timestamp.is_some();
+                    on_update.lock().push(format!("update marked={marked}"));
+                })
+                .on_delete(move |_: &kinformer_store::ObjectOrTombstone<Pod>| {
+                    on_delete.lock().push("delete".to_owned());
+                }),
+        )
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (informer, shutdown) = (informer.clone(), shutdown.clone());
+        tokio::spawn(async move { informer.run(shutdown).await })
+    };
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p1"}, "spec": {"containers": [{"name": "c", "image": "x"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let lister = informer.lister();
+    let key = format!("{ns}/p1");
+    eventually("the add", async || lister.get(&key).is_some()).await;
+    pods.delete("p1", &DeleteParams::default()).await.unwrap();
+    eventually("the delete", async || {
+        seen.lock().contains(&"delete".to_owned())
+    })
+    .await;
+    assert_eq!(*seen.lock(), ["update marked=true", "delete"]);
+    shutdown.cancel();
+    let _ = run.await;
+}
+
 fn service(name: &str, strategy: Option<&str>) -> Service {
     let annotations: BTreeMap<String, String> = strategy
         .map(|s| (STRATEGY_ANNOTATION.to_owned(), s.to_owned()))

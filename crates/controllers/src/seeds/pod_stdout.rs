@@ -1,5 +1,13 @@
 //! pod-stdout: prints every Pod add, update and delete, as client-go's
 //! workqueue example controller does.
+//!
+//! It prints what the cache holds when a key is reconciled, so one change
+//! may print twice: a deleted Pod, even one on no node, changes twice on
+//! the API server (first marked with a deletionTimestamp, then removed),
+//! each change queues its key, and a key queued while it is reconciled is
+//! reconciled once more after. When both reconciles start after the
+//! removal, `does not exist anymore` prints twice; client-go's example
+//! does the same when its worker is as quick.
 
 use std::sync::Arc;
 
