@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kinformer_informer::SharedInformerFactory;
+use kinformer_informer::{GroupResource, SharedInformerFactory};
 use kinformer_store::Object;
 use kinformer_webhook::{CertFiles, Observer, Webhooks};
 use kube_client::{Client, Resource};
@@ -314,7 +314,10 @@ trait Runnable: Send + Sync {
     fn uses_metrics(&self, metrics: &Arc<Metrics>) -> bool;
     fn permissions(&self) -> Permissions;
     fn primary_scope(&self) -> (Option<String>, bool);
-    fn informers_check(&self) -> crate::Check;
+    fn informers_check(
+        &self,
+        needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
+    ) -> crate::Check;
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
@@ -347,8 +350,11 @@ impl<K: Object + Clone> Runnable for Controller<K> {
     fn primary_scope(&self) -> (Option<String>, bool) {
         Controller::primary_scope(self)
     }
-    fn informers_check(&self) -> crate::Check {
-        Controller::informers_check(self)
+    fn informers_check(
+        &self,
+        needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
+    ) -> crate::Check {
+        Controller::informers_check(self, needs_us)
     }
     fn run(
         self: Box<Self>,
@@ -369,8 +375,21 @@ impl<K: Object + Clone> Runnable for Controller<K> {
 /// keys and drains its queue while the lease is still renewed; once all
 /// have ended the lease is released (left to expire if a reconcile would
 /// not end), then the informers stop. `/healthz` and `/readyz` answer 503
-/// from the start of the stop. `/readyz` answers 200 once every
-/// controller's caches have synced and every ready check passes.
+/// from the start of the stop.
+///
+/// `/readyz` answers 200 once every controller's caches have synced
+/// (checks `caches` and `informers of NAME`, which also fails while the
+/// server refuses a list or watch: 401, 403), the webhook server serves
+/// if there is one (check `webhook`, controller-runtime's
+/// `StartedChecker`), and every ready check passes, with one exception:
+/// the caches of custom resources whose conversion this Manager's
+/// [`webhooks`](Self::webhooks) serve are not waited for. The API server
+/// reaches a webhook through a Service, which routes only to ready pods,
+/// and listing such a resource in a version other than its storage
+/// version needs that conversion: waiting for those caches, the Manager
+/// would never become ready. Its controllers still reconcile only from
+/// synced caches; a webhook handler reading such a cache may see it
+/// before it has synced.
 pub struct Manager {
     /// The client as given: the Manager's own requests (election, Events).
     client: Client,
@@ -622,9 +641,11 @@ impl Manager {
     /// [`kinformer_webhook`]) on [`ManagerOptions::webhook_server`]'s
     /// address while the Manager runs, on every replica (a standby
     /// answers the API server too, as controller-runtime's does). The
-    /// certificate must be there when [`run`](Self::run) starts; `/readyz`
-    /// fails its `webhook` check once the server has stopped. They stop
-    /// last, after the informers.
+    /// certificate must be there when [`run`](Self::run) starts. `/readyz`
+    /// waits for the server to serve, and not for the caches of the custom
+    /// resources it converts (see the type's docs for why), and fails its
+    /// `webhook` check once the server has stopped. They stop last, after
+    /// the informers.
     pub fn webhooks(&mut self, webhooks: Webhooks) -> &mut Self {
         self.webhooks = Some(webhooks);
         self
@@ -670,13 +691,22 @@ impl Manager {
             })
         });
 
+        // Caches of what the webhooks convert: not waited for by `/readyz`.
+        let converted: std::collections::HashSet<GroupResource> = self
+            .webhooks
+            .iter()
+            .flat_map(Webhooks::converted)
+            .map(|(group, resource)| GroupResource::new(group, resource))
+            .collect();
+        let needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync> =
+            Arc::new(move |resource| converted.contains(resource));
         let total = self.controllers.len();
         let synced = Arc::new(AtomicUsize::new(0));
         let mut running = JoinSet::new();
         let mut names = std::collections::HashMap::new();
         for controller in self.controllers {
             let name = controller.name().to_owned();
-            let check = controller.informers_check();
+            let check = controller.informers_check(Arc::clone(&needs_us));
             self.metrics
                 .add_ready_check(&format!("informers of {name}"), move || check());
             let external_election = self
@@ -699,6 +729,11 @@ impl Manager {
             let run = controller.run(stop.clone(), managed);
             let id = running.spawn(async move { (name.clone(), run.await) }).id();
             names.insert(id, controller_name);
+        }
+        if webhooks.is_some() {
+            // Each `informers of NAME` check now waits for its caches but
+            // those of what the webhooks convert (see the type's docs).
+            self.metrics.set_ready(true);
         }
         info!(controllers = total, "manager started");
 

@@ -656,7 +656,10 @@ impl Metrics {
             .inc();
     }
 
-    /// Marks the process ready (`/readyz` answers 200): caches have synced.
+    /// Marks the process ready (`/readyz` answers 200 if its checks
+    /// pass): its caches have synced, or, for a
+    /// [`Manager`](crate::Manager) serving webhooks, its webhook server
+    /// serves and its checks wait for the caches (see the Manager's docs).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }

@@ -118,6 +118,8 @@ pub trait Observer: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Webhooks {
     routes: Vec<(String, Route)>,
+    /// The custom resources converted, as (API group, plural).
+    converts: Vec<(String, String)>,
     on_panic: OnPanic,
     max_body_bytes: Option<usize>,
     observer: Option<Arc<dyn Observer>>,
@@ -263,6 +265,13 @@ impl Webhooks {
         Self::default()
     }
 
+    /// The custom resources these webhooks convert, as (API group,
+    /// plural): listing them in a version other than their storage
+    /// version needs this server.
+    pub fn converted(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.converts.iter().map(|(g, r)| (g.as_str(), r.as_str()))
+    }
+
     /// A validating webhook for kind `K` at `path`: `validate` gets each
     /// request (its operation, `object`, `old_object` for an update, the
     /// user) and answers a [`Verdict`].
@@ -337,6 +346,8 @@ impl Webhooks {
     where
         H: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Send + Sync + 'static,
     {
+        self.converts
+            .push((H::group(&()).into_owned(), H::plural(&()).into_owned()));
         let conversion = Arc::new(conversion);
         let route: Route = Arc::new(move |body: Bytes| {
             let conversion = Arc::clone(&conversion);

@@ -393,19 +393,27 @@ impl<K: Object + Clone> Controller<K> {
         permissions
     }
 
-    /// A readiness check over its informers: failing while one has not
-    /// synced, or while the server refuses its list or watch (401, 403;
-    /// the message names the verb, resource and namespace), even after it
-    /// synced: a controller over a cache the server no longer updates is
-    /// not ready.
-    pub(crate) fn informers_check(&self) -> crate::Check {
-        let informers: Vec<Box<dyn Dependency>> = self.informers().map(|i| i.boxed()).collect();
+    /// A readiness check over its informers: failing while the server
+    /// refuses its list or watch (401, 403; the message names the verb,
+    /// resource and namespace), even after it synced (a controller over a
+    /// cache the server no longer updates is not ready), and while one has
+    /// not synced, unless `needs_us` says its listing needs this process
+    /// to be ready first (a custom resource whose conversion it serves).
+    pub(crate) fn informers_check(
+        &self,
+        needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
+    ) -> crate::Check {
+        let informers: Vec<(Box<dyn Dependency>, bool)> = self
+            .informers()
+            .map(|i| (i.boxed(), i.reads().0.is_some_and(|r| needs_us(&r))))
+            .collect();
         Arc::new(move || {
             let problems: Vec<String> = informers
                 .iter()
-                .filter_map(|i| match i.denied() {
+                .filter_map(|(i, needs_us)| match i.denied() {
                     Some(denied) => Some(format!("{}: {denied}", i.what())),
-                    None => (!i.has_synced()).then(|| format!("{}: not synced yet", i.what())),
+                    None => (!needs_us && !i.has_synced())
+                        .then(|| format!("{}: not synced yet", i.what())),
                 })
                 .collect();
             match problems.is_empty() {
