@@ -88,7 +88,8 @@ impl<K> RealFifoOptions<K> {
     /// ([`KnownObjects::holds_version`], a compact cache) is not kept at
     /// all, the consumer keeping what it holds, unless a unit queued or
     /// being applied ahead of the list could change it first (then the
-    /// listed copy is kept, as without sharing). Give
+    /// listed copy is kept, as without sharing); this assumes the one
+    /// listing is the only producer until `finish`, as a Reflector is. Give
     /// no known objects to take every listed object as it came (content the
     /// server changed without a write, such as new CRD defaults, then
     /// reaches the cache on a relist, as in client-go).
@@ -780,7 +781,10 @@ impl<K> RealFifo<K> {
     /// then one after it widened again) is judged against the store the
     /// first leaves behind, which is not the store as it is now; so only a
     /// quiet queue is asked, before and after, with no unit processed in
-    /// between (a producer on another thread cannot slip one in).
+    /// between. The Reflector is the one producer while it lists: a change
+    /// queued from another thread between this `push` and `finish` and
+    /// applied before the list would be judged against too (do not share,
+    /// give no known objects, if other threads write to the queue).
     fn still_held(
         &self,
         known: &dyn KnownObjects<K>,

@@ -325,31 +325,12 @@ struct Inner<K> {
 }
 
 /// Keys a relist kept as cached because their listed object could not be
-/// decoded: the cache holds them at a version older than the list's, so
-/// it is synced no further than it was before that relist until each is
-/// applied again (an event, a later list) or deleted.
+/// decoded (or left absent, never cached): the cache holds them older than
+/// the list, until each is applied again (an event, a later list) or
+/// deleted. [`SharedIndexInformer::is_stale`] names them.
 #[derive(Default)]
 struct Stale {
     keys: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
-    /// A listed object whose key could not be read either: which key is
-    /// behind is unknown until a later list reads them all.
-    unknown: bool,
-    /// The version the cache was synced to before the first of them was
-    /// kept; `None` if it had none.
-    floor: Option<String>,
-}
-
-impl Stale {
-    fn is_stale(&self) -> bool {
-        self.unknown || !self.keys.is_empty()
-    }
-
-    /// A key's object was applied (or deleted): it is as the server has it.
-    fn applied(&mut self, key: &str) {
-        if self.keys.remove(key) && !self.is_stale() {
-            self.floor = None;
-        }
-    }
 }
 
 struct Settings<K> {
@@ -604,14 +585,26 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// relists at once ([`FifoKind::AtomicFifo`]) can say it; `None` on the
     /// others (a DeltaFifo merges a key's changes and applies keys out of
     /// watch order, a plain RealFifo applies a relist key by key), and
-    /// before the first list. An object of a relist that could not be
-    /// decoded keeps its cached version (counted and logged, see
-    /// [`ReflectorStats`]), older than the list's: until it is applied
-    /// again (an event, a later list) or deleted, this stays at the version
-    /// the cache had before that relist, so the promise above holds for it
-    /// too.
+    /// before the first list. One exception: an object of a relist that
+    /// could not be decoded keeps its cached copy (or stays absent), older
+    /// than the list's version, until it is applied again (an event, a
+    /// later list) or deleted; it is counted and logged (see
+    /// [`ReflectorStats`]) and [`is_stale`](Self::is_stale) names it.
     pub fn last_store_sync_resource_version(&self) -> Option<String> {
         self.inner.last_store_sync_resource_version()
+    }
+
+    /// Whether the cache holds `key` older than its
+    /// [`last_store_sync_resource_version`](Self::last_store_sync_resource_version):
+    /// a relist could not decode the object listed under it and kept what
+    /// the cache had (or left it absent), until the key is applied again
+    /// (an event, a later list) or deleted. After a write to `key`, ask
+    /// this after [`has_caught_up_to`](Self::has_caught_up_to): a stale key
+    /// is not caught up whatever the version says, and the version
+    /// read first is never ahead of what this says.
+    pub fn is_stale(&self, key: &str) -> bool {
+        let stale = self.inner.stale.lock();
+        !stale.keys.is_empty() && stale.keys.contains(key)
     }
 
     /// Whether its queue applies changes in watch order and relists at
@@ -626,7 +619,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
     /// one (its [`last_store_sync_resource_version`](Self::last_store_sync_resource_version)
     /// is at or past it, ordered as apimachinery's `CompareResourceVersion`):
     /// after a write answered with `resource_version`, `true` means every
-    /// read of this informer's cache sees that write or something newer.
+    /// read of this informer's cache sees that write or something newer,
+    /// unless the object written [`is_stale`](Self::is_stale) (ask after
+    /// this).
     /// `false` before anything was synced. Versions are ordered within one
     /// resource only: ask the informer of the written resource.
     pub fn has_caught_up_to(&self, resource_version: &str) -> Result<bool, CatchUpError> {
@@ -1004,18 +999,10 @@ impl<K> Inner<K> {
     }
 
     fn last_store_sync_resource_version(&self) -> Option<String> {
-        if !self.in_order() {
-            return None;
-        }
-        // The store first, then the stale keys: a relist records the keys
-        // it keeps before it swaps, so a version read after the swap is
-        // never taken without them.
-        let synced = self.indexer.last_store_sync_resource_version();
-        let stale = self.stale.lock();
-        if stale.is_stale() {
-            stale.floor.clone()
+        if self.in_order() {
+            self.indexer.last_store_sync_resource_version()
         } else {
-            synced
+            None
         }
     }
 }
@@ -1055,34 +1042,27 @@ impl<K: Object> Inner<K> {
         // A key kept (its listed object could not be read) or held stays
         // as stored (decoded only to index it again).
         let keep = |key: &str| held.contains(key) || (!listed.contains(key) && all.keeps(key));
-        // Kept older than the list: recorded before the swap makes the
-        // list's version visible (see `last_store_sync_resource_version`).
-        // (One never cached stays absent: the cache lacks it all the same.)
-        let kept_stale: std::collections::HashSet<&Arc<str>, foldhash::fast::RandomState> = all
-            .kept_keys()
-            .filter(|k| !listed.contains(k.as_ref()))
-            .collect();
-        if !kept_stale.is_empty() || all.keeps_all() {
-            let synced = self.indexer.last_store_sync_resource_version();
-            let mut stale = self.stale.lock();
-            if !stale.is_stale() {
-                stale.floor = synced;
-            }
-            stale.keys.extend(kept_stale.iter().map(|k| Arc::clone(k)));
-            stale.unknown |= all.keeps_all();
+        // Kept older than the list (or left absent): recorded before the
+        // swap makes the list's version visible, so a reader that sees that
+        // version and then asks `is_stale` is told (see `has_caught_up_to`).
+        let kept_stale: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState> =
+            if all.keeps_all() {
+                let keys = self.indexer.list_keys().into_iter().map(Arc::from);
+                keys.chain(all.kept_keys().cloned())
+                    .filter(|k| !listed.contains(k.as_ref()))
+                    .collect()
+            } else {
+                let keys = all.kept_keys().filter(|k| !listed.contains(k.as_ref()));
+                keys.cloned().collect()
+            };
+        if !kept_stale.is_empty() {
+            self.stale.lock().keys.extend(kept_stale.iter().cloned());
         }
         let swapped = self
             .indexer
             .swap_by_key(items, &keep, all.resource_version());
-        {
-            // Every other key is now as this list has it, or gone.
-            let mut stale = self.stale.lock();
-            stale.keys.retain(|k| kept_stale.contains(k));
-            stale.unknown = all.keeps_all();
-            if !stale.is_stale() {
-                stale.floor = None;
-            }
-        }
+        // Every other key is now as this list has it, or gone.
+        self.stale.lock().keys.retain(|k| kept_stale.contains(k));
         for e in &swapped.unindexed {
             // Stored, and missing from this one index.
             self.index_failures.fetch_add(1, Ordering::Relaxed);
@@ -1223,6 +1203,9 @@ impl<K: Object> Inner<K> {
             }
         }
         // After the store: a reader never sees the key fresh before it is.
-        self.stale.lock().applied(key);
+        let mut stale = self.stale.lock();
+        if !stale.keys.is_empty() {
+            stale.keys.remove(key);
+        }
     }
 }

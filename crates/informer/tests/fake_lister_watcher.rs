@@ -1801,17 +1801,22 @@ async fn an_informer_on_another_queue_cannot_say_whether_it_caught_up() {
 }
 
 /// After a 410, a relist whose copy of `ns/b` could not be decoded keeps
-/// `ns/b` cached at its older version: the cache must not say it has
-/// caught up with the list's version (a write to `ns/b` answered at 6
-/// would be taken as seen) until `ns/b` is applied again.
+/// `ns/b` cached at its older version: the cache is synced to the list's
+/// version for everything else, and says that `ns/b` is older than that
+/// (a write to `ns/b` answered at 6 is not in the cache) until `ns/b` is
+/// applied again. An object never cached that did not decode is stale
+/// too: the cache lacks it.
 #[tokio::test]
-async fn a_relist_that_keeps_an_undecodable_objects_older_copy_is_not_caught_up_to_its_version() {
+async fn a_relist_that_keeps_an_undecodable_objects_older_copy_says_that_key_is_stale() {
     let mut h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 3),
             page_skipping(
                 vec![cm("a", 4)],
-                vec![Undecodable::new(Some("ns/b".into()), "not UTF-8")],
+                vec![
+                    Undecodable::new(Some("ns/b".into()), "not UTF-8"),
+                    Undecodable::new(Some("ns/new".into()), "not UTF-8"),
+                ],
                 7,
             ),
         ],
@@ -1820,29 +1825,23 @@ async fn a_relist_that_keeps_an_undecodable_objects_older_copy_is_not_caught_up_
     h.start();
     let w = h.next_watch().await;
     h.informer.wait_caught_up_to("3").await.unwrap();
+    assert!(!h.informer.is_stale("ns/b"));
     w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
     let w2 = h.next_watch().await;
-    // The relist is applied once a's new version is cached.
-    assert!(
-        h.informer
-            .wait_until(|i| cached_rv(i, "ns/a").as_deref() == Some("4"))
-            .await
-    );
+    h.informer.wait_caught_up_to("7").await.unwrap();
+    assert_eq!(cached_rv(&h.informer, "ns/a").as_deref(), Some("4"));
     assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
-    assert_eq!(
-        h.informer.has_caught_up_to("6"),
-        Ok(false),
-        "ns/b is cached at 2, older than a write at 6"
+    assert!(
+        h.informer.is_stale("ns/b"),
+        "ns/b is cached at 2, older than 7"
     );
-    assert_eq!(h.informer.has_caught_up_to("3"), Ok(true));
-    assert_eq!(
-        h.informer.last_store_sync_resource_version().as_deref(),
-        Some("3")
-    );
+    assert!(h.informer.is_stale("ns/new"), "ns/new is not cached at all");
+    assert!(!h.informer.is_stale("ns/a"));
     w2.send(Ok(WatchEvent::Modified(cm("b", 8)))).unwrap();
     h.informer.wait_caught_up_to("8").await.unwrap();
     assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("8"));
-    assert_eq!(h.informer.has_caught_up_to("7"), Ok(true));
+    assert!(!h.informer.is_stale("ns/b"));
+    assert!(h.informer.is_stale("ns/new"), "not applied since");
     h.shutdown.cancel();
 }
 

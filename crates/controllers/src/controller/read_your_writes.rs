@@ -21,9 +21,10 @@
 //!   (for kinds it `owns`); writes made while reconciling X; and, for kinds
 //!   it `watches` through a mapper the tracker cannot run, the highest
 //!   version the Manager wrote to that resource (or, for an informer that
-//!   cannot say its version, a DeltaFifo's or a plain RealFifo's, or one
-//!   that lists one namespace, each write to an object it lists). "Seen"
-//!   is: the cache's
+//!   cannot say its version, a DeltaFifo's or a plain RealFifo's, each
+//!   write to an object in its namespace: one outside its label or field
+//!   selector is never seen and holds the key to the bound). "Seen" is:
+//!   the cache's
 //!   resourceVersion ([`SharedIndexInformer::has_caught_up_to`]) at or
 //!   past the write's, or the cached object itself at or past it, or for a
 //!   delete, the object (that uid) no longer cached.
@@ -199,7 +200,9 @@ impl<C: Object + Clone> Follows for SharedIndexInformer<C> {
             Target::Version(version) => return caught_up(version),
             Target::Object { key, written } => (key, written),
         };
-        if written.version.as_deref().is_some_and(caught_up) {
+        // The version first, then whether a relist left this key older
+        // (it could not decode the object: its copy is older than that).
+        if written.version.as_deref().is_some_and(caught_up) && !self.is_stale(key) {
             return true;
         }
         let cached = self.indexer().get_by_key(key);
@@ -501,10 +504,13 @@ impl WriteTracker {
                         }
                     }
                     // An informer that cannot say its version (a DeltaFifo,
-                    // a plain RealFifo) or lists one namespace: each write
-                    // to an object it lists, seen in the cached object.
-                    Relation::Watched => keys.extend(resource_writes.objects.keys()),
-                    Relation::Primary => {}
+                    // a plain RealFifo): each write to an object in its
+                    // namespace, seen in the cached object. (One outside
+                    // its selectors is never seen: held to the bound.)
+                    Relation::Watched if !read.informer.knows_its_version() => {
+                        keys.extend(resource_writes.objects.keys());
+                    }
+                    Relation::Primary | Relation::Watched => {}
                 }
                 // A write outside the informer's namespace never reaches it.
                 for key in keys.into_iter().filter(|k| read.informer.covers(k)) {
@@ -925,7 +931,10 @@ fn write_request<B>(request: &Request<B>) -> Option<WriteRequest> {
         ([resource, name], m) if m != Method::POST => (*resource, Some(*name)),
         // status, scale, ...: a new version of the object; not POSTs
         // (eviction, binding, token), which do not answer the object.
-        ([resource, name, _subresource], m) if m != Method::POST && m != Method::DELETE => {
+        // Not `proxy`, whose answer is the proxied backend's.
+        ([resource, name, subresource], m)
+            if m != Method::POST && m != Method::DELETE && *subresource != "proxy" =>
+        {
             (*resource, Some(*name))
         }
         _ => return None,
@@ -1378,7 +1387,7 @@ mod tests {
     #[test]
     fn every_shape_of_write_path_is_read_as_the_api_server_reads_it() {
         type Want = Option<(&'static str, Option<&'static str>, Option<&'static str>)>;
-        let cases: [(Method, &str, Want); 22] = [
+        let cases: [(Method, &str, Want); 24] = [
             // core, namespaced
             (
                 Method::POST,
@@ -1402,6 +1411,8 @@ mod tests {
             ),
             (Method::DELETE, "/api/v1/namespaces/a/pods", None),
             (Method::POST, "/api/v1/namespaces/a/pods/p/eviction", None),
+            (Method::PUT, "/api/v1/namespaces/a/pods/p/proxy", None),
+            (Method::PATCH, "/api/v1/nodes/n/proxy", None),
             // core, cluster-scoped: Namespaces and their own subresources
             (
                 Method::POST,
