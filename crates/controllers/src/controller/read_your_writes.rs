@@ -1381,6 +1381,126 @@ mod tests {
         assert_eq!(c.before("mine/a", Priority::High), Readiness::Parked);
     }
 
+    /// Lists `ns/b` at 2 (list at 3), then, after a 410, a relist at 7 in
+    /// which `ns/b` does not decode: the cache keeps `ns/b` at 2.
+    struct Undecoded {
+        lists: Mutex<std::collections::VecDeque<kinformer_informer::ListPage<ConfigMapLike>>>,
+        watches: std::sync::atomic::AtomicUsize,
+    }
+
+    type ConfigMapLike = k8s_openapi::api::core::v1::ConfigMap;
+
+    impl kinformer_informer::ListerWatcher<ConfigMapLike> for Undecoded {
+        fn list(
+            &self,
+            _: kinformer_informer::ListRequest,
+        ) -> BoxFuture<
+            '_,
+            Result<kinformer_informer::ListPage<ConfigMapLike>, kinformer_informer::ListWatchError>,
+        > {
+            let next = self.lists.lock().pop_front();
+            Box::pin(async move {
+                next.ok_or_else(|| {
+                    kinformer_informer::ListWatchError::Connect("no more lists".into())
+                })
+            })
+        }
+        fn watch(
+            &self,
+            request: kinformer_informer::WatchRequest,
+        ) -> BoxFuture<
+            '_,
+            Result<
+                kinformer_informer::WatchStream<ConfigMapLike>,
+                kinformer_informer::ListWatchError,
+            >,
+        > {
+            if request.send_initial_events {
+                // No streaming list here: lists in pages.
+                return Box::pin(async {
+                    Err(kinformer_informer::ListWatchError::Api {
+                        code: 400,
+                        reason: "BadRequest".into(),
+                        message: "sendInitialEvents is not supported".into(),
+                        causes: Vec::new(),
+                    })
+                });
+            }
+            let first = self.watches.fetch_add(1, Ordering::SeqCst) == 0;
+            Box::pin(async move {
+                use futures::StreamExt;
+                Ok(if first {
+                    let gone = kinformer_informer::ListWatchError::Gone("too old".into());
+                    futures::stream::iter([Err(gone)]).boxed()
+                } else {
+                    futures::stream::pending().boxed()
+                })
+            })
+        }
+        fn describe(&self) -> String {
+            "configmaps (undecoded)".into()
+        }
+    }
+
+    /// A write to an object a relist could not decode is not seen, though
+    /// the cache's version is past the write's: the cache holds the object
+    /// older than the write.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_to_an_object_a_relist_could_not_decode_is_not_seen() {
+        let b: ConfigMapLike = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "b", "uid": "u", "resourceVersion": "2"},
+        }))
+        .unwrap();
+        let page = |items: Vec<ConfigMapLike>, rv: &str, skipped| kinformer_informer::ListPage {
+            items,
+            resource_version: rv.to_owned(),
+            continue_token: None,
+            skipped,
+            shard_selector: None,
+        };
+        let undecodable = kinformer_informer::Undecodable::new(Some("ns/b".into()), "not UTF-8");
+        let lw = Undecoded {
+            lists: Mutex::new(
+                [
+                    page(vec![b], "3", Vec::new()),
+                    page(Vec::new(), "7", vec![undecodable]),
+                ]
+                .into(),
+            ),
+            watches: Default::default(),
+        };
+        let informer = SharedIndexInformer::new(
+            lw,
+            kinformer_informer::InformerOptions::new()
+                .fifo(kinformer_informer::FifoKind::AtomicFifo),
+        );
+        let stop = CancellationToken::new();
+        let run = {
+            let (informer, stop) = (informer.clone(), stop.clone());
+            tokio::spawn(async move { informer.run(stop).await })
+        };
+        informer.wait_caught_up_to("7").await.unwrap();
+        let written = Written {
+            version: Some("6".to_owned()),
+            uid: Some("u".to_owned()),
+            delete: false,
+            owner: None,
+            by: Vec::new(),
+            at: Instant::now(),
+            seq: 0,
+        };
+        let target = Target::Object {
+            key: "ns/b".to_owned(),
+            written,
+        };
+        assert!(
+            !Follows::seen(&informer, &target),
+            "ns/b is cached at 2, older than 6"
+        );
+        stop.cancel();
+        let _ = run.await;
+    }
+
     /// Every shape of write path the API server serves, read as its
     /// RequestInfoFactory reads it: (method, path) and the resource,
     /// namespace and name remembered, or `None` for nothing remembered.
