@@ -223,7 +223,7 @@ async fn workqueue(keys: u64, adds: u64) -> Result<serde_json::Value> {
             tokio::spawn(async move {
                 while let Some(k) = q.get().await {
                     processed.fetch_add(1, Ordering::Relaxed);
-                    q.done(&k);
+                    drop(k);
                 }
             })
         })

@@ -1,4 +1,5 @@
-//! Errors of the controller layer.
+//! Errors of the controller layer. Each says what failed, naming the
+//! controller, address or Lease; the cause is its `source()`.
 
 use thiserror::Error;
 
@@ -7,12 +8,12 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum ControllerError {
     /// The informer refused the controller's event handler.
-    #[error("cannot register with the informer: {0}")]
+    #[error("cannot register with the informer")]
     Informer(#[from] kinformer_informer::InformerError),
     /// The controller's informer failed: its cache no longer follows the
     /// server, so the controller stopped.
-    #[error("the controller's informer failed: {0}")]
-    InformerFailed(kinformer_informer::InformerError),
+    #[error("the controller's informer failed")]
+    InformerFailed(#[source] kinformer_informer::InformerError),
     /// A reconcile panicked and the panic policy is `Crash`.
     #[error("reconcile of {key:?} panicked: {message}")]
     ReconcilePanicked {
@@ -43,10 +44,10 @@ pub enum ControllerError {
     #[error("lost the leader lease")]
     LostLeadership,
     /// The webhook server could not be set up (its certificate, its address).
-    #[error("webhook server: {0}")]
+    #[error("the webhook server could not be set up")]
     Webhook(#[source] kinformer_webhook::WebhookError),
     /// The admin server could not listen on its address.
-    #[error("cannot serve {what} on {addr} (choose another address, or none): {source}")]
+    #[error("cannot serve {what} on {addr} (choose another address, or none)")]
     Bind {
         /// What was to be served there.
         what: &'static str,
@@ -56,7 +57,7 @@ pub enum ControllerError {
         source: std::io::Error,
     },
     /// A sharded controller's ring could not read or write its Leases.
-    #[error("ring {ring:?}: {what}: {source}")]
+    #[error("ring {ring:?}: {what}")]
     Ring {
         /// The ring's name.
         ring: String,
@@ -67,15 +68,34 @@ pub enum ControllerError {
         source: kube_client::Error,
     },
     /// SIGTERM and SIGINT could not be handled.
-    #[error("cannot install the signal handlers: {0}")]
+    #[error("cannot install the signal handlers")]
     Signals(#[source] std::io::Error),
+    /// A runnable added with [`Manager::add_runnable`](crate::Manager::add_runnable)
+    /// failed; the Manager stopped.
+    #[error("runnable {name:?} failed")]
+    RunnableFailed {
+        /// The runnable.
+        name: String,
+        /// Why.
+        #[source]
+        source: crate::RunnableError,
+    },
+    /// A runnable did not end within [`RUNNABLE_STOP_WAIT`](crate::RUNNABLE_STOP_WAIT)
+    /// of being told to stop (or, after a lost lease, while the lease was
+    /// safely ours): it was dropped, and the lease left to expire.
+    #[error("runnable {name:?} did not end when told to stop")]
+    RunnableStuck {
+        /// The runnable.
+        name: String,
+    },
     /// A controller's task ended abnormally (a bug in kinformer: panics in
     /// reconciles are caught).
-    #[error("controller {name:?} ended abnormally: {why}")]
+    #[error("controller {name:?} ended abnormally")]
     Aborted {
         /// The controller.
         name: String,
-        /// What happened.
-        why: String,
+        /// What happened to its task.
+        #[source]
+        source: tokio::task::JoinError,
     },
 }

@@ -1016,139 +1016,29 @@ fn delay_after(interval: Duration, failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-    use std::convert::Infallible;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::task::{Context, Poll};
-
-    use bytes::Bytes;
-    use http::{Method, Request, Response};
-    use http_body_util::{BodyExt, Full};
-    use kube_client::client::Body;
-    use serde_json::{Value, json};
+    use kinformer_informer::testing::FakeApiServer;
 
     use super::*;
 
-    /// An in-memory events.k8s.io API, so that tests run under paused time:
-    /// stores Events by name, answers creates (409 if the name is taken)
-    /// and merge patches of `series` (404 if the Event is gone), refuses
-    /// with 403 what it is told to, and holds writes while its gate is shut.
-    struct FakeEvents {
-        events: Mutex<BTreeMap<String, Value>>,
-        refuse_create: AtomicBool,
-        refuse_patch: AtomicBool,
-        gate: watch::Sender<bool>,
-        /// Writes received so far.
-        arrived: watch::Sender<usize>,
-        in_flight: AtomicUsize,
-        max_in_flight: AtomicUsize,
+    /// Where the recorder writes: events.k8s.io's Events.
+    const EVENTS: &str = "events.events.k8s.io";
+
+    fn recorder(api: &FakeApiServer) -> EventRecorder {
+        EventRecorder::new(api.client(), "kinformer.dev/test", "test-0")
     }
 
-    impl FakeEvents {
-        fn new() -> Arc<Self> {
-            Arc::new(Self {
-                events: Mutex::new(BTreeMap::new()),
-                refuse_create: AtomicBool::new(false),
-                refuse_patch: AtomicBool::new(false),
-                gate: watch::Sender::new(true),
-                arrived: watch::Sender::new(0),
-                in_flight: AtomicUsize::new(0),
-                max_in_flight: AtomicUsize::new(0),
+    /// Each stored Event's count (1 without a series), oldest first.
+    fn counts(api: &FakeApiServer) -> Vec<i32> {
+        let mut events: Vec<(String, i32)> = api
+            .list(EVENTS)
+            .iter()
+            .map(|e| {
+                let count = e["series"]["count"].as_i64().unwrap_or(1);
+                (e["eventTime"].as_str().unwrap().to_owned(), count as i32)
             })
-        }
-
-        fn recorder(self: &Arc<Self>) -> EventRecorder {
-            let client = Client::new(FakeService(Arc::clone(self)), "default");
-            EventRecorder::new(client, "kinformer.dev/test", "test-0")
-        }
-
-        /// Each stored Event's count (1 without a series), oldest first.
-        fn counts(&self) -> Vec<i32> {
-            let mut events: Vec<(String, i32)> = self
-                .events
-                .lock()
-                .values()
-                .map(|e| {
-                    let count = e["series"]["count"].as_i64().unwrap_or(1);
-                    (e["eventTime"].as_str().unwrap().to_owned(), count as i32)
-                })
-                .collect();
-            events.sort();
-            events.into_iter().map(|(_, count)| count).collect()
-        }
-
-        fn answer(&self, method: &Method, path: &str, body: &[u8]) -> (u16, Value) {
-            let name = path.rsplit('/').next().unwrap_or_default();
-            let refused = |what: &AtomicBool| what.load(Ordering::SeqCst);
-            let mut events = self.events.lock();
-            if *method == Method::POST {
-                let event: Value = serde_json::from_slice(body).unwrap();
-                let name = event["metadata"]["name"].as_str().unwrap().to_owned();
-                if refused(&self.refuse_create) {
-                    return status(403, "Forbidden");
-                }
-                if events.contains_key(&name) {
-                    return status(409, "AlreadyExists");
-                }
-                events.insert(name, event.clone());
-                return (201, event);
-            }
-            if *method == Method::PATCH {
-                if refused(&self.refuse_patch) {
-                    return status(403, "Forbidden");
-                }
-                let patch: Value = serde_json::from_slice(body).unwrap();
-                return match events.get_mut(name) {
-                    Some(event) => {
-                        event["series"] = patch["series"].clone();
-                        (200, event.clone())
-                    }
-                    None => status(404, "NotFound"),
-                };
-            }
-            status(405, "MethodNotAllowed")
-        }
-    }
-
-    fn status(code: u16, reason: &str) -> (u16, Value) {
-        let status = json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "message": reason, "reason": reason, "code": code,
-        });
-        (code, status)
-    }
-
-    struct FakeService(Arc<FakeEvents>);
-
-    impl tower_service::Service<Request<Body>> for FakeService {
-        type Response = Response<Full<Bytes>>;
-        type Error = Infallible;
-        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, request: Request<Body>) -> Self::Future {
-            let fake = Arc::clone(&self.0);
-            Box::pin(async move {
-                let (parts, body) = request.into_parts();
-                let body = body.collect().await.unwrap().to_bytes();
-                let now = fake.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                fake.max_in_flight.fetch_max(now, Ordering::SeqCst);
-                fake.arrived.send_modify(|n| *n += 1);
-                let _ = fake.gate.subscribe().wait_for(|open| *open).await;
-                let (code, answer) = fake.answer(&parts.method, parts.uri.path(), &body);
-                fake.in_flight.fetch_sub(1, Ordering::SeqCst);
-                Ok(Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(answer.to_string())))
-                    .unwrap())
-            })
-        }
+            .collect();
+        events.sort();
+        events.into_iter().map(|(_, count)| count).collect()
     }
 
     fn regarding() -> ObjectReference {
@@ -1185,25 +1075,25 @@ mod tests {
     async fn a_warning_repeated_past_its_series_window_is_counted_in_full_across_its_events() {
         // The report: a Warning every 10 s for 13 minutes, default interval
         // (30 s) and window (6 min): 78 occurrences.
-        let fake = FakeEvents::new();
-        let recorder = fake.recorder();
+        let fake = FakeApiServer::new();
+        let recorder = recorder(&fake);
         for _ in 0..78 {
             publish(&recorder, "boom").await.unwrap();
             tokio::time::sleep(Duration::from_secs(10)).await;
         }
         // The first two series ended at 6 and 12 min; their timers wrote
         // their final counts, without a flush.
-        assert_eq!(fake.counts()[..2], [36, 36], "{:?}", fake.counts());
+        assert_eq!(counts(&fake)[..2], [36, 36], "{:?}", counts(&fake));
         recorder.flush().await.unwrap();
-        assert_eq!(fake.counts(), [36, 36, 6]);
+        assert_eq!(counts(&fake), [36, 36, 6]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_series_whose_updates_are_refused_is_given_up_after_its_window_with_its_occurrences_counted_as_dropped()
      {
-        let fake = FakeEvents::new();
-        fake.refuse_patch.store(true, Ordering::SeqCst);
-        let recorder = fake.recorder();
+        let fake = FakeApiServer::new();
+        fake.refuse("patch", EVENTS, 403);
+        let recorder = recorder(&fake);
         publish(&recorder, "boom").await.unwrap();
         publish(&recorder, "boom").await.unwrap();
         // Nothing else is published for two hours.
@@ -1214,7 +1104,7 @@ mod tests {
         assert_eq!(recorder.dropped_occurrences(), 1, "the unwritten second");
         assert_eq!(held(&recorder), 0, "the series is forgotten");
         assert_eq!(Arc::strong_count(&recorder.inner), 1, "its timer ended");
-        assert_eq!(fake.counts(), [1]);
+        assert_eq!(counts(&fake), [1]);
         // Nothing left to write.
         recorder.flush().await.unwrap();
         assert_eq!(recorder.writes(), 5);
@@ -1222,8 +1112,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_recorder_holds_at_most_4096_series_and_counts_the_occurrences_of_those_it_forgets() {
-        let fake = FakeEvents::new();
-        let recorder = fake.recorder();
+        let fake = FakeApiServer::new();
+        let recorder = recorder(&fake);
         // 5 000 distinct events within one window, each twice: a create and
         // an occurrence that waits for the interval.
         for i in 0..5000 {
@@ -1240,8 +1130,8 @@ mod tests {
             Arc::strong_count(&recorder.inner)
         );
         recorder.flush().await.unwrap();
-        let written: i32 = fake.counts().iter().sum();
-        assert_eq!(fake.counts().len(), 5000);
+        let written: i32 = counts(&fake).iter().sum();
+        assert_eq!(counts(&fake).len(), 5000);
         assert_eq!(
             u64::try_from(written).unwrap() + recorder.dropped_occurrences(),
             10_000,
@@ -1252,19 +1142,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_series_whose_write_is_held_past_its_window_still_writes_every_occurrence() {
-        let fake = FakeEvents::new();
-        let recorder = Arc::new(fake.recorder());
-        fake.gate.send_replace(false);
+        let fake = FakeApiServer::new();
+        let recorder = Arc::new(recorder(&fake));
+        fake.hold_writes();
         // The create is held; occurrences meanwhile are only counted.
         let create = tokio::spawn({
             let recorder = Arc::clone(&recorder);
             async move { publish(&recorder, "boom").await }
         });
-        fake.arrived
-            .subscribe()
-            .wait_for(|n| *n == 1)
-            .await
-            .unwrap();
+        fake.wait_for_requests(1).await;
         for _ in 0..3 {
             publish(&recorder, "boom").await.unwrap();
         }
@@ -1275,41 +1161,29 @@ mod tests {
             let recorder = Arc::clone(&recorder);
             async move { publish(&recorder, "boom").await }
         });
-        fake.arrived
-            .subscribe()
-            .wait_for(|n| *n == 2)
-            .await
-            .unwrap();
-        fake.gate.send_replace(true);
+        fake.wait_for_requests(2).await;
+        fake.release_writes();
         create.await.unwrap().unwrap();
         second.await.unwrap().unwrap();
         // The first series' last write (its timer's) carries the three.
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(fake.counts(), [4, 1]);
+        assert_eq!(counts(&fake), [4, 1]);
         assert_eq!(recorder.writes(), 3);
-        assert_eq!(
-            fake.max_in_flight.load(Ordering::SeqCst),
-            2,
-            "one per series"
-        );
+        assert_eq!(fake.max_writes_in_flight(), 2, "one per series");
         assert_eq!(held(&recorder), 1, "the first series is forgotten");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_flush_racing_a_series_timer_waits_for_its_write_and_sends_none_beside_it() {
-        let fake = FakeEvents::new();
-        let recorder = Arc::new(fake.recorder());
+        let fake = FakeApiServer::new();
+        let recorder = Arc::new(recorder(&fake));
         for _ in 0..3 {
             publish(&recorder, "boom").await.unwrap();
         }
         // The timer's update, due at 30 s, is held.
-        fake.gate.send_replace(false);
+        fake.hold_writes();
         tokio::time::sleep(Duration::from_secs(30)).await;
-        fake.arrived
-            .subscribe()
-            .wait_for(|n| *n == 2)
-            .await
-            .unwrap();
+        fake.wait_for_requests(2).await;
         publish(&recorder, "boom").await.unwrap();
         let flush = tokio::spawn({
             let recorder = Arc::clone(&recorder);
@@ -1317,33 +1191,33 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert_eq!(
-            *fake.arrived.borrow(),
+            fake.requests().len(),
             2,
             "the flush waits for the held update"
         );
-        fake.gate.send_replace(true);
+        fake.release_writes();
         flush.await.unwrap().unwrap();
         // The held update wrote 3, the flush the fourth.
-        assert_eq!(fake.counts(), [4]);
+        assert_eq!(counts(&fake), [4]);
         assert_eq!(recorder.writes(), 3);
-        assert_eq!(fake.max_in_flight.load(Ordering::SeqCst), 1);
+        assert_eq!(fake.max_writes_in_flight(), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_series_whose_event_is_deleted_before_its_last_write_creates_it_again_with_the_full_count()
      {
-        let fake = FakeEvents::new();
-        let recorder = fake.recorder();
+        let fake = FakeApiServer::new();
+        let recorder = recorder(&fake);
         for _ in 0..3 {
             publish(&recorder, "boom").await.unwrap();
         }
-        fake.events.lock().clear();
+        fake.clear(EVENTS);
         // The window ends; the next occurrence starts a new Event, and the
         // old series' last write finds its Event gone.
         tokio::time::sleep(Duration::from_secs(6 * 60)).await;
         publish(&recorder, "boom").await.unwrap();
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(fake.counts(), [3, 1]);
+        assert_eq!(counts(&fake), [3, 1]);
         assert_eq!(recorder.dropped_occurrences(), 0);
         assert_eq!(recorder.writes(), 4, "create, update (404), create, create");
     }
@@ -1351,9 +1225,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_series_whose_creates_are_all_refused_is_given_up_with_every_occurrence_counted_as_dropped()
      {
-        let fake = FakeEvents::new();
-        fake.refuse_create.store(true, Ordering::SeqCst);
-        let recorder = fake.recorder();
+        let fake = FakeApiServer::new();
+        fake.refuse("create", EVENTS, 403);
+        let recorder = recorder(&fake);
         for _ in 0..100 {
             let _ = publish(&recorder, "boom").await;
         }
@@ -1368,31 +1242,30 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_new_event_finding_every_series_with_a_write_in_flight_is_dropped_and_counted() {
-        let fake = FakeEvents::new();
-        let recorder = Arc::new(fake.recorder());
-        fake.gate.send_replace(false);
+        let fake = FakeApiServer::new();
+        let recorder = Arc::new(recorder(&fake));
+        fake.hold_writes();
         let mut creates = tokio::task::JoinSet::new();
         for i in 0..MAX_SERIES {
             let recorder = Arc::clone(&recorder);
             creates.spawn(async move { publish(&recorder, &format!("boom {i}")).await });
         }
-        let mut arrived = fake.arrived.subscribe();
-        arrived.wait_for(|n| *n == MAX_SERIES).await.unwrap();
+        fake.wait_for_requests(MAX_SERIES).await;
         publish(&recorder, "one too many").await.unwrap();
         assert_eq!(recorder.dropped_occurrences(), 1);
         assert_eq!(held(&recorder), MAX_SERIES);
-        fake.gate.send_replace(true);
+        fake.release_writes();
         while let Some(result) = creates.join_next().await {
             result.unwrap().unwrap();
         }
-        assert_eq!(fake.counts().len(), MAX_SERIES);
+        assert_eq!(counts(&fake).len(), MAX_SERIES);
     }
 
     #[tokio::test(start_paused = true)]
     async fn exported_metrics_count_the_drops_before_and_after_the_export() {
-        let fake = FakeEvents::new();
-        fake.refuse_create.store(true, Ordering::SeqCst);
-        let recorder = fake.recorder().series_window(Duration::ZERO);
+        let fake = FakeApiServer::new();
+        fake.refuse("create", EVENTS, 403);
+        let recorder = recorder(&fake).series_window(Duration::ZERO);
         // Each occurrence is a series of its own, whose only write is its
         // last.
         let _ = publish(&recorder, "boom").await;
@@ -1406,9 +1279,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn refused_writes_are_counted_as_denied_before_and_after_the_export() {
-        let fake = FakeEvents::new();
-        fake.refuse_create.store(true, Ordering::SeqCst);
-        let recorder = fake.recorder().series_window(Duration::ZERO);
+        let fake = FakeApiServer::new();
+        fake.refuse("create", EVENTS, 403);
+        let recorder = recorder(&fake).series_window(Duration::ZERO);
         assert!(publish(&recorder, "boom").await.is_err());
         let metrics = Metrics::new();
         recorder.export_metrics(&metrics);
@@ -1416,7 +1289,7 @@ mod tests {
         assert_eq!(recorder.denied_writes(), 2);
         assert_eq!(metrics.event_denied_writes("kinformer.dev/test").get(), 2);
         // A write that goes through is not a refusal.
-        fake.refuse_create.store(false, Ordering::SeqCst);
+        fake.clear_refusals();
         publish(&recorder, "fine").await.unwrap();
         assert_eq!(recorder.denied_writes(), 2);
     }

@@ -83,10 +83,10 @@ pub enum FinalizerEvent<K> {
 pub enum FinalizerError {
     /// The reconcile returned an error (for `Apply` or `Cleanup`); it is
     /// this error's `source()`, so a [`TerminalError`] in it stays terminal.
-    #[error("reconcile failed: {0}")]
+    #[error("reconcile failed")]
     Reconcile(#[source] ReconcileError),
     /// Adding the finalizer failed.
-    #[error("cannot add finalizer {finalizer:?} to {object}: {source}")]
+    #[error("cannot add finalizer {finalizer:?} to {object}")]
     Add {
         /// The finalizer.
         finalizer: String,
@@ -96,7 +96,7 @@ pub enum FinalizerError {
         source: kube_client::Error,
     },
     /// Removing the finalizer after a successful cleanup failed.
-    #[error("cannot remove finalizer {finalizer:?} from {object}: {source}")]
+    #[error("cannot remove finalizer {finalizer:?} from {object}")]
     Remove {
         /// The finalizer.
         finalizer: String,

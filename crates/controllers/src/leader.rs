@@ -973,6 +973,8 @@ fn jittered(d: Duration) -> Duration {
 mod tests {
     use std::sync::Arc;
 
+    use kinformer_informer::testing::FakeApiServer;
+
     use super::*;
 
     #[test]
@@ -1057,37 +1059,31 @@ mod tests {
 
     /// A client whose every request is answered with one status: 404 for
     /// the tests that only look at what a candidate records.
-    struct Answering(http::StatusCode);
-
-    impl tower_service::Service<http::Request<kube_client::client::Body>> for Answering {
-        type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
-        type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
-
-        fn poll_ready(
-            &mut self,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: http::Request<kube_client::client::Body>) -> Self::Future {
-            let mut answer = http::Response::new(http_body_util::Full::default());
-            *answer.status_mut() = self.0;
-            std::future::ready(Ok(answer))
-        }
+    fn answering(code: u16) -> Client {
+        let api = FakeApiServer::new();
+        api.refuse("*", "*", code);
+        api.client()
     }
 
     fn candidate(identity: &str) -> LeaderElector {
         let mut config = config(3_000, 2_000, 500);
         config.identity = identity.into();
-        let nowhere = Answering(http::StatusCode::NOT_FOUND);
-        LeaderElector::new(Client::new(nowhere, "ns"), config)
+        LeaderElector::new(answering(404), config)
+    }
+
+    #[tokio::test]
+    async fn the_leader_gate_stops_a_worker_of_a_candidate_that_does_not_lead() {
+        use crate::gate::{Admission, Gate, Leader};
+        let gate = Leader(Arc::new(candidate("a")));
+        assert_eq!(
+            gate.admit("ns/a", kinformer_workqueue::Priority::High),
+            Admission::Stop
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn refused_requests_for_the_lease_are_counted_and_it_never_leads() {
-        let forbidden = Client::new(Answering(http::StatusCode::FORBIDDEN), "ns");
+        let forbidden = answering(403);
         let elector = Arc::new(LeaderElector::new(forbidden, config(3_000, 2_000, 500)));
         let stop = CancellationToken::new();
         let running = tokio::spawn({

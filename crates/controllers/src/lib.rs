@@ -11,6 +11,10 @@
 //!   through server-side apply.
 //! - [`finalizer`] wraps a reconcile in a finalizer: add it, run cleanup
 //!   when the object is deleted, then remove it.
+//! - Errors say what failed in their own words, the cause being their
+//!   `source()`: [`error_chain`] says one with its causes, for logs, and
+//!   [`is_not_found`], [`is_conflict`] and [`is_forbidden`] read the
+//!   server's answer from anywhere in the chain.
 //! - [`pod_stdout`] prints every Pod add, update and delete.
 //! - [`service_strategy`] sets a Service's `app` selector from its
 //!   `kinformer.dev/strategy` annotation.
@@ -24,8 +28,8 @@
 //!   only the held slots ([`Ring::scope`]).
 //! - [`Manager`] runs several controllers on one informer factory, with one
 //!   leader election, one admin server (`/metrics`, `/healthz`, `/readyz`,
-//!   with your own metrics and checks) and one shutdown order;
-//!   [`Controller::builder`] (or [`Manager::controller`]) wires a
+//!   with your own metrics and checks), your own [`Runnable`]s and one
+//!   start and shutdown order; [`Controller::builder`] (or [`Manager::controller`]) wires a
 //!   controller's primary resource, what it [`owns`](ControllerBuilder::owns)
 //!   and [`watches`](ControllerBuilder::watches), and its
 //!   [`predicate`]s.
@@ -83,10 +87,9 @@ pub mod logging;
 mod manager;
 mod metrics;
 pub mod rbac;
+mod runnable;
 mod seeds;
 mod sharding;
-#[cfg(test)]
-mod testing;
 
 /// The Kubernetes client kinformer is built on (kube-rs's `kube-client`),
 /// so that a controller needs no dependency of its own to make a
@@ -101,7 +104,7 @@ pub use kinformer_informer::kube;
 pub use kinformer_webhook as webhook;
 
 pub use controller::predicate;
-use controller::{builder, options, read_your_writes, reason, reconcile, runtime, worker};
+use controller::{builder, gate, options, read_your_writes, reason, reconcile, runtime, worker};
 pub use seeds::{pod_stdout, service_strategy};
 pub use sharding::ring;
 use sharding::{key_slots, membership, slots};
@@ -111,17 +114,24 @@ pub use builder::ControllerBuilder;
 pub use error::ControllerError;
 pub use events::{EventRecorder, EventType, NewEvent};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
+pub use kinformer_informer::error_chain;
+/// An object's namespace and name, as mappers return and Listers take.
+pub use kinformer_store::ObjectKey;
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{
     BindAddress, DEFAULT_SYNC_PERIOD, INFORMER_NAME, InvalidBindAddress, Manager, ManagerOptions,
-    ToBindAddress, shutdown_on_signal,
+    RUNNABLE_STOP_WAIT, ToBindAddress, shutdown_on_signal,
 };
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
-pub use metrics::{Check, Metrics};
+pub use metrics::{Check, CheckFailed, Metrics};
 pub use options::{ControllerOptions, Event, PanicPolicy};
 pub use rbac::Permissions;
 pub use read_your_writes::{DEFAULT_READ_YOUR_WRITES_BOUND, untracked};
-pub use reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError};
+pub use reconcile::{
+    Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError, is_conflict,
+    is_forbidden, is_not_found,
+};
+pub use runnable::{FnRunnable, Runnable, RunnableError, runnable};
 pub use runtime::Controller;
 pub use slots::{Ring, RingConfig, SlotGuard};
 

@@ -15,22 +15,21 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-/// Why [`init`] installed nothing.
+/// Why [`init`] installed nothing; tracing-subscriber's reason is its
+/// `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
     /// `RUST_LOG` does not parse as a level or filter.
-    #[error(
-        "RUST_LOG={value:?} is not a level or filter ({reason}); try RUST_LOG=info or RUST_LOG=debug"
-    )]
+    #[error("RUST_LOG={value:?} is not a level or filter; try RUST_LOG=info or RUST_LOG=debug")]
     InvalidFilter {
         /// What `RUST_LOG` holds.
         value: String,
         /// tracing-subscriber's reason.
-        reason: String,
+        source: tracing_subscriber::filter::ParseError,
     },
     /// A global subscriber was installed before.
-    #[error("a tracing subscriber is installed already ({0}); call logging::init once, first")]
-    AlreadyInstalled(String),
+    #[error("a tracing subscriber is installed already; call logging::init once, first")]
+    AlreadyInstalled(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Installs the subscriber described in the module docs, for the whole
@@ -48,7 +47,7 @@ pub fn init() -> Result<(), LoggingError> {
         .with_writer(std::io::stderr)
         .with_ansi(colour(std::env::var_os("NO_COLOR").as_deref()))
         .try_init()
-        .map_err(|e| LoggingError::AlreadyInstalled(e.to_string()))
+        .map_err(LoggingError::AlreadyInstalled)
 }
 
 /// Colour on a terminal, unless `NO_COLOR` is set to something
@@ -61,9 +60,9 @@ fn colour(no_color: Option<&std::ffi::OsStr>) -> bool {
 fn filter(rust_log: Option<&str>) -> Result<EnvFilter, LoggingError> {
     match rust_log.filter(|v| !v.trim().is_empty()) {
         None => Ok(EnvFilter::new("info")),
-        Some(value) => EnvFilter::try_new(value).map_err(|e| LoggingError::InvalidFilter {
+        Some(value) => EnvFilter::try_new(value).map_err(|source| LoggingError::InvalidFilter {
             value: value.to_owned(),
-            reason: e.to_string(),
+            source,
         }),
     }
 }
@@ -77,10 +76,18 @@ mod tests {
         assert_eq!(filter(None).unwrap().to_string(), "info");
         assert_eq!(filter(Some(" ")).unwrap().to_string(), "info");
         assert_eq!(filter(Some("debug")).unwrap().to_string(), "debug");
-        let e = filter(Some("kinformer=loud")).unwrap_err().to_string();
+        let e = filter(Some("kinformer=loud")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "RUST_LOG=\"kinformer=loud\" is not a level or filter; try RUST_LOG=info or RUST_LOG=debug"
+        );
+        // tracing-subscriber's reason is the source, said by the chain.
+        let reason = std::error::Error::source(&e)
+            .expect("the parse error")
+            .to_string();
         assert!(
-            e.starts_with("RUST_LOG=\"kinformer=loud\" is not a level or filter"),
-            "{e}"
+            !reason.is_empty() && crate::error_chain(&e).ends_with(&reason),
+            "{reason}"
         );
         assert!(!colour(Some(std::ffi::OsStr::new("1"))));
     }

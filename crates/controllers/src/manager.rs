@@ -19,16 +19,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::leader::lease_lost;
 use crate::rbac::{self, Permissions};
 use crate::read_your_writes::{TrackerCollector, WriteTracker};
+use crate::reconcile::chain;
 use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
 use crate::{
-    Controller, ControllerBuilder, ControllerError, ControllerOptions, EventRecorder,
-    LeaderElectionConfig, LeaderElector, Metrics,
+    CheckFailed, Controller, ControllerBuilder, ControllerError, ControllerOptions, EventRecorder,
+    LeaderElectionConfig, LeaderElector, Metrics, Runnable,
 };
 
 /// How long a stopping Manager waits for its Event recorders' last writes.
@@ -307,7 +310,7 @@ impl ManagerOptions {
 }
 
 /// A controller the Manager runs, whatever its resource type.
-trait Runnable: Send + Sync {
+trait ManagedController: Send + Sync {
     fn name(&self) -> &str;
     fn uses_elector(&self, elector: &Arc<LeaderElector>) -> bool;
     fn has_own_elector(&self) -> bool;
@@ -325,7 +328,7 @@ trait Runnable: Send + Sync {
     ) -> BoxFuture<'static, Result<(), ControllerError>>;
 }
 
-impl<K: Object + Clone> Runnable for Controller<K> {
+impl<K: Object + Clone> ManagedController for Controller<K> {
     fn name(&self) -> &str {
         Controller::name(self)
     }
@@ -368,13 +371,23 @@ impl<K: Object + Clone> Runnable for Controller<K> {
 /// Runs several controllers on one [`SharedInformerFactory`] (one watch
 /// per kind however many controllers read it), one leader election, one
 /// admin server with the metrics of every controller and the user's own
-/// metrics and checks, and one shutdown order.
+/// metrics and checks, the user's own [`Runnable`]s, and one start and
+/// shutdown order.
+///
+/// It starts, in this order: the admin server (`/metrics`, `/healthz`,
+/// `/readyz`), the webhook server ([`webhooks`](Self::webhooks)), the
+/// election, the controllers (each starts the informers it reads, and
+/// waits for their caches and, if elected, for the lease), then the
+/// runnables ([`add_runnable`](Self::add_runnable); those that need the
+/// lease once this replica leads).
 ///
 /// How it stops, when the token given to [`run`](Self::run) fires (or any
-/// controller fails, which stops the others): every controller stops taking
-/// keys and drains its queue while the lease is still renewed; once all
-/// have ended the lease is released (left to expire if a reconcile would
-/// not end), then the informers stop. `/healthz` and `/readyz` answer 503
+/// controller or runnable fails, which stops the others): every controller
+/// stops taking keys and drains its queue while the lease is still
+/// renewed, and the runnables are stopped; once all have ended the lease is
+/// released (left to expire if a reconcile would not end), then the
+/// informers stop, the Events not yet written are written, and the webhook
+/// server and the admin server stop. `/healthz` and `/readyz` answer 503
 /// from the start of the stop.
 ///
 /// `/readyz` answers 200 once every controller's caches have synced
@@ -400,7 +413,10 @@ pub struct Manager {
     metrics: Arc<Metrics>,
     elector: Option<Arc<LeaderElector>>,
     options: ManagerOptions,
-    controllers: Vec<Box<dyn Runnable>>,
+    controllers: Vec<Box<dyn ManagedController>>,
+    /// The user's own, started after the controllers (in a lock only to
+    /// keep the Manager `Sync`: a runnable need only be `Send`).
+    runnables: parking_lot::Mutex<Vec<Box<dyn Runnable>>>,
     /// Who this process is: the election's identity, or a default one.
     identity: String,
     /// The Event recorders handed out, flushed when the Manager stops.
@@ -478,6 +494,7 @@ impl Manager {
             elector,
             options,
             controllers: Vec::new(),
+            runnables: parking_lot::Mutex::default(),
             identity,
             recorders: parking_lot::Mutex::new(Vec::new()),
             webhooks: None,
@@ -570,6 +587,15 @@ impl Manager {
         self
     }
 
+    /// Adds a runnable of your own (controller-runtime's `mgr.Add`): started
+    /// after the controllers (once this replica leads, unless it runs
+    /// [`on_every_replica`](crate::FnRunnable::on_every_replica)), stopped
+    /// with them. See [`Runnable`] for what its end means.
+    pub fn add_runnable(&mut self, runnable: impl Runnable) -> &mut Self {
+        self.runnables.get_mut().push(Box::new(runnable));
+        self
+    }
+
     /// Refuses a controller that would run outside the Manager's election
     /// or unseen by its metrics (made with other options than the
     /// Manager's): the Manager's settings are not the controller's to
@@ -651,28 +677,77 @@ impl Manager {
         self
     }
 
-    /// Runs every controller until `shutdown` fires or one of them fails;
-    /// returns the first error. See the type's docs for the shutdown order.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ControllerError> {
-        if self.controllers.is_empty() {
+    /// Runs every controller and runnable until `shutdown` fires or one of
+    /// them fails; returns the first error. See the type's docs for the
+    /// start and shutdown order.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), ControllerError> {
+        if self.controllers.is_empty() && self.runnables.get_mut().is_empty() {
             return Err(ControllerError::InvalidOptions(
-                "the Manager has no controllers to run".to_owned(),
+                "the Manager has no controllers or runnables to run".to_owned(),
             ));
         }
         self.check_controllers()?;
+        // Started in this order, each part before what may use it.
+        // 1. The admin server: probes and metrics from the very start.
         let serving = CancellationToken::new();
         let _stop_serving = serving.clone().drop_guard();
         self.serve(&serving).await?;
+        // 2. The webhook server, on every replica.
         let webhook_stop = CancellationToken::new();
         let _stop_webhooks = webhook_stop.clone().drop_guard();
         let webhooks = self.serve_webhooks(&webhook_stop).await?;
-
+        // 3. The election.
+        let election_stop = CancellationToken::new();
+        let election = self.campaign(&election_stop);
+        // 4. The controllers, each starting its informers; 5. the user's
+        // runnables.
         let stop = shutdown.child_token();
         let informer_stop = CancellationToken::new();
         let _stop_informers = informer_stop.clone().drop_guard();
         let informer_tasks = InformerTasks::default();
-        let election_stop = CancellationToken::new();
-        let election = self.elector.as_ref().map(|elector| {
+        let mut running = Running::default();
+        let all_synced = Arc::new(watch::channel(false).0);
+        let total = self.start_controllers(
+            &mut running,
+            &stop,
+            &informer_stop,
+            &informer_tasks,
+            &all_synced,
+        );
+        let runnables = self.start_runnables(&mut running, &stop, &all_synced);
+        if webhooks.is_some() {
+            // Each `informers of NAME` check now waits for its caches but
+            // those of what the webhooks convert (see the type's docs).
+            self.metrics.set_ready(true);
+        }
+        info!(controllers = total, runnables, "manager started");
+
+        // Stopped in this order: the controllers and runnables (the first
+        // to end ends them all), the election, the informers, the Events
+        // not yet written, the webhook server, the admin server.
+        let (first_error, stuck) = running.until_ended(&stop, &self.metrics).await;
+        // Only now may a standby lead: every controller's reconciles have ended.
+        if let (Some(elector), Some(task)) = (&self.elector, election) {
+            if stuck {
+                elector.keep_lease_on_cancel();
+            }
+            election_stop.cancel();
+            let _ = task.await;
+        }
+        informer_stop.cancel();
+        informer_tasks.join(INFORMER_STOP_WAIT).await;
+        let recorders = std::mem::take(self.recorders.get_mut());
+        flush_events(recorders).await;
+        if let Some(webhooks) = webhooks {
+            webhook_stop.cancel();
+            let _ = webhooks.await;
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs the Manager's election, if it has one, reporting who leads.
+    fn campaign(&self, election_stop: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        self.elector.as_ref().map(|elector| {
             let (elector, election_stop) = (Arc::clone(elector), election_stop.clone());
             let (metrics, mut leading) = (Arc::clone(&self.metrics), elector.subscribe());
             let lease = elector.config().lease_name.clone();
@@ -689,8 +764,20 @@ impl Manager {
                 }
                 metrics.set_leader(&lease, elector.is_leader());
             })
-        });
+        })
+    }
 
+    /// Starts every controller (each starts its informers) on `stop`, with
+    /// its `informers of NAME` readiness check, `all_synced` set once every
+    /// one's caches have synced: how many.
+    fn start_controllers(
+        &mut self,
+        running: &mut Running,
+        stop: &CancellationToken,
+        informer_stop: &CancellationToken,
+        informer_tasks: &InformerTasks,
+        all_synced: &Arc<watch::Sender<bool>>,
+    ) -> usize {
         // Caches of what the webhooks convert: not waited for by `/readyz`.
         let converted: std::collections::HashSet<GroupResource> = self
             .webhooks
@@ -702,9 +789,8 @@ impl Manager {
             Arc::new(move |resource| converted.contains(resource));
         let total = self.controllers.len();
         let synced = Arc::new(AtomicUsize::new(0));
-        let mut running = JoinSet::new();
-        let mut names = std::collections::HashMap::new();
-        for controller in self.controllers {
+        let all_synced = Arc::clone(all_synced);
+        for controller in std::mem::take(&mut self.controllers) {
             let name = controller.name().to_owned();
             let check = controller.informers_check(Arc::clone(&needs_us));
             self.metrics
@@ -714,6 +800,7 @@ impl Manager {
                 .as_ref()
                 .is_some_and(|e| controller.uses_elector(e));
             let (synced, metrics) = (Arc::clone(&synced), Arc::clone(&self.metrics));
+            let all_synced = Arc::clone(&all_synced);
             let managed = Managed {
                 informer_stop: informer_stop.clone(),
                 informer_tasks: informer_tasks.clone(),
@@ -722,60 +809,50 @@ impl Manager {
                 synced: Box::new(move || {
                     if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
                         metrics.set_ready(true);
+                        all_synced.send_replace(true);
                     }
                 }),
             };
-            let controller_name = name.clone();
-            let run = controller.run(stop.clone(), managed);
-            let id = running.spawn(async move { (name.clone(), run.await) }).id();
-            names.insert(id, controller_name);
+            running.spawn(
+                name,
+                Part::Controller,
+                controller.run(stop.clone(), managed),
+            );
         }
-        if webhooks.is_some() {
-            // Each `informers of NAME` check now waits for its caches but
-            // those of what the webhooks convert (see the type's docs).
+        if total == 0 {
+            // Nothing to sync: ready as soon as the checks pass.
             self.metrics.set_ready(true);
+            all_synced.send_replace(true);
         }
-        info!(controllers = total, "manager started");
+        total
+    }
 
-        let mut first_error = None;
-        let mut stuck = false;
-        while let Some(joined) = running.join_next_with_id().await {
-            // Whatever ended one controller ends them all.
-            stop.cancel();
-            self.metrics.set_stopping();
-            let (name, result) = match joined {
-                Ok((_, r)) => r,
-                Err(e) => {
-                    let name = names.get(&e.id()).cloned().unwrap_or_default();
-                    let why = e.to_string();
-                    (name.clone(), Err(ControllerError::Aborted { name, why }))
-                }
+    /// Starts the user's runnables on `stop` once every controller's caches
+    /// have synced (`all_synced`); those that need the lease once this
+    /// replica leads, stopped if it is lost: how many.
+    fn start_runnables(
+        &mut self,
+        running: &mut Running,
+        stop: &CancellationToken,
+        all_synced: &Arc<watch::Sender<bool>>,
+    ) -> usize {
+        let runnables = std::mem::take(self.runnables.get_mut());
+        let count = runnables.len();
+        for runnable in runnables {
+            let name = runnable.name().to_owned();
+            let elector = self
+                .elector
+                .clone()
+                .filter(|_| runnable.needs_leader_election());
+            let started = Started {
+                name: name.clone(),
+                stop: stop.child_token(),
+                synced: all_synced.subscribe(),
+                elector,
             };
-            match result {
-                Ok(()) => info!(controller = %name, "controller stopped"),
-                Err(e) => {
-                    error!(controller = %name, error = %e, "controller failed; stopping the others");
-                    stuck |= matches!(e, ControllerError::WorkersStuck { .. });
-                    first_error.get_or_insert(e);
-                }
-            }
+            running.spawn(name, Part::Runnable, Box::pin(started.run(runnable)));
         }
-        // Only now may a standby lead: every controller's reconciles have ended.
-        if let (Some(elector), Some(task)) = (&self.elector, election) {
-            if stuck {
-                elector.keep_lease_on_cancel();
-            }
-            election_stop.cancel();
-            let _ = task.await;
-        }
-        informer_stop.cancel();
-        informer_tasks.join(INFORMER_STOP_WAIT).await;
-        flush_events(self.recorders.into_inner()).await;
-        if let Some(webhooks) = webhooks {
-            webhook_stop.cancel();
-            let _ = webhooks.await;
-        }
-        first_error.map_or(Ok(()), Err)
+        count
     }
 
     /// Binds the webhook server, if there are webhooks, and serves them
@@ -803,7 +880,7 @@ impl Manager {
             if check.load(Ordering::SeqCst) {
                 Ok(())
             } else {
-                Err("the webhook server has stopped".to_owned())
+                Err(CheckFailed::from("the webhook server has stopped"))
             }
         });
         let stop = stop.clone();
@@ -855,6 +932,178 @@ impl Manager {
             }
         }
         Ok(())
+    }
+}
+
+/// What a Manager runs until it stops: its controllers and the user's
+/// runnables, each task named.
+#[derive(Default)]
+struct Running {
+    tasks: JoinSet<(String, Part, Result<(), ControllerError>)>,
+    names: std::collections::HashMap<tokio::task::Id, (String, Part)>,
+}
+
+/// Which kind of part a task runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Controller,
+    Runnable,
+}
+
+impl Running {
+    fn spawn(
+        &mut self,
+        name: String,
+        part: Part,
+        run: BoxFuture<'static, Result<(), ControllerError>>,
+    ) {
+        let task = name.clone();
+        let id = self
+            .tasks
+            .spawn(async move { (task, part, run.await) })
+            .id();
+        self.names.insert(id, (name, part));
+    }
+
+    /// Waits until every part has ended, stopping them all (`stop`) when
+    /// the first controller ends or any part fails; a runnable that
+    /// finished without an error leaves the others running, and the
+    /// Manager runs until `stop` even with nothing left. The first error,
+    /// and whether some controller's workers were left stuck.
+    async fn until_ended(
+        mut self,
+        stop: &CancellationToken,
+        metrics: &Metrics,
+    ) -> (Option<ControllerError>, bool) {
+        let mut first_error = None;
+        let mut stuck = false;
+        while let Some(joined) = self.tasks.join_next_with_id().await {
+            let (name, part, result) = match joined {
+                Ok((_, ended)) => ended,
+                Err(source) => {
+                    let (name, part) = self
+                        .names
+                        .get(&source.id())
+                        .cloned()
+                        .unwrap_or((String::new(), Part::Controller));
+                    // A runnable's panic is the runnable's; a controller's
+                    // task catches its reconciles' panics.
+                    let result = match part {
+                        Part::Controller => Err(ControllerError::Aborted {
+                            name: name.clone(),
+                            source,
+                        }),
+                        Part::Runnable => Err(ControllerError::RunnableFailed {
+                            name: name.clone(),
+                            source: Box::new(source),
+                        }),
+                    };
+                    (name, part, result)
+                }
+            };
+            if part == Part::Runnable && result.is_ok() && !stop.is_cancelled() {
+                info!(runnable = %name, "runnable finished");
+                continue;
+            }
+            // Whatever ended one controller ends them all.
+            stop.cancel();
+            metrics.set_stopping();
+            match (part, result) {
+                (Part::Controller, Ok(())) => info!(controller = %name, "controller stopped"),
+                (Part::Runnable, Ok(())) => info!(runnable = %name, "runnable stopped"),
+                (part, Err(e)) => {
+                    match part {
+                        Part::Controller => {
+                            error!(controller = %name, error = %chain(&e), "controller failed; stopping the others")
+                        }
+                        Part::Runnable => {
+                            error!(runnable = %name, error = %chain(&e), "runnable failed; stopping the others")
+                        }
+                    }
+                    stuck |= matches!(
+                        e,
+                        ControllerError::WorkersStuck { .. }
+                            | ControllerError::RunnableStuck { .. }
+                    );
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if !stop.is_cancelled() {
+            stop.cancelled().await;
+            metrics.set_stopping();
+        }
+        (first_error, stuck)
+    }
+}
+
+/// How long a runnable gets to end once told to stop, as controller-runtime's
+/// `GracefulShutdownTimeout` (30 s); after a lost lease, no longer than the
+/// lease is safely ours. Past it the runnable is dropped and the lease left
+/// to expire.
+pub const RUNNABLE_STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// A user's runnable as the Manager runs it.
+struct Started {
+    name: String,
+    stop: CancellationToken,
+    /// True once every controller's caches have synced.
+    synced: watch::Receiver<bool>,
+    /// The Manager's, when the runnable needs the lease.
+    elector: Option<Arc<LeaderElector>>,
+}
+
+impl Started {
+    async fn run(mut self, runnable: Box<dyn Runnable>) -> Result<(), ControllerError> {
+        tokio::select! {
+            _ = self.stop.cancelled() => return Ok(()),
+            _ = self.synced.wait_for(|synced| *synced) => {}
+        }
+        if let Some(elector) = &self.elector {
+            let mut leading = elector.subscribe();
+            tokio::select! {
+                _ = self.stop.cancelled() => return Ok(()),
+                led = leading.wait_for(|leading| *leading) => if led.is_err() {
+                    return Err(ControllerError::LostLeadership);
+                },
+            }
+        }
+        let mut run = runnable.run(self.stop.clone());
+        let lost = async {
+            match &self.elector {
+                Some(e) => lease_lost(e, &mut e.subscribe()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let lost = tokio::select! {
+            result = &mut run => {
+                return result.map_err(|source| ControllerError::RunnableFailed { name: self.name.clone(), source });
+            }
+            _ = self.stop.cancelled() => false,
+            _ = lost => true,
+        };
+        // Told to stop (or, after a lost lease, stopped: only a leader may
+        // run it), it gets a bounded time to end.
+        self.stop.cancel();
+        let now = tokio::time::Instant::now();
+        let limit = now + RUNNABLE_STOP_WAIT;
+        let deadline = match (lost, self.elector.as_ref().and_then(|e| e.safe_until())) {
+            (true, Some(safe)) => safe.min(limit),
+            (true, None) => now,
+            (false, _) => limit,
+        };
+        match tokio::time::timeout_at(deadline, run).await {
+            Err(_) => {
+                error!(runnable = %self.name, waited = ?deadline.saturating_duration_since(now), "the runnable did not end when told to stop; leaving it behind");
+                Err(ControllerError::RunnableStuck { name: self.name })
+            }
+            Ok(_) if lost => Err(ControllerError::LostLeadership),
+            Ok(Err(source)) => Err(ControllerError::RunnableFailed {
+                name: self.name,
+                source,
+            }),
+            Ok(Ok(())) => Ok(()),
+        }
     }
 }
 
@@ -1040,5 +1289,65 @@ mod tests {
             .metrics_bind_address("8080")
             .metrics_bind_address(":8080");
         assert!(fixed.invalid.is_empty(), "{:?}", fixed.invalid);
+    }
+}
+
+#[cfg(test)]
+mod runnable_tests {
+    use super::*;
+    use crate::runnable;
+
+    fn started(stop: &CancellationToken) -> Started {
+        Started {
+            name: "r".to_owned(),
+            stop: stop.clone(),
+            synced: watch::channel(true).1,
+            elector: None,
+        }
+    }
+
+    /// A runnable that ignores its stop is dropped after RUNNABLE_STOP_WAIT,
+    /// and the Manager says so (and leaves the lease to expire), instead of
+    /// waiting for it for ever while it renews the lease.
+    #[tokio::test(start_paused = true)]
+    async fn a_runnable_that_ignores_its_stop_is_left_behind_after_the_wait() {
+        let stop = CancellationToken::new();
+        let deaf = runnable("r", |_stop| std::future::pending());
+        let running = tokio::spawn(started(&stop).run(Box::new(deaf)));
+        tokio::task::yield_now().await;
+        let told = tokio::time::Instant::now();
+        stop.cancel();
+        let ended = running.await.unwrap();
+        assert!(
+            matches!(ended, Err(ControllerError::RunnableStuck { .. })),
+            "{ended:?}"
+        );
+        assert_eq!(told.elapsed(), RUNNABLE_STOP_WAIT);
+    }
+
+    /// A runnable starts only once every controller's caches have synced.
+    #[tokio::test(start_paused = true)]
+    async fn a_runnable_waits_for_the_caches() {
+        let stop = CancellationToken::new();
+        let (synced, waiting) = watch::channel(false);
+        let (ran, mut seen) = watch::channel(false);
+        let r = runnable("r", move |stop| async move {
+            ran.send_replace(true);
+            stop.cancelled().await;
+            Ok(())
+        });
+        let running = tokio::spawn(
+            Started {
+                synced: waiting,
+                ..started(&stop)
+            }
+            .run(Box::new(r)),
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!*seen.borrow(), "started before the caches synced");
+        synced.send_replace(true);
+        seen.wait_for(|ran| *ran).await.unwrap();
+        stop.cancel();
+        running.await.unwrap().unwrap();
     }
 }

@@ -32,6 +32,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::reconcile::chain;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NameLabel {
     name: String,
@@ -66,8 +68,56 @@ fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
 }
 
-/// A user health or readiness check: `Err` says why it fails.
-pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// A health or readiness check: `Err` says why it fails.
+pub type Check = Arc<dyn Fn() -> Result<(), CheckFailed> + Send + Sync>;
+
+/// Why a health or readiness check fails: its problems, in order, each
+/// naming what is wrong. `/healthz` and `/readyz` answer 503 with a line
+/// `[-]NAME failed: PROBLEMS` per failing check, the problems joined with
+/// `"; "` (its `Display`).
+///
+/// ```
+/// use kinformer_controllers::CheckFailed;
+///
+/// let failed = CheckFailed::new(["pods: not synced yet", "secrets: forbidden"]);
+/// assert_eq!(failed.problems().len(), 2);
+/// assert_eq!(failed.to_string(), "pods: not synced yet; secrets: forbidden");
+/// // A check may also fail with a plain message.
+/// assert_eq!(CheckFailed::from("still cold").problems(), ["still cold"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .problems.join("; "))]
+pub struct CheckFailed {
+    problems: Vec<String>,
+}
+
+impl CheckFailed {
+    /// A failure with these problems.
+    pub fn new(problems: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            problems: problems.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The problems, in order.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+}
+
+impl From<String> for CheckFailed {
+    fn from(problem: String) -> Self {
+        Self {
+            problems: vec![problem],
+        }
+    }
+}
+
+impl From<&str> for CheckFailed {
+    fn from(problem: &str) -> Self {
+        problem.to_owned().into()
+    }
+}
 
 /// The sharded lister-watchers' stats, read at each scrape.
 #[derive(Debug, Default)]
@@ -524,11 +574,12 @@ impl Metrics {
         self.registry.lock().register_collector(Box::new(collector));
     }
 
-    /// Adds a liveness check, run on every `/healthz` and `/livez`.
+    /// Adds a liveness check, run on every `/healthz` and `/livez`; it
+    /// fails with a [`CheckFailed`] (`"why".into()` makes one).
     pub fn add_health_check(
         &self,
         name: &str,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn() -> Result<(), CheckFailed> + Send + Sync + 'static,
     ) {
         self.health_checks
             .lock()
@@ -536,11 +587,12 @@ impl Metrics {
     }
 
     /// Adds a readiness check, run on every `/readyz` (besides the caches
-    /// having synced).
+    /// having synced); it fails with a [`CheckFailed`] (`"why".into()`
+    /// makes one).
     pub fn add_ready_check(
         &self,
         name: &str,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+        check: impl Fn() -> Result<(), CheckFailed> + Send + Sync + 'static,
     ) {
         self.ready_checks
             .lock()
@@ -761,7 +813,7 @@ impl Metrics {
                         .serve_connection(TokioIo::new(stream), service)
                         .await
                     {
-                        debug!(error = %e, "metrics connection ended");
+                        debug!(error = %chain(&e), "metrics connection ended");
                     }
                 });
             }
@@ -777,7 +829,7 @@ impl Metrics {
             .iter()
             .filter_map(|(name, check)| {
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check()))
-                    .unwrap_or_else(|_| Err("the check panicked".to_owned()));
+                    .unwrap_or_else(|_| Err("the check panicked".into()));
                 outcome.err().map(|why| format!("[-]{name} failed: {why}"))
             })
             .collect()
@@ -933,7 +985,50 @@ fn priority_label(name: &str, priority: Priority) -> PriorityLabel {
 
 #[cfg(test)]
 mod tests {
-    use super::resource_version_digits;
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    async fn probe(metrics: &Metrics, path: &str) -> (StatusCode, String) {
+        let response = metrics.respond(path, Endpoints::Probes);
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_failed_check_is_a_line_naming_it_and_its_problems() {
+        let metrics = Metrics::new();
+        metrics.set_ready(true);
+        assert_eq!(
+            probe(&metrics, "/readyz").await,
+            (StatusCode::OK, "ok".into())
+        );
+        metrics.add_ready_check("informers of web", || {
+            Err(CheckFailed::new([
+                "pods: not synced yet",
+                "secrets: forbidden",
+            ]))
+        });
+        metrics.add_ready_check("warm", || Err("still cold".into()));
+        metrics.add_health_check("boom", || panic!("boom"));
+        assert_eq!(
+            probe(&metrics, "/readyz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "[-]informers of web failed: pods: not synced yet; secrets: forbidden\n\
+                 [-]warm failed: still cold"
+                    .into()
+            )
+        );
+        assert_eq!(
+            probe(&metrics, "/healthz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "[-]boom failed: the check panicked".into()
+            )
+        );
+    }
 
     #[test]
     fn a_resource_version_gauge_keeps_its_15_least_significant_digits() {

@@ -1802,9 +1802,15 @@ async fn the_finalizer_helper_adds_the_finalizer_applies_then_cleans_up_before_d
     let err = finalizer(&api, NAME, Arc::new(stale), async |_| Ok(Action::Done))
         .await
         .expect_err("a stale copy conflicts");
+    // The object is named in the message; the server's 409 is its source.
+    let said = kinformer_controllers::error_chain(&err);
     assert!(
-        err.to_string().contains("cannot add finalizer") && err.to_string().contains("409"),
+        err.to_string().contains("cannot add finalizer") && !err.to_string().contains("409"),
         "{err}"
+    );
+    assert!(
+        said.contains("409 Conflict") && kinformer_controllers::is_conflict(&err),
+        "{said}"
     );
     // Let the guarded object go.
     api.patch(

@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kinformer_controllers::{
     Action, ControllerError, ControllerOptions, LeaderElectionConfig, Lookup, Manager,
-    ManagerOptions, PanicPolicy,
+    ManagerOptions, PanicPolicy, runnable,
 };
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::Client;
@@ -119,7 +119,7 @@ async fn a_manager_serves_both_controllers_metrics_and_the_users_checks_and_metr
         if w.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(())
         } else {
-            Err("still cold".to_owned())
+            Err("still cold".into())
         }
     });
     let shutdown = CancellationToken::new();
@@ -335,7 +335,10 @@ async fn a_manager_without_controllers_or_with_a_bad_election_is_refused() {
     let (client, ns) = setup("manager-bad").await;
     let manager = Manager::new(client.clone(), ManagerOptions::new()).unwrap();
     let err = manager.run(CancellationToken::new()).await.unwrap_err();
-    assert!(err.to_string().contains("no controllers"), "{err}");
+    assert!(
+        err.to_string().contains("no controllers or runnables"),
+        "{err}"
+    );
     let mut config = election(&ns, "x");
     config.renew_deadline = config.lease_duration;
     let err = Manager::new(client, ManagerOptions::new().leader_election(config)).unwrap_err();
@@ -615,4 +618,154 @@ async fn a_managers_event_recorder_counts_its_dropped_occurrences_on_the_manager
         ),
         "{text}"
     );
+}
+
+/// What a runnable saw: `started`, then `stopped while <holder> held the Lease`.
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// A Manager with only runnables: one that needs the lease and one on
+/// every replica, each logging when it starts and when it is stopped (the
+/// leader one with who held the Lease then).
+fn runnables_only(client: &Client, ns: &str, identity: &str, led: &Log, every: &Log) -> Manager {
+    let mut manager = Manager::new(
+        client.clone(),
+        ManagerOptions::new().leader_election(election(ns, identity)),
+    )
+    .unwrap();
+    let (log, leases) = (
+        Arc::clone(led),
+        Api::<Lease>::namespaced(client.clone(), ns),
+    );
+    manager.add_runnable(runnable("led", move |stop| async move {
+        log.lock().push("started".to_owned());
+        stop.cancelled().await;
+        let held = holder(&leases, "manager").await.unwrap_or_default();
+        log.lock()
+            .push(format!("stopped while {held} held the Lease"));
+        Ok(())
+    }));
+    let log = Arc::clone(every);
+    manager.add_runnable(
+        runnable("every", move |stop| async move {
+            log.lock().push("started".to_owned());
+            stop.cancelled().await;
+            log.lock().push("stopped".to_owned());
+            Ok(())
+        })
+        .on_every_replica(),
+    );
+    manager
+}
+
+/// controller-runtime's `mgr.Add`: a runnable that needs the lease runs
+/// only on the leader, from when it leads, and is stopped before the lease
+/// is released, so the next leader's never overlaps it; one on every
+/// replica runs on the standby too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runnable_runs_only_while_its_replica_leads_and_ends_before_the_lease_is_released() {
+    let (client, ns) = setup("manager-runnable").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let (led_a, every_a, led_b, every_b) = (
+        Log::default(),
+        Log::default(),
+        Log::default(),
+        Log::default(),
+    );
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let a = runnables_only(&client, &ns, "a", &led_a, &every_a);
+    let task_a = tokio::spawn(a.run(stop_a.clone()));
+    eventually("a leads and its runnables start", async || {
+        holder(&leases, "manager").await.as_deref() == Some("a")
+            && led_a.lock().len() == 1
+            && every_a.lock().len() == 1
+    })
+    .await;
+    let b = runnables_only(&client, &ns, "b", &led_b, &every_b);
+    let task_b = tokio::spawn(b.run(stop_b.clone()));
+    eventually("the standby's every-replica runnable starts", async || {
+        every_b.lock().len() == 1
+    })
+    .await;
+    assert!(
+        led_b.lock().is_empty(),
+        "the standby ran: {:?}",
+        led_b.lock()
+    );
+
+    stop_a.cancel();
+    task_a.await.unwrap().unwrap();
+    assert_eq!(
+        *led_a.lock(),
+        ["started", "stopped while a held the Lease"],
+        "stopped before the lease was released"
+    );
+    assert_eq!(*every_a.lock(), ["started", "stopped"]);
+    eventually("b leads and its runnable starts", async || {
+        led_b.lock().len() == 1
+    })
+    .await;
+    assert_eq!(holder(&leases, "manager").await.as_deref(), Some("b"));
+    stop_b.cancel();
+    task_b.await.unwrap().unwrap();
+    assert_eq!(*led_b.lock(), ["started", "stopped while b held the Lease"]);
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the sweep found a loop")]
+struct SweepFailed;
+
+/// A runnable starts once the caches have synced; one that finishes leaves
+/// the Manager running; one that fails stops it, its controllers too, and
+/// `run` returns it, cause kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runnable_that_finishes_leaves_the_manager_running_and_one_that_fails_stops_it() {
+    let (client, ns) = setup("manager-runnable-fail").await;
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let mut manager =
+        Manager::with_factory(factory, client.clone(), ManagerOptions::new()).unwrap();
+    let seen = Seen::default();
+    let controller = manager
+        .controller::<ConfigMap>("cm")
+        .reconcile(Arc::clone(&seen), |cm, seen| async move {
+            seen.lock().push(names(&cm));
+            Ok(Action::Done)
+        })
+        .unwrap();
+    let (fail, failing) = tokio::sync::oneshot::channel::<()>();
+    let synced = manager.factory().informer::<ConfigMap>();
+    manager
+        .add(controller)
+        .add_runnable(runnable("warm", move |_| async move {
+            // Started once the controllers' caches have synced.
+            match synced.has_synced() {
+                true => Ok(()),
+                false => Err("started before the caches synced".into()),
+            }
+        }))
+        .add_runnable(runnable("sweep", |stop| async move {
+            tokio::select! {
+                _ = stop.cancelled() => Ok(()),
+                _ = failing => Err(SweepFailed.into()),
+            }
+        }));
+    let task = tokio::spawn(manager.run(CancellationToken::new()));
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    cms.create(&PostParams::default(), &config_map("after-warm"))
+        .await
+        .unwrap();
+    eventually(
+        "the controller reconciles after `warm` finished",
+        async || seen.lock().contains(&"after-warm".to_owned()),
+    )
+    .await;
+    assert!(!task.is_finished());
+    fail.send(()).unwrap();
+    match task.await.unwrap() {
+        Err(e @ ControllerError::RunnableFailed { .. }) => {
+            assert_eq!(e.to_string(), "runnable \"sweep\" failed");
+            let source = std::error::Error::source(&e).map(ToString::to_string);
+            assert_eq!(source.as_deref(), Some("the sweep found a loop"));
+        }
+        other => panic!("expected the sweep's failure, got {other:?}"),
+    }
 }

@@ -146,7 +146,8 @@ async fn a_missing_certificate_fails_the_run_naming_its_file() {
         .await
         .unwrap_err();
     assert!(matches!(error, ControllerError::Webhook(_)), "{error:?}");
-    let message = error.to_string();
+    // The file is named by the cause, the webhook server's error.
+    let message = kinformer_controllers::error_chain(&error);
     assert!(
         message.contains(&dir.path().join("tls.crt").display().to_string()),
         "{message}"

@@ -55,8 +55,8 @@ impl std::fmt::Debug for AnsweringProxy {
     }
 }
 
-fn tls_error(e: impl std::fmt::Display) -> EnvtestError {
-    EnvtestError::Client(format!("answering proxy TLS setup: {e}"))
+fn tls_error(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EnvtestError {
+    EnvtestError::failed("the answering proxy's TLS setup failed", e)
 }
 
 impl AnsweringProxy {

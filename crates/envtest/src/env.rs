@@ -143,6 +143,9 @@ const DIR_PREFIX: &str = "kinformer-envtest-";
 /// The file in a control plane's directory naming the process that made it.
 const OWNER_FILE: &str = "owner.pid";
 
+/// What failed when the envtest kubeconfig did not make a client.
+const CLIENT: &str = "building a client from the envtest kubeconfig failed";
+
 extern "C" fn cleanup_kept_at_exit() {
     let Ok(entries) = KEPT.lock() else {
         return;
@@ -196,7 +199,7 @@ impl TestEnv {
         let bins = if options.build_if_missing {
             tokio::task::spawn_blocking(Binaries::ensure)
                 .await
-                .map_err(|e| EnvtestError::Client(format!("build task failed: {e}")))??
+                .map_err(|e| EnvtestError::failed("the task building the binaries failed", e))??
         } else {
             Binaries::locate()?
         };
@@ -418,7 +421,7 @@ impl TestEnv {
     /// A new client with admin rights. Each test should take its own: a
     /// client's connections belong to the Tokio runtime it was first used on.
     pub fn client(&self) -> Result<Client, EnvtestError> {
-        Client::try_from(self.config.clone()).map_err(|e| EnvtestError::Client(e.to_string()))
+        Client::try_from(self.config.clone()).map_err(|e| EnvtestError::failed(CLIENT, e))
     }
 
     /// A new admin client that connects through `port` on loopback (a
@@ -427,8 +430,8 @@ impl TestEnv {
         let mut config = self.config.clone();
         config.cluster_url = format!("https://127.0.0.1:{port}")
             .parse()
-            .map_err(|e| EnvtestError::Client(format!("proxy URL: {e}")))?;
-        Client::try_from(config).map_err(|e| EnvtestError::Client(e.to_string()))
+            .map_err(|e| EnvtestError::failed(format!("the proxy URL on port {port}"), e))?;
+        Client::try_from(config).map_err(|e| EnvtestError::failed(CLIENT, e))
     }
 
     /// The client configuration (admin, server URL, CA).
@@ -475,15 +478,14 @@ impl TestEnv {
         let request: TokenRequest = serde_json::from_value(serde_json::json!({
             "spec": {"expirationSeconds": 3600},
         }))
-        .map_err(|e| EnvtestError::Client(format!("a TokenRequest: {e}")))?;
+        .map_err(|e| EnvtestError::failed("building a TokenRequest", e))?;
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
         let answered: TokenRequest = accounts
             .create_subresource("token", name, &PostParams::default(), &request)
             .await
             .map_err(|e| {
-                EnvtestError::Client(format!(
-                    "a token for ServiceAccount {namespace}/{name}: {e}"
-                ))
+                let what = format!("requesting a token for ServiceAccount {namespace}/{name}");
+                EnvtestError::failed(what, e)
             })?;
         let token = answered
             .status
@@ -523,7 +525,6 @@ impl TestEnv {
         use std::io::Write;
         use std::process::{Command, Stdio};
         let kubectl = self.binaries().kubectl();
-        let failed = |why: String| EnvtestError::Client(format!("kubectl {args:?}: {why}"));
         let mut child = Command::new(&kubectl)
             .env("KUBECONFIG", &self.kubeconfig)
             .args(args)
@@ -531,23 +532,31 @@ impl TestEnv {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| failed(format!("starting {}: {e}", kubectl.display())))?;
+            .map_err(|e| {
+                EnvtestError::failed(
+                    format!("kubectl {args:?}: starting {}", kubectl.display()),
+                    e,
+                )
+            })?;
         let written = child
             .stdin
             .take()
             .map(|mut input| input.write_all(stdin.as_bytes()));
         let out = child
             .wait_with_output()
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| EnvtestError::failed(format!("kubectl {args:?}: waiting for it"), e))?;
         if !out.status.success() {
-            return Err(failed(format!(
-                "{}: {}",
+            return Err(EnvtestError::Client(format!(
+                "kubectl {args:?}: {}: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
         if let Some(Err(e)) = written {
-            return Err(failed(format!("writing its input: {e}")));
+            return Err(EnvtestError::failed(
+                format!("kubectl {args:?}: writing its input"),
+                e,
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -569,7 +578,7 @@ impl TestEnv {
     ) -> Result<PathBuf, EnvtestError> {
         self.kubectl(&["apply", "-f", "-"], manifests)?;
         let list: serde_json::Value = serde_json::from_str(manifests)
-            .map_err(|e| EnvtestError::Client(format!("the manifests are not JSON: {e}")))?;
+            .map_err(|e| EnvtestError::failed("the manifests are not JSON", e))?;
         let user = format!("system:serviceaccount:{namespace}:{account}");
         let groups = [
             "system:serviceaccounts".to_owned(),
@@ -584,13 +593,13 @@ impl TestEnv {
                     "name": rule.name,
                 }},
             }))
-            .map_err(|e| EnvtestError::Client(format!("a SubjectAccessReview: {e}")))?;
+            .map_err(|e| EnvtestError::failed("building a SubjectAccessReview", e))?;
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let answer = reviews
                     .create(&PostParams::default(), &review)
                     .await
-                    .map_err(|e| EnvtestError::Client(format!("a SubjectAccessReview: {e}")))?;
+                    .map_err(|e| EnvtestError::failed("creating a SubjectAccessReview", e))?;
                 if answer.status.is_some_and(|s| s.allowed) {
                     break;
                 }
@@ -682,7 +691,7 @@ impl TestEnv {
         namespaces
             .create(&PostParams::default(), &ns)
             .await
-            .map_err(|e| EnvtestError::Client(format!("creating namespace {name}: {e}")))?;
+            .map_err(|e| EnvtestError::failed(format!("creating namespace {name}"), e))?;
         Ok(name)
     }
 
@@ -778,8 +787,8 @@ fn kubeconfig_yaml(api_port: u16, pki: &Pki) -> String {
 
 async fn config_from_kubeconfig(path: &Path) -> Result<Config, EnvtestError> {
     let kubeconfig = Kubeconfig::read_from(path)
-        .map_err(|e| EnvtestError::Client(format!("reading {}: {e}", path.display())))?;
+        .map_err(|e| EnvtestError::failed(format!("reading {}", path.display()), e))?;
     Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| EnvtestError::Client(format!("loading {}: {e}", path.display())))
+        .map_err(|e| EnvtestError::failed(format!("loading {}", path.display()), e))
 }

@@ -1,4 +1,5 @@
-//! What can go wrong when building or running the control plane.
+//! What can go wrong when building or running the control plane. Each
+//! error says what failed; the cause, when there is one, is its `source()`.
 
 use std::path::PathBuf;
 
@@ -37,7 +38,7 @@ pub enum EnvtestError {
     )]
     NotBuilt(PathBuf),
     /// A process of the control plane could not be started.
-    #[error("could not start {component} ({path}): {source}")]
+    #[error("could not start {component} ({path})")]
     Spawn {
         /// `etcd` or `kube-apiserver`.
         component: &'static str,
@@ -84,10 +85,10 @@ pub enum EnvtestError {
         tail: String,
     },
     /// Certificates or keys could not be generated.
-    #[error("generating certificates failed: {0}")]
+    #[error("generating certificates failed")]
     Certs(#[from] rcgen::Error),
     /// A file could not be read or written.
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}")]
     Io {
         /// What was being done.
         action: &'static str,
@@ -100,6 +101,16 @@ pub enum EnvtestError {
     /// The kubeconfig could not be turned into a client.
     #[error("building a client from the envtest kubeconfig failed: {0}")]
     Client(String),
+    /// A step of using the control plane failed because of another error
+    /// (a client or request, kubectl, a TLS setup): the step is named, the
+    /// error is the source.
+    #[error("{what}")]
+    Failed {
+        /// The step, and what it was about.
+        what: String,
+        /// Why it failed.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// An etcd maintenance call (compaction) failed.
     #[error("etcd request {path} failed: {message}")]
     Etcd {
@@ -107,10 +118,24 @@ pub enum EnvtestError {
         path: &'static str,
         /// What went wrong.
         message: String,
+        /// The error that made it go wrong, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 }
 
 impl EnvtestError {
+    /// `what` failed because of `source`.
+    pub(crate) fn failed(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Failed {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
     pub(crate) fn io(
         action: &'static str,
         path: impl Into<PathBuf>,
@@ -121,5 +146,36 @@ impl EnvtestError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// `error` and its causes, `a: b: c`, for a message kept as text (a
+/// readiness probe's last failure).
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let causes = std::iter::successors(Some(error), |e| e.source()).take(64);
+    causes
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_step_is_named_and_its_cause_is_the_source_only() {
+        let e = EnvtestError::failed("creating namespace t-1", std::io::Error::other("refused"));
+        assert_eq!(e.to_string(), "creating namespace t-1");
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("refused")
+        );
+        assert_eq!(error_chain(&e), "creating namespace t-1: refused");
+        let e = EnvtestError::io("reading", "/tmp/x", std::io::Error::other("gone"));
+        assert_eq!(e.to_string(), "reading /tmp/x");
+        assert_eq!(error_chain(&e), "reading /tmp/x: gone");
     }
 }

@@ -16,11 +16,20 @@ pub(crate) async fn request(
     path: &'static str,
     body: Option<&str>,
 ) -> Result<(u16, String), EnvtestError> {
-    let fail = |message: String| EnvtestError::Etcd { path, message };
+    let fail = |message: String| EnvtestError::Etcd {
+        path,
+        message,
+        source: None,
+    };
+    let caused = |message: String, e: std::io::Error| EnvtestError::Etcd {
+        path,
+        message,
+        source: Some(Box::new(e)),
+    };
     let exchange = async {
         let mut stream = TcpStream::connect(("127.0.0.1", port))
             .await
-            .map_err(|e| fail(format!("connect to 127.0.0.1:{port}: {e}")))?;
+            .map_err(|e| caused(format!("connect to 127.0.0.1:{port}"), e))?;
         let body = body.unwrap_or("");
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
@@ -30,12 +39,12 @@ pub(crate) async fn request(
         stream
             .write_all(req.as_bytes())
             .await
-            .map_err(|e| fail(format!("write: {e}")))?;
+            .map_err(|e| caused("write".into(), e))?;
         let mut raw = Vec::new();
         stream
             .read_to_end(&mut raw)
             .await
-            .map_err(|e| fail(format!("read: {e}")))?;
+            .map_err(|e| caused("read".into(), e))?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let (head, rest) = text
             .split_once("\r\n\r\n")
@@ -80,7 +89,7 @@ pub(crate) async fn healthy(port: u16) -> Result<(), String> {
     match request(port, "GET", "/health", None).await {
         Ok((200, body)) if body.contains("\"true\"") => Ok(()),
         Ok((status, body)) => Err(format!("/health answered {status}: {body}")),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(crate::error::error_chain(&e)),
     }
 }
 
@@ -92,12 +101,16 @@ pub(crate) async fn revision(port: u16) -> Result<i64, EnvtestError> {
     let fail = |message: String| EnvtestError::Etcd {
         path: "/v3/kv/range",
         message,
+        source: None,
     };
     if status != 200 {
         return Err(fail(format!("status {status}: {text}")));
     }
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| fail(format!("{e}: {text}")))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| EnvtestError::Etcd {
+        path: "/v3/kv/range",
+        message: format!("the answer is not JSON: {text}"),
+        source: Some(Box::new(e)),
+    })?;
     json["header"]["revision"]
         .as_str()
         .and_then(|r| r.parse().ok())
@@ -112,6 +125,7 @@ pub(crate) async fn compact(port: u16, revision: i64) -> Result<(), EnvtestError
         return Err(EnvtestError::Etcd {
             path: "/v3/kv/compaction",
             message: format!("status {status}: {text}"),
+            source: None,
         });
     }
     Ok(())

@@ -279,7 +279,7 @@ pub async fn start_as_printed(
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| EnvtestError::Client(format!("starting {program:?}: {e}")))?;
+        .map_err(|e| EnvtestError::failed(format!("starting {program:?}"), e))?;
     let stderr = child.stderr.take().ok_or_else(|| {
         EnvtestError::Client(format!("{program:?} has no standard error to follow"))
     })?;
@@ -313,7 +313,7 @@ pub fn printed(command: &mut Command) -> Result<Value, EnvtestError> {
     let what = format!("{command:?}");
     let out = command
         .output()
-        .map_err(|e| EnvtestError::Client(format!("running {what}: {e}")))?;
+        .map_err(|e| EnvtestError::failed(format!("running {what}"), e))?;
     if !out.status.success() {
         return Err(EnvtestError::Client(format!(
             "{what} exited {}: {}",
@@ -322,7 +322,7 @@ pub fn printed(command: &mut Command) -> Result<Value, EnvtestError> {
         )));
     }
     serde_json::from_slice(&out.stdout)
-        .map_err(|e| EnvtestError::Client(format!("what {what} printed is not JSON: {e}")))
+        .map_err(|e| EnvtestError::failed(format!("what {what} printed is not JSON"), e))
 }
 
 #[cfg(test)]

@@ -120,15 +120,13 @@ impl TestEnv {
                 &plural,
             );
             let object: DynamicObject = serde_json::from_value(manifest.clone())
-                .map_err(|e| EnvtestError::Client(format!("a {kind} manifest: {e}")))?;
+                .map_err(|e| EnvtestError::failed(format!("reading a {kind} manifest"), e))?;
             Api::<DynamicObject>::all_with(client.clone(), &resource)
                 .create(&PostParams::default(), &object)
                 .await
                 .map_err(|e| {
-                    EnvtestError::Client(format!(
-                        "creating the {kind} {:?}: {e}",
-                        object.metadata.name
-                    ))
+                    let what = format!("creating the {kind} {:?}", object.metadata.name);
+                    EnvtestError::failed(what, e)
                 })?;
         }
         Ok(())

@@ -11,13 +11,11 @@ use std::fmt;
 use std::pin::pin;
 use std::sync::Arc;
 
+use crate::sync::{Mutex, Notify};
+use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
 use kinformer_store::{
     KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone, meta_namespace_key,
 };
-use parking_lot::Mutex;
-use tokio::sync::Notify;
-
-use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
 
 type Hasher = foldhash::fast::RandomState;
 

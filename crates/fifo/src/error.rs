@@ -7,11 +7,11 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum FifoError {
-    /// An object's key could not be computed; the error names the object.
-    #[error("cannot queue object: {0}")]
+    /// An object's key could not be computed; the source names the object.
+    #[error("cannot queue object")]
     Key(#[from] KeyError),
     /// `replace` was given an object whose key could not be computed.
-    #[error("cannot replace: item {index} of the list: {source}")]
+    #[error("cannot replace: item {index} of the list")]
     ReplaceKey {
         /// Position of the bad object in the list.
         index: usize,

@@ -11,6 +11,10 @@
 //! [`InformerQueue`] is either, for a Reflector to feed and an informer to
 //! pop ([`FifoKind`] picks one).
 //!
+//! The queues need no runtime: nothing here spawns, and a pop waits on a
+//! tokio `Notify`, which any executor can poll (an informer pops from a
+//! thread of its own, off the runtime that feeds the queue).
+//!
 //! In the DeltaFifo every change the
 //! Reflector sees for an object is recorded as a [`Delta`] under the object's
 //! key; keys are handed out in FIFO order, each with the whole ordered list of
@@ -66,6 +70,7 @@ mod delta_fifo;
 mod error;
 mod queue;
 mod real_fifo;
+mod sync;
 
 pub use delta::{Delta, DeltaType, Deltas};
 pub use delta_fifo::{DeltaFifo, DeltaFifoOptions, DeltaFifoReplace};

@@ -4,7 +4,7 @@
 //! into one entry, the RealFifo keeps every change as its own entry, in the
 //! order it arrived, and hands them out one by one. Locking and waiting are
 //! the DeltaFifo's: one `parking_lot` mutex, a tokio `Notify` registered
-//! before the queue is looked at.
+//! before the queue is looked at; `tests/model.rs` checks them under loom.
 //!
 //! In its atomic mode ([`RealFifoOptions::atomic`], client-go v0.37's
 //! `AtomicFIFO`, on by default there) a relist is one unit, a
@@ -20,13 +20,11 @@ use std::fmt;
 use std::pin::pin;
 use std::sync::Arc;
 
+use crate::sync::{Mutex, MutexGuard, Notify};
+use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
 use kinformer_store::{
     KeyError, KeyFunc, KnownObjects, Object, ObjectOrTombstone, meta_namespace_key,
 };
-use parking_lot::{Mutex, MutexGuard};
-use tokio::sync::Notify;
-
-use crate::{Delta, DeltaType, Deltas, FifoError, PopError, Requeue};
 
 type Hasher = foldhash::fast::RandomState;
 

@@ -13,31 +13,43 @@ use thiserror::Error;
 pub struct Detail {
     message: String,
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    /// Made by [`Detail::of`]: the message is the source's own, so
+    /// `source()` goes on from the source's cause, as `io::Error` does.
+    transparent: bool,
 }
 
 impl Detail {
-    /// `context` failed because of `source`; it reads "`context`: `source`".
+    /// `context` failed because of `source`: it reads "`context`", and
+    /// `source` is its `source()`.
     pub fn caused(
         context: impl fmt::Display,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Self {
-            message: format!("{context}: {source}"),
+            message: context.to_string(),
             source: Some(Arc::new(source)),
+            transparent: false,
         }
     }
 
-    /// `source` itself, in its own words.
+    /// `source` itself, in its own words: its message, and its `source()`
+    /// (reach `source` itself with [`Detail::get_ref`]).
     pub fn of(source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self {
             message: source.to_string(),
             source: Some(Arc::new(source)),
+            transparent: true,
         }
     }
 
-    /// The message, which ends with the source's when there is one.
+    /// Its own message (for one made by [`Detail::of`], its error's).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The error it was made from, if any.
+    pub fn get_ref(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_deref()
     }
 }
 
@@ -49,9 +61,11 @@ impl fmt::Display for Detail {
 
 impl std::error::Error for Detail {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
+        let source = self.source.as_deref()?;
+        match self.transparent {
+            true => source.source(),
+            false => Some(source),
+        }
     }
 }
 
@@ -60,6 +74,7 @@ impl From<String> for Detail {
         Self {
             message,
             source: None,
+            transparent: false,
         }
     }
 }
@@ -68,6 +83,49 @@ impl From<&str> for Detail {
     fn from(message: &str) -> Self {
         message.to_owned().into()
     }
+}
+
+/// `error` and its `source()`s, outermost first, each in its own words:
+/// `a: b: c`. It is what logs show of an error (`error = %error_chain(&e)`),
+/// since an error's `Display` is its own text only.
+///
+/// The server's refusal reads `403 Forbidden: its message`: kube-client's
+/// own text of it adds a dump of the whole Status, which repeats the
+/// message. An error of another crate that ends its message with its
+/// source's (kube-client's do) is said without it, so that each cause
+/// shows once.
+///
+/// ```
+/// use kinformer_informer::{ListWatchError, error_chain};
+///
+/// let reset = std::io::Error::other("connection reset by peer");
+/// let e = ListWatchError::from(kube_client::Error::ReadEvents(reset));
+/// assert_eq!(e.to_string(), "cannot reach the API server");
+/// assert_eq!(
+///     error_chain(&e),
+///     "cannot reach the API server: Error reading events stream: connection reset by peer"
+/// );
+/// ```
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = Vec::new();
+    let mut next = Some(error);
+    // Bounded: a source chain that loops must not hang a logger.
+    for _ in 0..64 {
+        let Some(e) = next else { break };
+        if let Some(kube_client::Error::Api(s)) = e.downcast_ref() {
+            // Its source is that Status, said here.
+            parts.push(format!("{} {}: {}", s.code, s.reason, s.message));
+            break;
+        }
+        let text = e.to_string();
+        next = e.source();
+        let own = next
+            .map(|source| format!(": {source}"))
+            .and_then(|said| text.strip_suffix(&said).map(str::to_owned))
+            .unwrap_or(text);
+        parts.push(own);
+    }
+    parts.join(": ")
 }
 
 /// A list or watch call failed. The variants are what the Reflector needs to
@@ -96,15 +154,16 @@ pub enum ListWatchError {
         causes: Vec<StatusCause>,
     },
     /// The server could not be reached (connection refused, reset, timed out).
-    #[error("cannot reach the API server: {0}")]
+    #[error("cannot reach the API server")]
     Connect(#[source] Detail),
     /// A response or event could not be decoded.
-    #[error("cannot decode the server's response: {0}")]
+    #[error("cannot decode the server's response")]
     Decode(#[source] Detail),
     /// One object of a watch (or a streaming list) could not be decoded;
-    /// its key, when readable, lets the Reflector keep what is cached.
-    #[error("cannot decode an object: {0}")]
-    Undecodable(crate::Undecodable),
+    /// its key, when readable, lets the Reflector keep what is cached. Its
+    /// `source()` names the object and says why.
+    #[error("cannot decode an object")]
+    Undecodable(#[source] crate::Undecodable),
     /// A watch saw no event, not even a bookmark, for longer than its idle timeout.
     #[error("watch idle for {0:?}: treating the connection as dead")]
     Idle(std::time::Duration),
@@ -242,7 +301,7 @@ impl From<kinformer_protobuf::Error> for ListWatchError {
         match e {
             E::Kube(kube_client::Error::Api(status)) => Self::from_status(&status),
             E::Kube(e) => e.into(),
-            E::Decode(e) => Self::Decode(Detail::of(e)),
+            e @ E::Decode { .. } => Self::Decode(Detail::of(e)),
             E::Undecodable(u) => Self::Undecodable(u),
             E::Read(e) => Self::Connect(Detail::of(e)),
             // A variant added later: kept whole, as its source.
@@ -269,7 +328,7 @@ pub enum CatchUpError {
     },
     /// A version that cannot be ordered: not a positive decimal integer
     /// (an aggregated API server's, say), the cache's or the one asked for.
-    #[error("the informer of {what} cannot order resourceVersions: {source}")]
+    #[error("the informer of {what} cannot order resourceVersions")]
     Incomparable {
         /// What the informer lists.
         what: String,
@@ -346,13 +405,67 @@ mod tests {
             .find_map(|e| e.downcast_ref::<std::io::Error>())
             .expect("the io::Error is a source");
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
-        // Said once in the message, and the error is still Clone.
-        assert_eq!(e.clone().to_string().matches("reset by peer").count(), 1);
+        // The cause is said by the chain, once, and the error is still Clone.
+        assert_eq!(e.clone().to_string(), "cannot reach the API server");
+        assert_eq!(error_chain(&e).matches("reset by peer").count(), 1);
 
         let bad = serde_json::from_str::<u8>("x").unwrap_err();
         let e = ListWatchError::from(kube_client::Error::SerdeError(bad));
-        let source = e.source().and_then(|d| d.source()).expect("a source");
-        assert!(source.is::<serde_json::Error>(), "{source:?}");
+        let detail = e.source().and_then(|d| d.downcast_ref::<Detail>());
+        let client = detail
+            .and_then(Detail::get_ref)
+            .expect("the client's error");
+        assert!(client.is::<serde_json::Error>(), "{client:?}");
+    }
+
+    #[test]
+    fn a_wrapped_error_says_its_own_text_and_its_cause_is_its_source() {
+        use std::error::Error as _;
+        let bad = serde_json::from_str::<u8>("x").unwrap_err();
+        let cause = bad.to_string();
+        let e = ListWatchError::Decode(Detail::caused("the list", bad));
+        assert_eq!(e.to_string(), "cannot decode the server's response");
+        let detail = e.source().expect("the detail is the source");
+        assert_eq!(detail.to_string(), "the list");
+        assert_eq!(detail.source().map(|s| s.to_string()), Some(cause.clone()));
+        assert_eq!(
+            error_chain(&e),
+            format!("cannot decode the server's response: the list: {cause}")
+        );
+
+        let e = CatchUpError::Incomparable {
+            what: "pods".into(),
+            source: kinformer_store::InvalidResourceVersion("x1".into()),
+        };
+        assert!(!e.to_string().contains("x1"), "{e}");
+        assert!(error_chain(&e).ends_with(
+            "cannot order resourceVersions: resource version is not well formed: \"x1\""
+        ));
+    }
+
+    #[test]
+    fn the_chain_says_each_cause_once_and_a_refusal_in_short() {
+        let reset = std::io::Error::other("connection reset");
+        let e = ListWatchError::Connect(Detail::caused(
+            "building the list request",
+            kube_client::Error::ReadEvents(reset),
+        ));
+        // kube-client's message repeats its source's: said once here.
+        assert_eq!(
+            error_chain(&e),
+            "cannot reach the API server: building the list request: \
+             Error reading events stream: connection reset"
+        );
+        let mut forbidden = kube_client::core::Status::failure("pods is forbidden", "Forbidden");
+        forbidden.code = 403;
+        let e = Detail::caused("listing pods", kube_client::Error::Api(forbidden.boxed()));
+        assert_eq!(
+            error_chain(&e),
+            "listing pods: 403 Forbidden: pods is forbidden"
+        );
+        // A message that merely contains its source's text is its own.
+        let e = Detail::caused("reset", std::io::Error::other("reset"));
+        assert_eq!(error_chain(&e), "reset: reset");
     }
 
     fn status(json: serde_json::Value) -> ListWatchError {

@@ -18,6 +18,7 @@ use kube_client::core::{ApiResource, ClusterResourceScope, DynamicObject, Partia
 use kube_client::{Client, Resource};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -77,7 +78,7 @@ impl InformerScope {
 }
 
 trait Startable: Send + Sync {
-    fn start(&self, shutdown: CancellationToken);
+    fn start(&self, runtime: &Handle, shutdown: CancellationToken);
     fn synced(&self) -> bool;
     fn describe(&self) -> String;
     fn reflector_stats(&self) -> Option<Arc<ReflectorStats>>;
@@ -89,12 +90,12 @@ trait Startable: Send + Sync {
 }
 
 impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
-    fn start(&self, shutdown: CancellationToken) {
+    fn start(&self, runtime: &Handle, shutdown: CancellationToken) {
         if self.is_started() {
             return;
         }
         let informer = self.clone();
-        tokio::spawn(async move { informer.run(shutdown).await });
+        runtime.spawn(async move { informer.run(shutdown).await });
     }
     fn synced(&self) -> bool {
         self.has_synced()
@@ -521,11 +522,34 @@ impl SharedInformerFactory {
         informer
     }
 
-    /// Starts every informer made so far that is not running (on the current
-    /// Tokio runtime); they stop when `shutdown` fires.
+    /// Starts every informer made so far that is not running, on the
+    /// current Tokio runtime; they stop when `shutdown` fires.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime; [`start_on`](Self::start_on) is given one.
     pub fn start(&self, shutdown: &CancellationToken) {
+        self.start_on(&Handle::current(), shutdown);
+    }
+
+    /// Starts every informer made so far that is not running, each
+    /// [`run`](SharedIndexInformer::run) a task of `runtime` (each applies
+    /// what it lists and watches on a thread of its own); they stop when
+    /// `shutdown` fires.
+    ///
+    /// ```no_run
+    /// # fn demo(client: kinformer_informer::kube::Client) {
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kinformer_informer::{CancellationToken, SharedInformerFactory};
+    ///
+    /// let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// let factory = SharedInformerFactory::new(client);
+    /// let pods = factory.informer::<Pod>();
+    /// factory.start_on(runtime.handle(), &CancellationToken::new());
+    /// # }
+    /// ```
+    pub fn start_on(&self, runtime: &Handle, shutdown: &CancellationToken) {
         for entry in self.informers.lock().values() {
-            entry.startable.start(shutdown.clone());
+            entry.startable.start(runtime, shutdown.clone());
         }
     }
 

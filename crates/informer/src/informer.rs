@@ -15,24 +15,26 @@
 //!   logged with key and index, counted ([`SharedIndexInformer::index_failures`]).
 //! - The transform and the watch error handler: caught by the Reflector (see
 //!   its module): a transform panic treats that object as undecodable.
-//! - The Reflector runs as a task of its own, so that decoding and applying
-//!   deltas use two threads, but it never outlives [`SharedIndexInformer::run`]:
-//!   it is aborted when `run` returns, unwinds or is dropped. If the Reflector
+//! - The Reflector runs as a task of its own, and what it queues is applied
+//!   to the cache on a thread of the informer's own, off the runtime (see
+//!   `apply.rs`: a relist's apply delays no lease renewal, watch read or
+//!   webhook answer); neither outlives [`SharedIndexInformer::run`]: the
+//!   Reflector is aborted when `run` returns, unwinds or is dropped, and
+//!   the apply thread ends after the unit in progress. If the Reflector
 //!   dies before the shutdown (a panic in it or in the [`ListerWatcher`]), or
 //!   applying deltas to the cache panics, `run` stops the handlers and returns
 //!   [`InformerError::Failed`], logged at error level; from then on
 //!   `has_synced` is false and [`SharedIndexInformer::failure`] says why. The
 //!   same holds when `run`'s future is dropped before the shutdown.
 
+mod apply;
+
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use kinformer_fifo::{
-    DeltaType, Deltas, FifoKind, InformerQueue, PopError, Popped, ReplacedAll, Requeue,
-};
+use kinformer_fifo::{DeltaType, Deltas, FifoKind, InformerQueue, Popped, ReplacedAll};
 use kinformer_store::{
     CacheReader, Compact, DeletedFinalStateUnknown, Indexer, Indexers, KnownObjects, Object,
     ObjectOrTombstone, StoreError, compare_resource_version,
@@ -44,12 +46,13 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::latency::{LatencySnapshot, ProcessingLatency};
 use crate::panics::{AbortOnDrop, panic_message};
-use crate::processor::{BATCH, Listener, ListenerState, Notification, Processor, unique_id};
+use crate::processor::{Listener, ListenerState, Notification, Processor, unique_id};
 use crate::reflector::{Reflector, ReflectorOptions, ReflectorStats, default_watch_error_handler};
 use crate::{
     CatchUpError, GroupResource, InformerError, ListWatchError, Lister, ListerWatcher,
     ResourceEventHandler,
 };
+use apply::{ApplyThread, Handover};
 
 /// Rewrites each object once, before it is cached: client-go's `TransformFunc`.
 pub type Transform<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
@@ -320,6 +323,10 @@ struct Inner<K> {
     applied: tokio::sync::Notify,
     /// Return freed memory to the system once a list is applied (a compact cache).
     release_after_list: bool,
+    /// Lists applied by the time freed memory was last released.
+    released_at: AtomicU64,
+    /// Which of a dropped `run` and its apply thread stops the informer.
+    handover: Mutex<Handover>,
     /// Keys a relist kept at an older version (see [`Stale`]).
     stale: Mutex<Stale>,
 }
@@ -394,6 +401,8 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 processing_latency: ProcessingLatency::default(),
                 applied: tokio::sync::Notify::new(),
                 release_after_list,
+                released_at: AtomicU64::new(0),
+                handover: Mutex::default(),
                 stale: Mutex::default(),
             }),
         }
@@ -798,95 +807,73 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         };
         let reflector_stats = reflector.stats();
         *self.inner.stats.lock() = Some(Arc::clone(&reflector_stats));
-        // Lists applied by the time freed memory was last released; looked
-        // at after each pop and every second (the queue may have drained
-        // before the Reflector counted the list).
-        let mut released_at = 0;
-        // Pops since the handlers' gathered notifications were last sent.
-        let mut unflushed = 0;
+        // Freed memory is released after each pop and every second: the
+        // queue may have drained before the Reflector counted the list.
         let mut release_tick = tokio::time::interval(Duration::from_secs(1));
         release_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Declared before the guard, so dropped after it: either way the
         // Reflector is aborted when this future ends, however it ends.
         let mut reflector_task = AbortOnDrop(tokio::spawn(reflector.run(shutdown.clone())));
+        // Ends the apply thread with `run`, however `run` ends.
+        let stop = shutdown.child_token();
         let mut guard = RunGuard {
             inner: &self.inner,
+            stop: stop.clone(),
             done: false,
         };
         let span = info_span!("informer", what = %self.inner.description);
+        let mut apply = match ApplyThread::spawn(
+            Arc::clone(&self.inner),
+            stop.clone(),
+            Arc::clone(&reflector_stats),
+            span.clone(),
+        ) {
+            Ok(apply) => apply,
+            Err(e) => {
+                guard.done = true;
+                self.inner.fifo.close();
+                self.inner.stop();
+                return Err(self.inner.fail(format!(
+                    "cannot start the thread that applies the queue: {e}"
+                )));
+            }
+        };
         let inner = &self.inner;
         let end = async {
             loop {
-                let mut panicked = None;
-                let popped = tokio::select! {
+                tokio::select! {
                     _ = shutdown.cancelled() => break End::Shutdown,
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
-                    _ = release_tick.tick(), if inner.release_after_list => None,
-                    popped = inner.fifo.pop_unit(|unit, initial| {
-                        let started = std::time::Instant::now();
-                        let applied = catch_unwind(AssertUnwindSafe(|| {
-                            inner.handle_unit(unit, initial)
-                        }));
-                        inner.processing_latency.observe(started.elapsed());
-                        if let Err(panic) = applied {
-                            // Not synced from here on, though the unit
-                            // counts as popped: its change may be half
-                            // applied.
-                            inner.failed.store(true, Ordering::SeqCst);
-                            panicked = Some(format!(
-                                "applying {} to the cache panicked: {}",
-                                unit_name(&unit),
-                                panic_message(panic.as_ref())
-                            ));
+                    _ = apply.ended() => break End::Applied,
+                    _ = release_tick.tick(), if inner.release_after_list => {
+                        if inner.list_applied_since_release(&reflector_stats) {
+                            tokio::task::spawn_blocking(release_freed_memory);
                         }
-                        Ok::<_, Requeue<()>>(())
-                    }) => Some(popped),
-                };
-                if let Some(reason) = panicked {
-                    break End::Failed(reason);
-                }
-                if let Some(Err(PopError::Closed)) = popped {
-                    break End::Shutdown;
-                }
-                // Notifications go to the handlers in batches while more
-                // deltas wait (at most BATCH pops apart, whoever they
-                // reached), at once when none does.
-                if popped.is_some() {
-                    inner.applied.notify_waiters();
-                    unflushed += 1;
-                    if unflushed >= BATCH || inner.fifo.is_empty() {
-                        inner.processor.flush();
-                        unflushed = 0;
-                    }
-                }
-                if inner.release_after_list {
-                    // Lists are counted after their replace: an empty queue
-                    // then means every listed object has been applied.
-                    let lists = reflector_stats.lists_completed.load(Ordering::SeqCst);
-                    if lists > released_at && inner.fifo.is_empty() {
-                        released_at = lists;
-                        release_freed_memory();
                     }
                 }
             }
         }
         .instrument(span)
         .await;
+        stop.cancel();
+        // The unit in progress is finished first: nothing changes the cache
+        // once `run` has returned.
+        let apply_failure = apply.ended().await;
         self.inner.processor.flush();
         self.inner.fifo.close();
         let failure = match end {
-            End::Shutdown => {
-                // The Reflector ends on the same token.
+            End::Reflector(Ok(())) if shutdown.is_cancelled() => apply_failure,
+            End::Reflector(Ok(())) => Some(REFLECTOR_STOPPED.to_owned()),
+            End::Reflector(Err(e)) => Some(reflector_death(e)),
+            // The Reflector ends on the same token.
+            End::Shutdown | End::Applied if apply_failure.is_none() && shutdown.is_cancelled() => {
                 let _ = (&mut reflector_task.0).await;
                 None
             }
-            End::Reflector(Ok(())) if shutdown.is_cancelled() => None,
-            End::Reflector(Ok(())) => Some("the reflector stopped before shutdown".to_owned()),
-            End::Reflector(Err(e)) => Some(reflector_death(e)),
-            End::Failed(reason) => {
+            End::Shutdown | End::Applied => {
                 reflector_task.0.abort();
                 let _ = (&mut reflector_task.0).await;
-                Some(reason)
+                Some(apply_failure.unwrap_or_else(|| APPLY_STOPPED.to_owned()))
             }
         };
         guard.done = true;
@@ -901,19 +888,24 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
 /// Asks the allocator to return freed memory to the system: glibc keeps
 /// most of what a decoded list freed (the objects once encoded into a
 /// compact cache) until asked. Other allocators return it on their own.
+/// It blocks: not on a runtime worker.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::task::spawn_blocking(|| {
-        // SAFETY: malloc_trim only releases free pages of glibc's heaps.
-        unsafe { libc::malloc_trim(0) };
-    });
+    // SAFETY: malloc_trim only releases free pages of glibc's heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
-/// Why the informer's delta loop ended.
+const REFLECTOR_STOPPED: &str = "the reflector stopped before shutdown";
+const APPLY_STOPPED: &str = "the apply thread stopped before shutdown";
+
+/// Why `run` stopped waiting.
 enum End {
     Shutdown,
     Reflector(Result<(), JoinError>),
-    Failed(String),
+    /// The apply thread ended (a panic, or the shutdown it shares).
+    Applied,
 }
 
 fn reflector_death(e: JoinError) -> String {
@@ -928,19 +920,22 @@ fn reflector_death(e: JoinError) -> String {
 }
 
 /// Marks the informer failed if `run` ends without finishing (its future
-/// dropped, or unwinding).
+/// dropped, or unwinding), without waiting for the unit being applied.
 struct RunGuard<'a, K> {
     inner: &'a Inner<K>,
+    /// The apply thread's.
+    stop: CancellationToken,
     done: bool,
 }
 
 impl<K> Drop for RunGuard<'_, K> {
     fn drop(&mut self) {
         if !self.done {
+            self.stop.cancel();
             self.inner.fifo.close();
-            self.inner.stop();
             self.inner
                 .fail("run() was dropped or unwound before its shutdown token fired".to_owned());
+            self.inner.stop_after_apply();
         }
     }
 }
@@ -993,6 +988,25 @@ fn unit_name<K>(unit: &Popped<'_, K>) -> String {
 }
 
 impl<K> Inner<K> {
+    /// Whether a list was applied since freed memory was last released,
+    /// and nothing is queued; if so, counts it released. Always false
+    /// unless the cache releases after a list.
+    fn list_applied_since_release(&self, stats: &ReflectorStats) -> bool {
+        if !self.release_after_list {
+            return false;
+        }
+        // Lists are counted after their replace: an empty queue then
+        // means every listed object has been applied.
+        let lists = stats.lists_completed.load(Ordering::SeqCst);
+        let released = self.released_at.load(Ordering::SeqCst);
+        lists > released
+            && self.fifo.is_empty()
+            && self
+                .released_at
+                .compare_exchange(released, lists, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+    }
+
     /// Whether the queue applies changes in watch order and relists at once.
     fn in_order(&self) -> bool {
         self.fifo.kind() == FifoKind::AtomicFifo

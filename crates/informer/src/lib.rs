@@ -24,6 +24,12 @@
 //! - [`ApiListerWatcher::shard`] lists and watches one shard of the objects
 //!   ([`ShardSelector`], kube-apiserver's sharded list and watch), filtering
 //!   on the client where the server does not.
+//! - With the `testing` feature (for dev-dependencies), `testing`: a
+//!   scripted `ListerWatcher` and an in-process API server (a kube
+//!   `Client` over an in-memory service), for unit tests without a cluster.
+//! - Errors say what failed in their own words; the cause is their
+//!   `source()`. [`error_chain`] says an error and its causes in one line,
+//!   for logs.
 //!
 //! On the wire, built-in kinds and metadata-only informers travel as
 //! Kubernetes protobuf ([`WireFormat::Auto`], the default; what
@@ -136,6 +142,8 @@ mod reflector;
 mod shard;
 mod strip;
 mod sync;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Kubernetes protobuf: the `kinformer-protobuf` crate, which informers use
 /// for the built-in kinds ([`WireFormat::Auto`]).
@@ -149,7 +157,7 @@ pub use kinformer_protobuf as protobuf;
 pub use kube_client as kube;
 
 pub use backoff::BackoffConfig;
-pub use error::{CatchUpError, Detail, InformerError, ListWatchError};
+pub use error::{CatchUpError, Detail, InformerError, ListWatchError, error_chain};
 pub use factory::{
     FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory, is_cluster_scoped,
 };

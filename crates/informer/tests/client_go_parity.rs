@@ -10,20 +10,16 @@
 
 mod common;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_informer::testing::{self, ScriptedListerWatcher};
 use kinformer_informer::{
-    CancellationToken, InformerError, ListPage, ListRequest, ListWatchError, ListerWatcher,
-    ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer, WatchRequest, WatchStream,
+    CancellationToken, InformerError, ListPage, ListWatchError, ReflectorOptions,
+    ResourceEventHandlerFuncs, SharedIndexInformer,
 };
-use kube_client::core::WatchEvent;
-use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 fn cm(name: &str, rv: u64) -> ConfigMap {
@@ -39,86 +35,27 @@ fn cm(name: &str, rv: u64) -> ConfigMap {
 }
 
 fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatchError> {
-    Ok(ListPage {
-        items,
-        resource_version: rv.to_string(),
-        continue_token: None,
-        skipped: Vec::new(),
-        shard_selector: None,
-    })
-}
-
-type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
-
-/// Lists come from a script and are recorded with the (tokio) instant they
-/// were asked at; each watch hands the test its sender.
-#[derive(Default)]
-struct Script {
-    lists: VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>,
-    list_requests: Vec<(ListRequest, tokio::time::Instant)>,
-    watch_requests: Vec<WatchRequest>,
-}
-
-#[derive(Clone)]
-struct Fake {
-    script: Arc<Mutex<Script>>,
-    watches: mpsc::UnboundedSender<WatchTx>,
-}
-
-impl ListerWatcher<ConfigMap> for Fake {
-    fn list(
-        &self,
-        request: ListRequest,
-    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
-        let mut s = self.script.lock();
-        s.list_requests.push((request, tokio::time::Instant::now()));
-        let next = s
-            .lists
-            .pop_front()
-            .unwrap_or_else(|| Err(ListWatchError::Connect("script has no more lists".into())));
-        Box::pin(async move { next })
-    }
-
-    fn watch(
-        &self,
-        request: WatchRequest,
-    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
-        self.script.lock().watch_requests.push(request);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let _ = self.watches.send(tx);
-        Box::pin(async move { Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()) })
-    }
-
-    fn describe(&self) -> String {
-        "configmaps (fake)".into()
-    }
+    Ok(testing::page(items, rv))
 }
 
 struct Harness {
     informer: SharedIndexInformer<ConfigMap>,
-    script: Arc<Mutex<Script>>,
-    watches: mpsc::UnboundedReceiver<WatchTx>,
+    lw: ScriptedListerWatcher<ConfigMap>,
     shutdown: CancellationToken,
 }
 
 /// An informer over `lists`, with list + watch (no streaming list) and the
 /// default backoff, so that a retry after a backoff shows in the times.
 fn harness(lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>) -> Harness {
-    let script = Arc::new(Mutex::new(Script {
-        lists: lists.into(),
-        ..Script::default()
-    }));
-    let (tx, watches) = mpsc::unbounded_channel();
-    let fake = Fake {
-        script: Arc::clone(&script),
-        watches: tx,
-    };
+    let lw = ScriptedListerWatcher::new();
+    for list in lists {
+        lw.script_list(list);
+    }
     let mut reflector = ReflectorOptions::default();
     reflector.use_watch_list = false;
     Harness {
-        informer: SharedIndexInformer::new(fake, common::options().reflector(reflector)),
-        script,
-        watches,
+        informer: SharedIndexInformer::new(lw.clone(), common::options().reflector(reflector)),
+        lw,
         shutdown: CancellationToken::new(),
     }
 }
@@ -128,13 +65,6 @@ impl Harness {
         let informer = self.informer.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move { informer.run(shutdown).await })
-    }
-
-    async fn next_watch(&mut self) -> WatchTx {
-        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
-            .await
-            .expect("no watch opened")
-            .expect("the informer is gone")
     }
 }
 
@@ -151,28 +81,26 @@ async fn a_relist_refused_with_a_timeout_whose_message_says_too_large_resource_v
         "details": {"retryAfterSeconds": 1}
     }))
     .unwrap();
-    let mut h = harness(vec![
+    let h = harness(vec![
         page(vec![cm("a", 5)], 5),
         Err(kube_client::Error::Api(Box::new(too_large)).into()),
         page(vec![cm("a", 5)], 9),
     ]);
     h.start();
-    let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Gone("too old resource version".into())))
-        .unwrap();
-    let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    let versions: Vec<_> = s
-        .list_requests
-        .iter()
-        .map(|(r, _)| r.resource_version.as_deref())
-        .collect();
-    assert_eq!(versions, [Some("0"), Some("5"), None]);
+    let w = h.lw.next_watch().await;
+    w.fail(ListWatchError::Gone("too old resource version".into()));
+    let _w2 = h.lw.next_watch().await;
+    let versions: Vec<_> =
+        h.lw.list_requests()
+            .into_iter()
+            .map(|r| r.resource_version)
+            .collect();
+    assert_eq!(versions, [Some("0".into()), Some("5".into()), None]);
     // At once: no backoff (800 ms at least) between the refused list and
     // the list at "".
-    assert_eq!(s.list_requests[2].1, s.list_requests[1].1);
-    assert_eq!(s.watch_requests[1].resource_version, "9");
-    drop(s);
+    let at = h.lw.list_times();
+    assert_eq!(at[2], at[1]);
+    assert_eq!(h.lw.watch_requests()[1].resource_version, "9");
     h.shutdown.cancel();
 }
 
@@ -234,13 +162,13 @@ async fn all_three(rx: &mut mpsc::UnboundedReceiver<String>) {
 // test only asserts lower bounds, which a sleep cannot undercut.
 #[tokio::test]
 async fn a_handler_that_panics_on_every_object_waits_a_second_after_each_panic() {
-    let mut h = harness(three_objects());
+    let h = harness(three_objects());
     let (handler, mut calls) = panicking();
     let broken = h.informer.add_event_handler(handler).unwrap();
     let (handler, mut names) = healthy();
     h.informer.add_event_handler(handler).unwrap();
     let run = h.start();
-    let _w = h.next_watch().await;
+    let _w = h.lw.next_watch().await;
     all_three(&mut names).await;
     let first = next(&mut calls).await;
     let second = next(&mut calls).await;
@@ -264,7 +192,7 @@ async fn a_handler_that_panics_on_every_object_waits_a_second_after_each_panic()
 #[tokio::test]
 async fn only_the_handler_that_panicked_waits_and_its_notifications_stay_buffered_until_the_informer_stops()
  {
-    let mut h = harness(three_objects());
+    let h = harness(three_objects());
     let (handler, mut calls) = panicking();
     // Registered first, so that each notification reaches its buffer before
     // the healthy handler's.
@@ -275,7 +203,7 @@ async fn only_the_handler_that_panicked_waits_and_its_notifications_stay_buffere
     let (handler, mut names) = healthy();
     h.informer.add_event_handler(handler).unwrap();
     let run = h.start();
-    let _w = h.next_watch().await;
+    let _w = h.lw.next_watch().await;
     // The healthy handler gets everything while the other one waits its hour.
     all_three(&mut names).await;
     next(&mut calls).await;
@@ -298,14 +226,14 @@ async fn only_the_handler_that_panicked_waits_and_its_notifications_stay_buffere
 
 #[tokio::test]
 async fn with_a_zero_pause_a_panicking_handler_gets_every_notification() {
-    let mut h = harness(three_objects());
+    let h = harness(three_objects());
     let (handler, mut calls) = panicking();
     let broken = h
         .informer
         .add_event_handler(handler.panic_pause(Duration::ZERO))
         .unwrap();
     let run = h.start();
-    let _w = h.next_watch().await;
+    let _w = h.lw.next_watch().await;
     for _ in 0..3 {
         next(&mut calls).await;
     }
@@ -320,7 +248,7 @@ async fn with_a_zero_pause_a_panicking_handler_gets_every_notification() {
 /// for handlers due one), on every queue.
 #[tokio::test]
 async fn a_relist_after_a_watch_disruption_tells_a_handler_without_resync_only_what_changed() {
-    let mut h = harness(vec![
+    let h = harness(vec![
         page(vec![cm("pod1", 1), cm("pod2", 2)], 2),
         page(vec![cm("pod1", 1), cm("pod2", 4), cm("pod3", 3)], 4),
     ]);
@@ -343,13 +271,12 @@ async fn a_relist_after_a_watch_disruption_tells_a_handler_without_resync_only_w
         )
         .unwrap();
     h.start();
-    let w = h.next_watch().await;
+    let w = h.lw.next_watch().await;
     let mut initial = [next(&mut rx).await, next(&mut rx).await];
     initial.sort();
     assert_eq!(initial, ["add pod1", "add pod2"]);
-    w.send(Err(ListWatchError::Gone("too old resource version".into())))
-        .unwrap();
-    let _w2 = h.next_watch().await;
+    w.fail(ListWatchError::Gone("too old resource version".into()));
+    let _w2 = h.lw.next_watch().await;
     let mut relisted = [next(&mut rx).await, next(&mut rx).await];
     relisted.sort();
     assert_eq!(relisted, ["add pod3", "update pod2 2->4"]);

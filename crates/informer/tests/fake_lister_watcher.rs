@@ -3,23 +3,23 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kinformer_informer::testing::{
+    self, LiveWatch, ScriptedListerWatcher, ScriptedWatch, initial_events_end,
+};
 use kinformer_informer::{
     CancellationToken, CatchUpError, FifoKind, InformerError, InformerOptions, LIST_BATCH,
-    ListPage, ListRequest, ListWatchError, ListerWatcher, ReflectorOptions,
-    ResourceEventHandlerFuncs, SharedIndexInformer, Undecodable, WatchRequest, WatchStream,
+    ListPage, ListWatchError, ReflectorOptions, ResourceEventHandlerFuncs, SharedIndexInformer,
+    Undecodable,
 };
 use kinformer_store::Indexers;
 use kube_client::core::WatchEvent;
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 
 fn cm(name: &str, rv: u64) -> ConfigMap {
     ConfigMap {
@@ -33,96 +33,8 @@ fn cm(name: &str, rv: u64) -> ConfigMap {
     }
 }
 
-/// Lists come from a script of pages; each watch hands the test a sender.
-#[derive(Default)]
-struct Script {
-    lists: VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>,
-    watch_errors: VecDeque<ListWatchError>,
-    list_requests: Vec<ListRequest>,
-    watch_requests: Vec<WatchRequest>,
-    /// Whether streaming lists (sendInitialEvents) are served; refused
-    /// (400, not recorded) otherwise, as by an older server.
-    watch_list: bool,
-    /// Once the scripted lists are used up, the next list call panics.
-    panic_when_out_of_lists: bool,
-    /// List calls (by their index) that answer only once notified.
-    list_gates: BTreeMap<usize, Arc<tokio::sync::Notify>>,
-}
-
-#[derive(Clone)]
-struct Fake {
-    script: Arc<Mutex<Script>>,
-    watches:
-        mpsc::UnboundedSender<mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>>,
-}
-
-impl ListerWatcher<ConfigMap> for Fake {
-    fn list(
-        &self,
-        request: ListRequest,
-    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
-        let mut s = self.script.lock();
-        let call = s.list_requests.len();
-        let gate = s.list_gates.remove(&call);
-        s.list_requests.push(request);
-        if s.lists.is_empty() && s.panic_when_out_of_lists {
-            panic!("the lister watcher broke");
-        }
-        let next = s
-            .lists
-            .pop_front()
-            .unwrap_or_else(|| Err(ListWatchError::Connect("script has no more lists".into())));
-        Box::pin(async move {
-            if let Some(gate) = gate {
-                gate.notified().await;
-            }
-            next
-        })
-    }
-
-    fn watch(
-        &self,
-        request: WatchRequest,
-    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
-        let mut s = self.script.lock();
-        if request.send_initial_events && !s.watch_list {
-            return Box::pin(async {
-                Err(ListWatchError::Api {
-                    code: 400,
-                    reason: "BadRequest".into(),
-                    message: "sendInitialEvents is not supported".into(),
-                    causes: Vec::new(),
-                })
-            });
-        }
-        s.watch_requests.push(request);
-        if let Some(e) = s.watch_errors.pop_front() {
-            return Box::pin(async move { Err(e) });
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let _ = self.watches.send(tx);
-        Box::pin(async move { Ok(tokio_stream_from(rx)) })
-    }
-
-    fn describe(&self) -> String {
-        "configmaps (fake)".into()
-    }
-}
-
-fn tokio_stream_from(
-    mut rx: mpsc::UnboundedReceiver<Result<WatchEvent<ConfigMap>, ListWatchError>>,
-) -> WatchStream<ConfigMap> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
-}
-
 fn page(items: Vec<ConfigMap>, rv: u64) -> Result<ListPage<ConfigMap>, ListWatchError> {
-    Ok(ListPage {
-        items,
-        resource_version: rv.to_string(),
-        continue_token: None,
-        skipped: Vec::new(),
-        shard_selector: None,
-    })
+    Ok(testing::page(items, rv))
 }
 
 /// A page with a continue token: more pages follow.
@@ -132,11 +44,8 @@ fn paged(
     token: &str,
 ) -> Result<ListPage<ConfigMap>, ListWatchError> {
     Ok(ListPage {
-        items,
-        resource_version: rv.to_string(),
         continue_token: Some(token.into()),
-        skipped: Vec::new(),
-        shard_selector: None,
+        ..testing::page(items, rv)
     })
 }
 
@@ -150,12 +59,9 @@ fn internal_error() -> ListWatchError {
     }
 }
 
-type WatchTx = mpsc::UnboundedSender<Result<WatchEvent<ConfigMap>, ListWatchError>>;
-
 struct Harness {
     informer: SharedIndexInformer<ConfigMap>,
-    script: Arc<Mutex<Script>>,
-    watches: mpsc::UnboundedReceiver<WatchTx>,
+    lw: ScriptedListerWatcher<ConfigMap>,
     shutdown: CancellationToken,
 }
 
@@ -179,21 +85,22 @@ fn harness_with(
     options: InformerOptions<ConfigMap>,
     reflector: ReflectorOptions,
 ) -> Harness {
-    let script = Arc::new(Mutex::new(Script {
-        lists: lists.into(),
-        ..Script::default()
-    }));
-    let (tx, watches) = mpsc::unbounded_channel();
-    let fake = Fake {
-        script: Arc::clone(&script),
-        watches: tx,
-    };
+    let lw = scripted(lists);
     Harness {
-        informer: SharedIndexInformer::new(fake, options.reflector(reflector)),
-        script,
-        watches,
+        informer: SharedIndexInformer::new(lw.clone(), options.reflector(reflector)),
+        lw,
         shutdown: CancellationToken::new(),
     }
+}
+
+fn scripted(
+    lists: Vec<Result<ListPage<ConfigMap>, ListWatchError>>,
+) -> ScriptedListerWatcher<ConfigMap> {
+    let lw = ScriptedListerWatcher::new();
+    for list in lists {
+        lw.script_list(list);
+    }
+    lw
 }
 
 impl Harness {
@@ -217,11 +124,20 @@ impl Harness {
         cached
     }
 
-    async fn next_watch(&mut self) -> WatchTx {
-        tokio::time::timeout(Duration::from_secs(5), self.watches.recv())
-            .await
-            .expect("no watch opened")
-            .unwrap()
+    async fn next_watch(&self) -> LiveWatch<ConfigMap> {
+        self.lw.next_watch().await
+    }
+
+    /// Waits (up to 5 s) until the informer has synced: the list is
+    /// applied off the runtime, possibly after the next watch opened.
+    async fn synced(&self) -> bool {
+        for _ in 0..500 {
+            if self.informer.has_synced() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
     }
 }
 
@@ -286,7 +202,7 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 
 #[tokio::test]
 async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
         common::options(),
     );
@@ -294,15 +210,19 @@ async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
     let reg = h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    assert_eq!(h.script.lock().watch_requests[0].resource_version, "2");
-    assert!(h.script.lock().watch_requests[0].allow_bookmarks);
+    assert!(
+        h.synced().await,
+        "applied off the runtime: a DeltaFifo would merge"
+    );
+    assert_eq!(h.lw.watch_requests()[0].resource_version, "2");
+    assert!(h.lw.watch_requests()[0].allow_bookmarks);
     assert_eq!(
-        h.script.lock().list_requests[0].resource_version.as_deref(),
+        h.lw.list_requests()[0].resource_version.as_deref(),
         Some("0")
     );
-    w.send(Ok(WatchEvent::Modified(cm("a", 3)))).unwrap();
-    w.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
-    w.send(Ok(WatchEvent::Deleted(cm("b", 5)))).unwrap();
+    w.modify(cm("a", 3));
+    w.add(cm("c", 4));
+    w.delete(cm("b", 5));
     let seen = log.wait_for(5).await;
     assert_eq!(
         sorted(seen[..2].to_vec()),
@@ -320,13 +240,13 @@ async fn handlers_see_the_initial_list_as_adds_then_watch_events() {
 
 #[tokio::test]
 async fn a_handler_added_after_start_first_gets_the_whole_cache() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
         common::options(),
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Added(cm("c", 3)))).unwrap();
+    w.add(cm("c", 3));
     for _ in 0..200 {
         if h.informer.indexer().len() == 3 {
             break;
@@ -341,14 +261,14 @@ async fn a_handler_added_after_start_first_gets_the_whole_cache() {
         ["add a 1 initial", "add b 2 initial", "add c 3 initial"]
     );
     assert!(reg.has_synced());
-    w.send(Ok(WatchEvent::Modified(cm("c", 4)))).unwrap();
+    w.modify(cm("c", 4));
     assert_eq!(log.wait_for(4).await[3], "update c 3->4");
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 2),
             // After the watch expired: b is gone, a changed.
@@ -365,13 +285,11 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "6"}
         }))
         .unwrap(),
-    )))
-    .unwrap();
+    )));
     // Same stream: the bookmark is handled before the error.
-    w.send(Err(ListWatchError::Gone(
+    w.fail(ListWatchError::Gone(
         "too old resource version: 6 (8)".into(),
-    )))
-    .unwrap();
+    ));
     let _second_watch = h.next_watch().await;
     let seen = log.wait_for(4).await;
     // A DeltaFifo queues the listed keys, then the deletions; a RealFifo
@@ -383,7 +301,7 @@ async fn a_relist_after_410_delivers_missed_deletes_as_tombstones() {
     assert_eq!(seen[2..], relisted);
     // The relist asked for the last version seen (the bookmark's), not "".
     assert_eq!(
-        h.script.lock().list_requests[1].resource_version.as_deref(),
+        h.lw.list_requests()[1].resource_version.as_deref(),
         Some("6")
     );
     assert_eq!(h.informer.indexer().list_keys(), ["ns/a"]);
@@ -403,7 +321,7 @@ async fn with_an_atomic_fifo_handlers_get_every_change_in_arrival_order_and_a_re
 }
 
 async fn in_arrival_order_and_a_relists_deletions_first(fifo: FifoKind) {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2), cm("c", 3)], 3),
             // c unchanged since its last event: a resync, not an update.
@@ -421,10 +339,10 @@ async fn in_arrival_order_and_a_relists_deletions_first(fifo: FifoKind) {
         initial,
         ["add a 1 initial", "add b 2 initial", "add c 3 initial"]
     );
-    w.send(Ok(WatchEvent::Modified(cm("c", 4)))).unwrap();
-    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
-    w.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
-    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    w.modify(cm("c", 4));
+    w.modify(cm("a", 5));
+    w.modify(cm("c", 6));
+    w.fail(ListWatchError::Gone("expired".into()));
     let _w2 = h.next_watch().await;
     let seen = log.wait_for(8).await;
     assert_eq!(
@@ -445,7 +363,7 @@ async fn in_arrival_order_and_a_relists_deletions_first(fifo: FifoKind) {
 /// the informer and its Lister, with bookmarks and a relist.
 #[tokio::test]
 async fn an_atomic_informers_cache_tells_the_version_of_each_list_event_and_bookmark_applied() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 3),
             page(vec![cm("a", 5)], 12),
@@ -464,13 +382,13 @@ async fn an_atomic_informers_cache_tells_the_version_of_each_list_event_and_book
         Some("3"),
         "the list's version, not its objects'"
     );
-    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    w.modify(cm("a", 5));
     log.wait_for(3).await;
     assert_eq!(
         lister.last_store_sync_resource_version().as_deref(),
         Some("5")
     );
-    w.send(Ok(WatchEvent::Deleted(cm("b", 6)))).unwrap();
+    w.delete(cm("b", 6));
     log.wait_for(4).await;
     assert_eq!(
         lister.last_store_sync_resource_version().as_deref(),
@@ -481,13 +399,12 @@ async fn an_atomic_informers_cache_tells_the_version_of_each_list_event_and_book
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "9"}
         }))
         .unwrap(),
-    )))
-    .unwrap();
+    )));
     assert!(
         wait_for_store_rv(&lister, "9").await,
         "a bookmark on a quiet watch advances the store's version"
     );
-    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    w.fail(ListWatchError::Gone("expired".into()));
     let _w2 = h.next_watch().await;
     assert!(
         wait_for_store_rv(&lister, "12").await,
@@ -514,7 +431,7 @@ async fn wait_for_store_rv(lister: &kinformer_informer::Lister<ConfigMap>, rv: &
 #[tokio::test]
 async fn only_an_atomic_informer_tells_its_caches_version() {
     for fifo in [FifoKind::DeltaFifo, FifoKind::RealFifo] {
-        let mut h = harness(
+        let h = harness(
             vec![page(vec![cm("a", 1)], 3)],
             InformerOptions::new().fifo(fifo),
         );
@@ -546,7 +463,7 @@ async fn an_atomic_relist_is_in_the_cache_whole_before_any_handler_hears_of_it()
         .map(|i| cm(&format!("o{i:03}"), 2))
         .chain((0..100).map(|i| cm(&format!("n{i:03}"), 2)))
         .collect();
-    let mut h = harness(
+    let h = harness(
         vec![page(first, 1), page(second, 2)],
         InformerOptions::new().fifo(FifoKind::AtomicFifo),
     );
@@ -598,7 +515,7 @@ async fn an_atomic_relist_is_in_the_cache_whole_before_any_handler_hears_of_it()
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(lister.list(&Default::default()).len(), 300);
-    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    w.fail(ListWatchError::Gone("expired".into()));
     let seen = relisted.wait_for(400).await;
     assert_eq!(seen.len(), 400);
     assert!(seen[..100].iter().all(|s| s == "delete"), "deletions first");
@@ -620,7 +537,7 @@ async fn a_relist_shares_an_object_at_the_cached_version_unless_told_not_to() {
         c
     };
     for share in [true, false] {
-        let mut h = harness(
+        let h = harness(
             vec![
                 page(vec![with_data("old")], 1),
                 page(vec![with_data("defaulted")], 2),
@@ -633,7 +550,7 @@ async fn a_relist_shares_an_object_at_the_cached_version_unless_told_not_to() {
         h.start();
         let w = h.next_watch().await;
         assert!(wait_for_store_rv(&lister, "1").await);
-        w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+        w.fail(ListWatchError::Gone("expired".into()));
         let _w2 = h.next_watch().await;
         assert!(wait_for_store_rv(&lister, "2").await);
         let cached = lister.get("ns/a").unwrap();
@@ -649,7 +566,7 @@ async fn a_relist_shares_an_object_at_the_cached_version_unless_told_not_to() {
 
 #[tokio::test]
 async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
-    let mut h = harness(
+    let h = harness(
         vec![
             Err(ListWatchError::Gone("too large resource version".into())),
             page(vec![cm("a", 1)], 3),
@@ -658,11 +575,10 @@ async fn a_list_410_retries_at_once_from_etcd_with_an_empty_resource_version() {
     );
     h.start();
     let _w = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests[0].resource_version.as_deref(), Some("0"));
-    assert_eq!(s.list_requests[1].resource_version, None);
-    assert_eq!(s.watch_requests[0].resource_version, "3");
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists[0].resource_version.as_deref(), Some("0"));
+    assert_eq!(lists[1].resource_version, None);
+    assert_eq!(watches[0].resource_version, "3");
     h.shutdown.cancel();
 }
 
@@ -675,7 +591,7 @@ async fn a_list_at_a_too_large_resource_version_is_retried_at_once_with_an_empty
         "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]}
     }))
     .unwrap();
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 5)], 5),
             Err(kube_client::Error::Api(Box::new(too_large)).into()),
@@ -685,58 +601,53 @@ async fn a_list_at_a_too_large_resource_version_is_retried_at_once_with_an_empty
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Gone("too old resource version".into())))
-        .unwrap();
+    w.fail(ListWatchError::Gone("too old resource version".into()));
     let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    let versions: Vec<_> = s
-        .list_requests
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    let versions: Vec<_> = lists
         .iter()
         .map(|r| r.resource_version.as_deref())
         .collect();
     assert_eq!(versions, [Some("0"), Some("5"), None]);
-    assert_eq!(s.watch_requests[1].resource_version, "9");
-    drop(s);
+    assert_eq!(watches[1].resource_version, "9");
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn an_internal_error_in_the_watch_stream_relists() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
         common::options(),
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(internal_error())).unwrap();
+    w.fail(internal_error());
     let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests.len(), 2, "relisted");
-    assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("1"));
-    assert_eq!(s.watch_requests[1].resource_version, "3");
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists.len(), 2, "relisted");
+    assert_eq!(lists[1].resource_version.as_deref(), Some("1"));
+    assert_eq!(watches[1].resource_version, "3");
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_5xx_opening_the_watch_relists() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1)], 1), page(vec![cm("a", 2)], 3)],
         common::options(),
     );
-    h.script.lock().watch_errors.push_back(ListWatchError::Api {
+    h.lw.script_watch(ScriptedWatch::refused(ListWatchError::Api {
         code: 503,
         reason: "ServiceUnavailable".into(),
         message: "the watch cache is not ready".into(),
         causes: Vec::new(),
-    });
+    }));
     h.start();
     let _w = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests.len(), 2, "relisted");
-    assert_eq!(s.watch_requests.len(), 2);
-    assert_eq!(s.watch_requests[1].resource_version, "3");
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists.len(), 2, "relisted");
+    assert_eq!(watches.len(), 2);
+    assert_eq!(watches[1].resource_version, "3");
     h.shutdown.cancel();
 }
 
@@ -744,27 +655,26 @@ async fn a_5xx_opening_the_watch_relists() {
 async fn within_the_retry_window_an_internal_error_in_the_watch_stream_reopens_the_watch() {
     let mut reflector = fast_reflector();
     reflector.max_internal_error_retry_duration = Duration::from_secs(3600);
-    let mut h = harness_with(
+    let h = harness_with(
         vec![page(vec![cm("a", 1)], 1)],
         common::options(),
         reflector,
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
-    w.send(Err(internal_error())).unwrap();
+    w.modify(cm("a", 2));
+    w.fail(internal_error());
     let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests.len(), 1, "no relist within the window");
-    assert_eq!(s.watch_requests[1].resource_version, "2");
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists.len(), 1, "no relist within the window");
+    assert_eq!(watches[1].resource_version, "2");
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_paginated_answer_to_a_list_at_an_empty_resource_version_does_not_make_relists_paginate()
 {
-    let mut h = harness(
+    let h = harness(
         vec![
             // At "0": one page (the watch cache serves it).
             page(vec![cm("a", 5)], 5),
@@ -779,14 +689,12 @@ async fn a_paginated_answer_to_a_list_at_an_empty_resource_version_does_not_make
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    w.fail(ListWatchError::Gone("expired".into()));
     let w2 = h.next_watch().await;
-    w2.send(Err(ListWatchError::Gone("expired".into())))
-        .unwrap();
+    w2.fail(ListWatchError::Gone("expired".into()));
     let _w3 = h.next_watch().await;
-    let s = h.script.lock();
-    let requests: Vec<_> = s
-        .list_requests
+    let lists = h.lw.list_requests();
+    let requests: Vec<_> = lists
         .iter()
         .map(|r| (r.resource_version.as_deref(), r.limit))
         .collect();
@@ -801,13 +709,12 @@ async fn a_paginated_answer_to_a_list_at_an_empty_resource_version_does_not_make
             (Some("7"), None),
         ]
     );
-    drop(s);
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_paginated_answer_to_the_list_at_0_makes_relists_paginate() {
-    let mut h = harness(
+    let h = harness(
         vec![
             paged(vec![cm("a", 5)], 5, "next"),
             page(vec![cm("b", 5)], 5),
@@ -817,12 +724,11 @@ async fn a_paginated_answer_to_the_list_at_0_makes_relists_paginate() {
     );
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Gone("expired".into()))).unwrap();
+    w.fail(ListWatchError::Gone("expired".into()));
     let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests[2].resource_version.as_deref(), Some("5"));
-    assert_eq!(s.list_requests[2].limit, Some(500));
-    drop(s);
+    let lists = h.lw.list_requests();
+    assert_eq!(lists[2].resource_version.as_deref(), Some("5"));
+    assert_eq!(lists[2].limit, Some(500));
     h.shutdown.cancel();
 }
 
@@ -834,14 +740,14 @@ async fn a_minimum_watch_timeout_below_5_minutes_is_ignored() {
     ] {
         let mut reflector = fast_reflector();
         reflector.min_watch_timeout = min;
-        let mut h = harness_with(
+        let h = harness_with(
             vec![page(vec![cm("a", 1)], 1)],
             common::options(),
             reflector,
         );
         h.start();
         let _w = h.next_watch().await;
-        let timeout = h.script.lock().watch_requests[0].timeout;
+        let timeout = h.lw.watch_requests()[0].timeout;
         assert!(range.contains(&timeout.as_secs()), "{min:?}: {timeout:?}");
         assert_eq!(timeout.subsec_nanos(), 0, "whole seconds");
         h.shutdown.cancel();
@@ -850,42 +756,39 @@ async fn a_minimum_watch_timeout_below_5_minutes_is_ignored() {
 
 #[tokio::test]
 async fn a_watch_closed_by_the_server_is_reopened_from_the_last_version_without_a_relist() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    w.modify(cm("a", 5));
     // The server ends the watch after that event.
     drop(w);
     let _w2 = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.list_requests.len(), 1, "a normal close must not relist");
-    assert_eq!(s.watch_requests[1].resource_version, "5");
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists.len(), 1, "a normal close must not relist");
+    assert_eq!(watches[1].resource_version, "5");
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn a_watch_refused_with_429_backs_off_and_watches_again_without_a_relist() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
-    {
-        let mut s = h.script.lock();
-        s.watch_errors
-            .push_back(ListWatchError::TooManyRequests("slow down".into()));
-        s.watch_errors
-            .push_back(ListWatchError::Connect("connection refused".into()));
-    }
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    h.lw.script_watch(ScriptedWatch::refused(ListWatchError::TooManyRequests(
+        "slow down".into(),
+    )))
+    .script_watch(ScriptedWatch::refused(ListWatchError::Connect(
+        "connection refused".into(),
+    )));
     h.start();
     let _w = h.next_watch().await;
-    let s = h.script.lock();
-    assert_eq!(s.watch_requests.len(), 3);
-    assert_eq!(s.list_requests.len(), 1);
-    drop(s);
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(watches.len(), 3);
+    assert_eq!(lists.len(), 1);
     h.shutdown.cancel();
 }
 
 #[tokio::test]
 async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let log = Log::default();
     h.informer
         .add_event_handler_with_resync(log.handler(), Duration::from_secs(1))
@@ -906,7 +809,7 @@ async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
     // The handler without a resync period gets no resync: a change after
     // the second resync reaches it right after the initial add (each
     // handler gets its notifications in order).
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.modify(cm("a", 2));
     assert_eq!(
         quiet.wait_for(2).await,
         ["add a 1 initial", "update a 1->2"]
@@ -916,7 +819,7 @@ async fn resync_delivers_updates_whose_old_and_new_are_the_same() {
 
 #[tokio::test]
 async fn a_handler_added_with_resync_zero_is_never_resynced_even_with_a_default_resync() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1)], 1)],
         common::options().default_resync(Duration::from_secs(1)),
     );
@@ -938,7 +841,7 @@ async fn a_handler_added_with_resync_zero_is_never_resynced_even_with_a_default_
     );
     // Each handler gets its notifications in order: a change sent after
     // two resyncs reaches the zero-period handler right after its add.
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.modify(cm("a", 2));
     assert_eq!(
         never.wait_for(2).await,
         ["add a 1 initial", "update a 1->2"]
@@ -977,7 +880,7 @@ fn resync_zero_leaves_the_resync_check_period_alone() {
 
 #[tokio::test]
 async fn a_removed_handler_gets_nothing_more() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let log = Log::default();
     let reg = h.informer.add_event_handler(log.handler()).unwrap();
     let other = Log::default();
@@ -986,7 +889,7 @@ async fn a_removed_handler_gets_nothing_more() {
     let w = h.next_watch().await;
     log.wait_for(1).await;
     h.informer.remove_event_handler(&reg).unwrap();
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.modify(cm("a", 2));
     assert_eq!(other.wait_for(2).await.len(), 2);
     assert_eq!(log.0.lock().as_slice(), ["add a 1 initial"]);
     h.shutdown.cancel();
@@ -994,7 +897,7 @@ async fn a_removed_handler_gets_nothing_more() {
 
 #[tokio::test]
 async fn removing_a_handler_twice_or_after_the_informer_stopped_is_ok_and_changes_nothing() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let log = Log::default();
     let reg = h.informer.add_event_handler(log.handler()).unwrap();
     let other = Log::default();
@@ -1004,7 +907,7 @@ async fn removing_a_handler_twice_or_after_the_informer_stopped_is_ok_and_change
     h.informer.remove_event_handler(&reg).unwrap();
     h.informer.remove_event_handler(&reg).unwrap();
     // The second removal took nothing else away.
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.modify(cm("a", 2));
     assert_eq!(
         other.wait_for(2).await,
         ["add a 1 initial", "update a 1->2"]
@@ -1017,8 +920,8 @@ async fn removing_a_handler_twice_or_after_the_informer_stopped_is_ok_and_change
 
 #[tokio::test]
 async fn a_registration_of_another_informer_is_refused_and_removes_nothing() {
-    let mut a = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
-    let mut b = harness(vec![page(vec![cm("b", 1)], 1)], common::options());
+    let a = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let b = harness(vec![page(vec![cm("b", 1)], 1)], common::options());
     let a_log = Log::default();
     let a_reg = a.informer.add_event_handler(a_log.handler()).unwrap();
     let b_log = Log::default();
@@ -1035,8 +938,8 @@ async fn a_registration_of_another_informer_is_refused_and_removes_nothing() {
         "{err}"
     );
     // Both handlers still get their informer's events.
-    wb.send(Ok(WatchEvent::Modified(cm("b", 2)))).unwrap();
-    wa.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    wb.modify(cm("b", 2));
+    wa.modify(cm("a", 2));
     assert_eq!(
         b_log.wait_for(2).await,
         ["add b 1 initial", "update b 1->2"]
@@ -1051,7 +954,7 @@ async fn a_registration_of_another_informer_is_refused_and_removes_nothing() {
 
 #[tokio::test]
 async fn a_slow_handler_does_not_hold_up_a_fast_one() {
-    let mut h = harness(vec![page(vec![], 1)], common::options());
+    let h = harness(vec![page(vec![], 1)], common::options());
     let slow_gate = Arc::new(std::sync::Barrier::new(2));
     let gate = Arc::clone(&slow_gate);
     let slow = h
@@ -1065,8 +968,7 @@ async fn a_slow_handler_does_not_hold_up_a_fast_one() {
     h.start();
     let w = h.next_watch().await;
     for i in 0..100 {
-        w.send(Ok(WatchEvent::Added(cm(&format!("o{i}"), 2 + i))))
-            .unwrap();
+        w.add(cm(&format!("o{i}"), 2 + i));
     }
     // The slow handler is stuck on its first add; the fast one sees all.
     assert_eq!(fast.wait_for(100).await.len(), 100);
@@ -1077,7 +979,7 @@ async fn a_slow_handler_does_not_hold_up_a_fast_one() {
 
 #[tokio::test]
 async fn the_transform_runs_once_per_object_before_caching() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c = Arc::clone(&calls);
     h.informer
@@ -1089,7 +991,7 @@ async fn the_transform_runs_once_per_object_before_caching() {
         .unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Modified(cm("a", 2)))).unwrap();
+    w.modify(cm("a", 2));
     for _ in 0..200 {
         if h.informer.last_sync_resource_version() == "2" {
             break;
@@ -1108,7 +1010,7 @@ async fn the_transform_runs_once_per_object_before_caching() {
 
 #[tokio::test]
 async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_object_it_was() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 2),
             // The relist: b (the undecodable DELETED) is gone, c came meanwhile.
@@ -1122,11 +1024,10 @@ async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_ob
     h.start();
     let w = h.next_watch().await;
     // What was b's DELETED, and a later event that would move the version past it.
-    w.send(Err(ListWatchError::Decode(
+    w.fail(ListWatchError::Decode(
         "invalid type: integer, expected a string".into(),
-    )))
-    .unwrap();
-    w.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    ));
+    w.add(cm("c", 4));
     let w2 = h.next_watch().await;
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
     let seen = log.wait_for(4).await;
@@ -1136,17 +1037,17 @@ async fn an_undecodable_watch_event_ends_the_watch_and_the_relist_deletes_the_ob
         ["add c 4", "delete b 2 tombstone"]
     );
     {
-        let s = h.script.lock();
-        assert_eq!(s.list_requests.len(), 2, "one relist");
+        let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+        assert_eq!(lists.len(), 2, "one relist");
         // From the last version before the undecodable event, not past it.
-        assert_eq!(s.list_requests[1].resource_version.as_deref(), Some("2"));
-        assert_eq!(s.watch_requests[1].resource_version, "5");
+        assert_eq!(lists[1].resource_version.as_deref(), Some("2"));
+        assert_eq!(watches[1].resource_version, "5");
     }
     assert!(errors.any("expected a string"), "{:?}", errors.messages());
     // The next watch goes on normally: no relist loop.
-    w2.send(Ok(WatchEvent::Modified(cm("c", 6)))).unwrap();
+    w2.modify(cm("c", 6));
     assert_eq!(log.wait_for(5).await[4], "update c 4->6");
-    assert_eq!(h.script.lock().list_requests.len(), 2);
+    assert_eq!(h.lw.list_requests().len(), 2);
     h.shutdown.cancel();
 }
 
@@ -1160,30 +1061,26 @@ async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
             causes: Vec::new(),
         })
     };
-    let script = Arc::new(Mutex::new(Script {
-        lists: (0..6)
+    let lw = scripted(
+        (0..6)
             .map(|_| unavailable())
             .chain([page(vec![cm("a", 1)], 1)])
             .collect(),
-        ..Script::default()
-    }));
-    let (tx, _watches) = mpsc::unbounded_channel();
-    let fake = Fake {
-        script: Arc::clone(&script),
-        watches: tx,
-    };
+    );
     // Client-go's defaults: 800 ms doubling to 30 s, jitter up to +100%.
-    let informer = SharedIndexInformer::new(fake, common::options());
+    lw.refuse_streaming_lists();
+    let informer = SharedIndexInformer::new(lw.clone(), common::options());
     let shutdown = CancellationToken::new();
     let started = tokio::time::Instant::now();
     let (i, s) = (informer.clone(), shutdown.clone());
     tokio::spawn(async move { i.run(s).await });
-    while !informer.has_synced() {
+    while lw.list_requests().len() < 7 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let waited = started.elapsed();
+    assert!(informer.wait_until(|i| i.has_synced()).await);
     assert_eq!(
-        script.lock().list_requests.len(),
+        lw.list_requests().len(),
         7,
         "one list per backoff, no storm"
     );
@@ -1193,37 +1090,25 @@ async fn failing_lists_back_off_exponentially_without_a_relist_storm() {
     shutdown.cancel();
 }
 
-fn end_bookmark(rv: u64) -> WatchEvent<ConfigMap> {
-    WatchEvent::Bookmark(
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"resourceVersion": rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}
-        }))
-        .unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn a_streaming_list_syncs_at_its_end_bookmark_and_the_watch_goes_on() {
     let mut streaming = fast_reflector();
     streaming.use_watch_list = true;
-    let mut h = harness_with(vec![], common::options(), streaming);
-    h.script.lock().watch_list = true;
+    let h = harness_with(vec![], common::options(), streaming);
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
-    let options_check = h.script.clone();
     h.start();
     let w = h.next_watch().await;
-    assert!(options_check.lock().watch_requests[0].send_initial_events);
-    w.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
-    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
+    assert!(h.lw.watch_requests()[0].send_initial_events);
+    w.add(cm("a", 1));
+    w.add(cm("b", 2));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         !h.informer.has_synced(),
         "not synced before the end bookmark"
     );
-    w.send(Ok(end_bookmark(5))).unwrap();
-    w.send(Ok(WatchEvent::Modified(cm("a", 6)))).unwrap();
+    w.send(Ok(initial_events_end(5)));
+    w.modify(cm("a", 6));
     let seen = log.wait_for(3).await;
     // Per key in order; the update may reach a before b is added.
     assert_eq!(
@@ -1231,7 +1116,7 @@ async fn a_streaming_list_syncs_at_its_end_bookmark_and_the_watch_goes_on() {
         ["add a 1 initial", "add b 2 initial", "update a 1->6"]
     );
     assert!(h.informer.has_synced());
-    assert!(h.script.lock().list_requests.is_empty(), "no list call");
+    assert!(h.lw.list_requests().is_empty(), "no list call");
     h.shutdown.cancel();
 }
 
@@ -1240,34 +1125,18 @@ async fn a_streaming_list_without_its_end_bookmark_falls_back_to_list_and_watch(
     let mut options = fast_reflector();
     options.use_watch_list = true;
     options.watch_list_timeout = Duration::from_millis(300);
-    let script = Arc::new(Mutex::new(Script {
-        lists: vec![page(vec![cm("a", 1)], 3)].into(),
-        watch_list: true,
-        ..Script::default()
-    }));
-    let (tx, mut watches) = mpsc::unbounded_channel();
-    let fake = Fake {
-        script: Arc::clone(&script),
-        watches: tx,
-    };
-    let informer = SharedIndexInformer::new(fake, common::options().reflector(options));
-    let shutdown = CancellationToken::new();
-    let (i, s) = (informer.clone(), shutdown.clone());
-    tokio::spawn(async move { i.run(s).await });
+    let h = harness_with(vec![page(vec![cm("a", 1)], 3)], common::options(), options);
+    h.start();
     // The streaming list never ends: events, but no end bookmark.
-    let stuck = watches.recv().await.unwrap();
-    stuck.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
-    let _regular = tokio::time::timeout(Duration::from_secs(5), watches.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    let s = script.lock();
-    assert_eq!(s.list_requests.len(), 1, "fell back to a list");
-    assert!(!s.watch_requests[1].send_initial_events);
-    assert_eq!(s.watch_requests[1].resource_version, "3");
-    drop(s);
-    assert!(informer.has_synced());
-    shutdown.cancel();
+    let stuck = h.next_watch().await;
+    stuck.add(cm("a", 1));
+    let _regular = h.next_watch().await;
+    let (lists, watches) = (h.lw.list_requests(), h.lw.watch_requests());
+    assert_eq!(lists.len(), 1, "fell back to a list");
+    assert!(!watches[1].send_initial_events);
+    assert_eq!(watches[1].resource_version, "3");
+    assert!(h.synced().await);
+    h.shutdown.cancel();
 }
 
 fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
@@ -1276,7 +1145,7 @@ fn count(counter: &std::sync::atomic::AtomicU64) -> u64 {
 
 #[tokio::test]
 async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_watching() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("boom", 2)], 2),
             page(vec![cm("a", 1), cm("boom", 3)], 3),
@@ -1300,7 +1169,7 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
     let w = h.next_watch().await;
     // Left out of the list, as an undecodable object would be.
     assert_eq!(h.wait_for_keys(&["ns/a"]).await, ["ns/a"]);
-    assert!(h.informer.has_synced());
+    assert!(h.synced().await);
     let stats = h.informer.reflector_stats().unwrap();
     assert_eq!(count(&stats.transform_panics), 1);
     let messages = errors.messages();
@@ -1311,10 +1180,10 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
         "reported with the key: {messages:?}"
     );
     // A watch event it cannot transform ends the watch: a relist.
-    w.send(Ok(WatchEvent::Modified(cm("boom", 3)))).unwrap();
+    w.modify(cm("boom", 3));
     let w2 = h.next_watch().await;
-    assert_eq!(h.script.lock().list_requests.len(), 2);
-    w2.send(Ok(WatchEvent::Added(cm("c", 4)))).unwrap();
+    assert_eq!(h.lw.list_requests().len(), 2);
+    w2.add(cm("c", 4));
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
     assert_eq!(count(&stats.transform_panics), 3);
     assert!(h.informer.has_synced());
@@ -1324,17 +1193,16 @@ async fn a_panicking_transform_leaves_that_object_out_and_the_informer_keeps_wat
 
 #[tokio::test]
 async fn a_panicking_watch_error_handler_is_contained_and_the_reflector_goes_on() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
-    h.script
-        .lock()
-        .watch_errors
-        .push_back(ListWatchError::Connect("connection refused".into()));
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    h.lw.script_watch(ScriptedWatch::refused(ListWatchError::Connect(
+        "connection refused".into(),
+    )));
     h.informer
         .set_watch_error_handler(|err| panic!("the error handler broke on {err}"))
         .unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
+    w.add(cm("b", 2));
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
     let stats = h.informer.reflector_stats().unwrap();
     assert_eq!(count(&stats.error_handler_panics), 1);
@@ -1353,7 +1221,7 @@ async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_
             Ok(vec![name])
         }),
     );
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1), cm("boom", 2)], 2)],
         common::options().indexers(indexers),
     );
@@ -1361,7 +1229,7 @@ async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Modified(cm("boom", 3)))).unwrap();
+    w.modify(cm("boom", 3));
     let seen = log.wait_for(3).await;
     assert_eq!(
         sorted(seen),
@@ -1392,24 +1260,24 @@ async fn a_panicking_index_function_caches_the_object_outside_that_index_and_is_
 
 #[tokio::test]
 async fn a_reflector_that_dies_makes_run_return_an_error_and_has_synced_false() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
-    h.script.lock().panic_when_out_of_lists = true;
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    h.lw.panic_on_unscripted_list();
     let reg = h
         .informer
         .add_event_handler(Log::default().handler())
         .unwrap();
     let run = h.start();
     let w = h.next_watch().await;
-    assert!(h.informer.has_synced());
+    assert!(h.synced().await);
     // A relist, which the lister watcher answers with a panic.
-    w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
+    w.fail(ListWatchError::Gone("too old".into()));
     let ended = tokio::time::timeout(Duration::from_secs(5), run)
         .await
         .expect("run() must end when its reflector dies")
         .unwrap();
     let err = ended.unwrap_err();
     assert!(
-        matches!(&err, InformerError::Failed { reason, .. } if reason.contains("the lister watcher broke")),
+        matches!(&err, InformerError::Failed { reason, .. } if reason.contains("the script has no more lists")),
         "{err}"
     );
     assert!(!h.informer.has_synced());
@@ -1424,10 +1292,10 @@ async fn a_reflector_that_dies_makes_run_return_an_error_and_has_synced_false() 
 
 #[tokio::test]
 async fn dropping_run_aborts_the_reflector_and_the_informer_no_longer_reports_synced() {
-    let mut h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
+    let h = harness(vec![page(vec![cm("a", 1)], 1)], common::options());
     let run = h.start();
     let w = h.next_watch().await;
-    assert!(h.informer.has_synced());
+    assert!(h.synced().await);
     run.abort();
     // The Reflector held the watch; once it is gone, so is the watch.
     for _ in 0..500 {
@@ -1464,26 +1332,24 @@ async fn wait_for_rv(informer: &SharedIndexInformer<ConfigMap>, key: &str, rv: &
 async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_only_at_its_end() {
     let mut streaming = fast_reflector();
     streaming.use_watch_list = true;
-    let mut h = harness_with(vec![], common::options(), streaming);
-    h.script.lock().watch_list = true;
+    let h = harness_with(vec![], common::options(), streaming);
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
-    w.send(Ok(WatchEvent::Added(cm("b", 2)))).unwrap();
-    w.send(Ok(end_bookmark(5))).unwrap();
+    w.add(cm("a", 1));
+    w.add(cm("b", 2));
+    w.send(Ok(initial_events_end(5)));
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
-    w.send(Err(ListWatchError::Gone("too old resource version".into())))
-        .unwrap();
+    w.fail(ListWatchError::Gone("too old resource version".into()));
     // The relist: a changed, b was deleted while the watch was down.
     let relist = h.next_watch().await;
-    assert!(h.script.lock().watch_requests[1].send_initial_events);
+    assert!(h.lw.watch_requests()[1].send_initial_events);
     // a first, then enough new objects to fill the first batch.
-    relist.send(Ok(WatchEvent::Added(cm("a", 7)))).unwrap();
+    relist.add(cm("a", 7));
     let fillers: Vec<String> = (1..LIST_BATCH).map(|i| format!("f{i:03}")).collect();
     for name in &fillers {
-        relist.send(Ok(WatchEvent::Added(cm(name, 8)))).unwrap();
+        relist.add(cm(name, 8));
     }
     if common::fifo() == FifoKind::DeltaFifo {
         // Applied before the list is complete, which still holds b.
@@ -1493,7 +1359,7 @@ async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_o
         );
         assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("2"));
     }
-    relist.send(Ok(end_bookmark(9))).unwrap();
+    relist.send(Ok(initial_events_end(9)));
     let mut expected: Vec<String> = fillers.iter().map(|n| format!("ns/{n}")).collect();
     expected.insert(0, "ns/a".into());
     let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
@@ -1510,7 +1376,7 @@ async fn a_streaming_relist_replaces_cached_objects_as_they_arrive_and_deletes_o
 
 #[tokio::test]
 async fn a_paged_relist_replaces_cached_objects_page_by_page_and_deletes_only_at_its_end() {
-    let mut h = harness(
+    let h = harness(
         vec![
             // Pages at "0": relists are paged too.
             paged(vec![cm("a", 1)], 2, "t1"),
@@ -1520,16 +1386,11 @@ async fn a_paged_relist_replaces_cached_objects_page_by_page_and_deletes_only_at
         ],
         common::options(),
     );
-    let second_page = Arc::new(tokio::sync::Notify::new());
-    h.script
-        .lock()
-        .list_gates
-        .insert(3, Arc::clone(&second_page));
+    let second_page = h.lw.hold_list(3);
     h.start();
     let w = h.next_watch().await;
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
-    w.send(Err(ListWatchError::Gone("too old resource version".into())))
-        .unwrap();
+    w.fail(ListWatchError::Gone("too old resource version".into()));
     if common::fifo() == FifoKind::DeltaFifo {
         // The first page is applied while the second is held back, and b,
         // absent from that page, is not taken for deleted.
@@ -1541,7 +1402,7 @@ async fn a_paged_relist_replaces_cached_objects_page_by_page_and_deletes_only_at
     }
     second_page.notify_one();
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/c"]).await, ["ns/a", "ns/c"]);
-    assert_eq!(h.script.lock().list_requests.len(), 4);
+    assert_eq!(h.lw.list_requests().len(), 4);
     h.shutdown.cancel();
 }
 
@@ -1558,7 +1419,7 @@ fn page_skipping(
 
 #[tokio::test]
 async fn an_undecodable_item_of_a_relist_keeps_the_cached_object_and_is_counted() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2), cm("gone", 3)], 3),
             // The relist: b is there but does not decode; gone is gone.
@@ -1578,11 +1439,10 @@ async fn an_undecodable_item_of_a_relist_keeps_the_cached_object_and_is_counted(
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Undecodable(Undecodable::new(
+    w.fail(ListWatchError::Undecodable(Undecodable::new(
         Some("ns/b".into()),
         "a string that is not UTF-8",
-    ))))
-    .unwrap();
+    )));
     let _w2 = h.next_watch().await;
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
     let seen = log.wait_for(4).await;
@@ -1608,7 +1468,7 @@ async fn an_undecodable_item_of_a_relist_keeps_the_cached_object_and_is_counted(
 
 #[tokio::test]
 async fn an_undecodable_item_without_a_readable_key_makes_the_relist_delete_nothing() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 2),
             page_skipping(
@@ -1623,10 +1483,9 @@ async fn an_undecodable_item_without_a_readable_key_makes_the_relist_delete_noth
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Decode("truncated frame".into())))
-        .unwrap();
+    w.fail(ListWatchError::Decode("truncated frame".into()));
     let w2 = h.next_watch().await;
-    w2.send(Ok(WatchEvent::Added(cm("c", 6)))).unwrap();
+    w2.add(cm("c", 6));
     assert_eq!(
         h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
         ["ns/a", "ns/b", "ns/c"]
@@ -1638,7 +1497,7 @@ async fn an_undecodable_item_without_a_readable_key_makes_the_relist_delete_noth
 
 #[tokio::test]
 async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
-    let mut h = harness_with(
+    let h = harness_with(
         vec![page(vec![cm("a", 1), cm("b", 2)], 2)],
         common::options(),
         {
@@ -1647,32 +1506,29 @@ async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
             o
         },
     );
-    h.script.lock().watch_list = true;
     let log = Log::default();
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     // The first streaming list.
     let w = h.next_watch().await;
     for obj in [cm("a", 1), cm("b", 2)] {
-        w.send(Ok(WatchEvent::Added(obj))).unwrap();
+        w.add(obj);
     }
-    w.send(Ok(end_bookmark(2))).unwrap();
+    w.send(Ok(initial_events_end(2)));
     assert_eq!(h.wait_for_keys(&["ns/a", "ns/b"]).await, ["ns/a", "ns/b"]);
     // An event that does not decode: a streaming relist, where b does not decode either.
-    w.send(Err(ListWatchError::Undecodable(Undecodable::new(
+    w.fail(ListWatchError::Undecodable(Undecodable::new(
         Some("ns/b".into()),
         "bad",
-    ))))
-    .unwrap();
+    )));
     let w2 = h.next_watch().await;
-    w2.send(Ok(WatchEvent::Added(cm("a", 1)))).unwrap();
-    w2.send(Err(ListWatchError::Undecodable(Undecodable::new(
+    w2.add(cm("a", 1));
+    w2.fail(ListWatchError::Undecodable(Undecodable::new(
         Some("ns/b".into()),
         "bad",
-    ))))
-    .unwrap();
-    w2.send(Ok(end_bookmark(5))).unwrap();
-    w2.send(Ok(WatchEvent::Added(cm("c", 6)))).unwrap();
+    )));
+    w2.send(Ok(initial_events_end(5)));
+    w2.add(cm("c", 6));
     assert_eq!(
         h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
         ["ns/a", "ns/b", "ns/c"]
@@ -1684,7 +1540,7 @@ async fn an_undecodable_object_of_a_streaming_relist_keeps_the_cached_object() {
 
 #[tokio::test]
 async fn a_transform_that_leaves_a_listed_object_without_a_name_keeps_the_cached_version() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 2),
             page(vec![cm("a", 1), cm("b", 3)], 4),
@@ -1703,10 +1559,9 @@ async fn a_transform_that_leaves_a_listed_object_without_a_name_keeps_the_cached
     h.informer.add_event_handler(log.handler()).unwrap();
     h.start();
     let w = h.next_watch().await;
-    w.send(Err(ListWatchError::Decode("a garbled frame".into())))
-        .unwrap();
+    w.fail(ListWatchError::Decode("a garbled frame".into()));
     let w2 = h.next_watch().await;
-    w2.send(Ok(WatchEvent::Added(cm("c", 5)))).unwrap();
+    w2.add(cm("c", 5));
     assert_eq!(
         h.wait_for_keys(&["ns/a", "ns/b", "ns/c"]).await,
         ["ns/a", "ns/b", "ns/c"]
@@ -1722,7 +1577,7 @@ async fn a_transform_that_leaves_a_listed_object_without_a_name_keeps_the_cached
 /// it woken by the change that brings it (an event or a bookmark).
 #[tokio::test]
 async fn an_atomic_informer_says_when_its_cache_has_caught_up_with_a_version_and_waits_for_it() {
-    let mut h = harness(
+    let h = harness(
         vec![page(vec![cm("a", 1)], 3)],
         InformerOptions::new().fifo(FifoKind::AtomicFifo),
     );
@@ -1748,7 +1603,7 @@ async fn an_atomic_informer_says_when_its_cache_has_caught_up_with_a_version_and
             tokio::spawn(async move { i2.wait_caught_up_to("12").await }),
         )
     };
-    w.send(Ok(WatchEvent::Modified(cm("a", 5)))).unwrap();
+    w.modify(cm("a", 5));
     tokio::time::timeout(Duration::from_secs(5), by_event)
         .await
         .expect("the event's version was not noticed")
@@ -1760,8 +1615,7 @@ async fn an_atomic_informer_says_when_its_cache_has_caught_up_with_a_version_and
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"resourceVersion": "12"}
         }))
         .unwrap(),
-    )))
-    .unwrap();
+    )));
     tokio::time::timeout(Duration::from_secs(5), by_bookmark)
         .await
         .expect("a bookmark on a quiet watch was not noticed")
@@ -1808,7 +1662,7 @@ async fn an_informer_on_another_queue_cannot_say_whether_it_caught_up() {
 /// too: the cache lacks it.
 #[tokio::test]
 async fn a_relist_that_keeps_an_undecodable_objects_older_copy_says_that_key_is_stale() {
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("a", 1), cm("b", 2)], 3),
             page_skipping(
@@ -1826,7 +1680,7 @@ async fn a_relist_that_keeps_an_undecodable_objects_older_copy_says_that_key_is_
     let w = h.next_watch().await;
     h.informer.wait_caught_up_to("3").await.unwrap();
     assert!(!h.informer.is_stale("ns/b"));
-    w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
+    w.fail(ListWatchError::Gone("too old".into()));
     let w2 = h.next_watch().await;
     h.informer.wait_caught_up_to("7").await.unwrap();
     assert_eq!(cached_rv(&h.informer, "ns/a").as_deref(), Some("4"));
@@ -1837,7 +1691,7 @@ async fn a_relist_that_keeps_an_undecodable_objects_older_copy_says_that_key_is_
     );
     assert!(h.informer.is_stale("ns/new"), "ns/new is not cached at all");
     assert!(!h.informer.is_stale("ns/a"));
-    w2.send(Ok(WatchEvent::Modified(cm("b", 8)))).unwrap();
+    w2.modify(cm("b", 8));
     h.informer.wait_caught_up_to("8").await.unwrap();
     assert_eq!(cached_rv(&h.informer, "ns/b").as_deref(), Some("8"));
     assert!(!h.informer.is_stale("ns/b"));
@@ -1874,7 +1728,7 @@ async fn a_compact_cache_keeps_an_object_a_relist_queued_behind_another_brings_b
         .fifo(FifoKind::AtomicFifo)
         .compact(kinformer_store::Compact::json())
         .indexers(Indexers::from([("any".to_owned(), index)]));
-    let mut h = harness(
+    let h = harness(
         vec![
             page(vec![cm("k", 1), cm("x", 1)], 1),
             page(vec![cm("k", 1), cm("x", 2)], 2),
@@ -1894,17 +1748,15 @@ async fn a_compact_cache_keeps_an_object_a_relist_queued_behind_another_brings_b
         }
     }
     let release = Release(release);
-    w.send(Err(ListWatchError::Gone("too old".into()))).unwrap();
+    w.fail(ListWatchError::Gone("too old".into()));
     tokio::task::spawn_blocking(move || entered.recv().unwrap())
         .await
         .unwrap();
     // The first relist is being applied: two more queue up behind it.
     let w2 = h.next_watch().await;
-    w2.send(Err(ListWatchError::Gone("too old".into())))
-        .unwrap();
+    w2.fail(ListWatchError::Gone("too old".into()));
     let w3 = h.next_watch().await;
-    w3.send(Err(ListWatchError::Gone("too old".into())))
-        .unwrap();
+    w3.fail(ListWatchError::Gone("too old".into()));
     let _w4 = h.next_watch().await;
     drop(release);
     h.informer.wait_caught_up_to("6").await.unwrap();

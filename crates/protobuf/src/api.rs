@@ -10,7 +10,7 @@ use kube_client::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::transport::{Call, accept, body_bytes, is_protobuf, send};
-use crate::{Error, Kind, ProtobufError, envelope, known};
+use crate::{Error, Kind, envelope, known};
 
 /// Gets, lists and watches one built-in kind in protobuf: kube-client's
 /// `Api<K>` for reading, with the same constructors, parameters, answers
@@ -71,17 +71,17 @@ where
 {
     /// Objects in every namespace, or cluster-scoped ones. An error when
     /// `K`'s protobuf is not known (a custom resource, `DynamicObject`).
-    pub fn all(client: Client) -> Result<Self, ProtobufError> {
+    pub fn all(client: Client) -> Result<Self, Error> {
         Self::all_with(client, &K::DynamicType::default())
     }
 
     /// Objects in `namespace`.
-    pub fn namespaced(client: Client, namespace: &str) -> Result<Self, ProtobufError> {
+    pub fn namespaced(client: Client, namespace: &str) -> Result<Self, Error> {
         Self::namespaced_with(client, namespace, &K::DynamicType::default())
     }
 
     /// Objects in the client's default namespace.
-    pub fn default_namespaced(client: Client) -> Result<Self, ProtobufError> {
+    pub fn default_namespaced(client: Client) -> Result<Self, Error> {
         let namespace = client.default_namespace().to_owned();
         Self::namespaced(client, &namespace)
     }
@@ -93,7 +93,7 @@ where
 {
     /// Objects of the kind `dyntype` names in every namespace, or
     /// cluster-scoped ones.
-    pub fn all_with(client: Client, dyntype: &K::DynamicType) -> Result<Self, ProtobufError> {
+    pub fn all_with(client: Client, dyntype: &K::DynamicType) -> Result<Self, Error> {
         Self::new(client, None, dyntype)
     }
 
@@ -102,7 +102,7 @@ where
         client: Client,
         namespace: &str,
         dyntype: &K::DynamicType,
-    ) -> Result<Self, ProtobufError> {
+    ) -> Result<Self, Error> {
         Self::new(client, Some(namespace), dyntype)
     }
 
@@ -110,7 +110,7 @@ where
         client: Client,
         namespace: Option<&str>,
         dyntype: &K::DynamicType,
-    ) -> Result<Self, ProtobufError> {
+    ) -> Result<Self, Error> {
         Ok(Self {
             kind: known::<K>(dyntype)?,
             request: Request::new(K::url_path(dyntype, namespace)),
@@ -240,7 +240,7 @@ fn expect_protobuf<B>(response: &http::Response<B>) -> Result<(), Error> {
         .get(http::header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_else(|| "no Content-Type".into());
-    Err(Error::Decode(ProtobufError::new(format!(
+    Err(Error::decode(format!(
         "asked for protobuf, the server answered {got}"
-    ))))
+    )))
 }

@@ -43,17 +43,18 @@ use super::generated::{MAPS, MESSAGES};
 use super::schema::{Field, INLINE, Message, OMITEMPTY, OMITZERO, POINTER, REPEATED, Ty};
 
 /// Protobuf bytes that do not decode into the object they should be, or a
-/// type whose protobuf kinformer does not know.
+/// type whose protobuf kinformer does not know: the deserializer's error,
+/// an [`Error::Decode`](crate::Error::Decode) once out of the crate.
 ///
 /// Its `source()` is the `serde_json::Error` when JSON embedded in the
 /// protobuf (a custom resource's schema, a `RawExtension`) did not decode.
-#[derive(Debug, Clone)]
-pub struct ProtobufError {
+#[derive(Debug)]
+pub(crate) struct DecodeError {
     message: String,
-    json: Option<std::sync::Arc<serde_json::Error>>,
+    json: Option<serde_json::Error>,
 }
 
-impl ProtobufError {
+impl DecodeError {
     pub(crate) fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
@@ -61,45 +62,60 @@ impl ProtobufError {
         }
     }
 
-    /// The message alone, without the type.
-    pub fn message(&self) -> &str {
+    /// The message alone.
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The message and, when embedded JSON failed, serde's error.
+    pub(crate) fn into_parts(self) -> (String, Option<serde_json::Error>) {
+        (self.message, self.json)
+    }
+
+    /// The message, then its cause's (for an [`Undecodable`](crate::Undecodable),
+    /// which keeps text only).
+    pub(crate) fn with_cause(&self) -> String {
+        match &self.json {
+            Some(json) => format!("{}: {json}", self.message),
+            None => self.message.clone(),
+        }
     }
 }
 
 /// Two errors are equal when they say the same.
-impl PartialEq for ProtobufError {
+impl PartialEq for DecodeError {
     fn eq(&self, other: &Self) -> bool {
         self.message == other.message
     }
 }
 
-impl Eq for ProtobufError {}
+impl Eq for DecodeError {}
 
-impl fmt::Display for ProtobufError {
+impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for ProtobufError {
+impl std::error::Error for DecodeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.json
-            .as_deref()
+            .as_ref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
-impl de::Error for ProtobufError {
+impl de::Error for DecodeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
         Self::new(msg.to_string())
     }
 }
 
-type Result<T, E = ProtobufError> = std::result::Result<T, E>;
+type Result<T, E = DecodeError> = std::result::Result<T, E>;
 
 fn err<T>(what: impl fmt::Display) -> Result<T> {
-    Err(ProtobufError::new(what.to_string()))
+    Err(DecodeError::new(what.to_string()))
 }
 
 /// One field occurrence as found in the bytes.
@@ -503,7 +519,7 @@ fn raw_json_empty(ty: Ty, message: &[u8]) -> bool {
 }
 
 impl<'de> MapAccess<'de> for MessageAccess<'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
         if let Some((key, value)) = self.type_meta.pop() {
@@ -575,7 +591,7 @@ impl<'de> MapAccess<'de> for MessageAccess<'de> {
 }
 
 impl<'de> de::Deserializer<'de> for MessageDe<'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         let mut access = MessageAccess::new(self.message, self.bytes, 0)?;
@@ -613,7 +629,7 @@ struct SeqDe<'a, 'de> {
 }
 
 impl<'de> de::Deserializer<'de> for SeqDe<'_, 'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         let packed = !matches!(
@@ -674,7 +690,7 @@ struct Elements<'de> {
 }
 
 impl<'de> SeqAccess<'de> for Elements<'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
         match self.elements.next() {
@@ -702,7 +718,7 @@ struct MapDe<'a, 'de> {
 }
 
 impl<'de> de::Deserializer<'de> for MapDe<'_, 'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         charge((self.entries.len() * size_of::<(Raw<'_>, Raw<'_>)>()) as u64)?;
@@ -760,7 +776,7 @@ struct Pairs<'de> {
 }
 
 impl<'de> MapAccess<'de> for Pairs<'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
         let Some((key, value)) = self.pairs.next() else {
@@ -856,7 +872,7 @@ fn visit_text<'de, V: Visitor<'de>>(bytes: &'de [u8], visitor: V) -> Result<V::V
 }
 
 impl<'de> de::Deserializer<'de> for ValueDe<'de> {
-    type Error = ProtobufError;
+    type Error = DecodeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         match self.ty {
@@ -926,9 +942,9 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
                 }
                 // A JSON value in memory is a few times its text.
                 charge(json.len() as u64 * 4)?;
-                let embedded = |e: serde_json::Error| ProtobufError {
-                    message: format!("embedded JSON: {e}"),
-                    json: Some(std::sync::Arc::new(e)),
+                let embedded = |e: serde_json::Error| DecodeError {
+                    message: "embedded JSON".to_owned(),
+                    json: Some(e),
                 };
                 if DEEP_STACK.get() {
                     crate::deep::nesting(json).map_err(embedded)?;
@@ -974,7 +990,7 @@ impl<'de> de::Deserializer<'de> for ValueDe<'de> {
         match self.ty {
             Ty::String => {
                 let text = go_lossy_utf8(self.bytes()?).into_owned();
-                visitor.visit_enum(IntoDeserializer::<ProtobufError>::into_deserializer(text))
+                visitor.visit_enum(IntoDeserializer::<DecodeError>::into_deserializer(text))
             }
             _ => self.deserialize_any(visitor),
         }
@@ -1233,9 +1249,14 @@ mod tests {
         let bytes = [ld(5, b"array"), ld(8, &ld(1, b"[1,"))].concat();
         let message = message_named(SCHEMA).unwrap();
         let e = from_message::<JSONSchemaProps>(message, &bytes).unwrap_err();
-        assert!(e.message().contains("embedded JSON"), "{e}");
+        assert_eq!(e.message(), "embedded JSON");
         let source = e.source().expect("the JSON error is the source");
         assert!(source.is::<serde_json::Error>(), "{source:?}");
+        // Said once: in the source, not in the message.
+        let error = crate::Error::from(e);
+        assert_eq!(error.to_string(), "undecodable protobuf: embedded JSON");
+        let json = error.source().expect("the JSON error is still the source");
+        assert!(json.is::<serde_json::Error>(), "{json:?}");
     }
 
     #[test]

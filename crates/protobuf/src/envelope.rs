@@ -6,7 +6,7 @@ use k8s_openapi::DeepMerge;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::de::DeserializeOwned;
 
-use super::decode::{Fields, ProtobufError, Raw, from_message, from_typed_object, go_lossy_utf8};
+use super::decode::{DecodeError, Fields, Raw, from_message, from_typed_object, go_lossy_utf8};
 use super::generated::{KINDS, MESSAGES};
 use super::schema::{Kind, Ty};
 
@@ -16,10 +16,10 @@ pub(crate) const MAGIC: &[u8; 4] = b"k8s\0";
 /// The media type of Kubernetes protobuf bodies.
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
-type Result<T> = std::result::Result<T, ProtobufError>;
+type Result<T> = std::result::Result<T, DecodeError>;
 
 fn err<T>(what: impl std::fmt::Display) -> Result<T> {
-    Err(ProtobufError::new(what.to_string()))
+    Err(DecodeError::new(what.to_string()))
 }
 
 /// `runtime.Unknown`: an encoded object and what it is.
@@ -192,7 +192,7 @@ pub(crate) fn list<K: DeserializeOwned>(
             }
             (2, Raw::Bytes(item)) => items.push(
                 from_typed_object(item_message, item, drop_managed_fields, type_meta(expected))
-                    .map_err(|e| crate::Undecodable::new(object_key(item), e)),
+                    .map_err(|e| crate::Undecodable::new(object_key(item), e.with_cause())),
             ),
             _ => {}
         }

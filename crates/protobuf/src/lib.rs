@@ -68,7 +68,7 @@ use kube_client::Resource;
 use serde::de::DeserializeOwned;
 
 pub use api::ProtobufApi;
-pub use decode::{MAX_DECODED_BYTES, MAX_NESTING, ProtobufError};
+pub use decode::{MAX_DECODED_BYTES, MAX_NESTING};
 pub use envelope::MEDIA_TYPE;
 pub use error::{Error, Undecodable};
 pub use schema::Kind;
@@ -95,9 +95,9 @@ fn is_dynamic_object<K: 'static>() -> bool {
 /// [`kind_of`], or an error that says why `K` has no protobuf.
 pub(crate) fn known<K: Resource + 'static>(
     dyntype: &K::DynamicType,
-) -> Result<&'static Kind, ProtobufError> {
+) -> Result<&'static Kind, Error> {
     if is_dynamic_object::<K>() {
-        return Err(ProtobufError::new(format!(
+        return Err(Error::decode(format!(
             "DynamicObject ({} {}) is decoded from JSON only: decode protobuf into the \
              k8s-openapi type of the kind",
             K::api_version(dyntype),
@@ -105,7 +105,7 @@ pub(crate) fn known<K: Resource + 'static>(
         )));
     }
     kind_of::<K>(dyntype).ok_or_else(|| {
-        ProtobufError::new(format!(
+        Error::decode(format!(
             "{} {} is not a built-in kind whose protobuf is known (custom \
              resources travel as JSON)",
             K::api_version(dyntype),
@@ -122,9 +122,13 @@ pub fn decode<K: Resource + DeserializeOwned + 'static>(
     body: &[u8],
     dyntype: &K::DynamicType,
     drop_managed_fields: bool,
-) -> Result<K, ProtobufError> {
+) -> Result<K, Error> {
     let kind = known::<K>(dyntype)?;
-    envelope::object(&envelope::unknown(body)?, kind, drop_managed_fields)
+    Ok(envelope::object(
+        &envelope::unknown(body)?,
+        kind,
+        drop_managed_fields,
+    )?)
 }
 
 /// A `<Kind>List` decoded from protobuf: its metadata, and its items, each
@@ -155,7 +159,7 @@ pub fn decode_list<K: Resource + DeserializeOwned + 'static>(
     body: &[u8],
     dyntype: &K::DynamicType,
     drop_managed_fields: bool,
-) -> Result<ProtobufList<K>, ProtobufError> {
+) -> Result<ProtobufList<K>, Error> {
     decode_list_of(body, known::<K>(dyntype)?, drop_managed_fields)
 }
 
@@ -164,8 +168,8 @@ pub fn decode_list_of<K: DeserializeOwned>(
     body: &[u8],
     kind: &Kind,
     drop_managed_fields: bool,
-) -> Result<ProtobufList<K>, ProtobufError> {
-    envelope::list::<K>(body, kind, drop_managed_fields)
+) -> Result<ProtobufList<K>, Error> {
+    Ok(envelope::list::<K>(body, kind, drop_managed_fields)?)
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use kube_client::client::Body;
 use kube_client::{Client, Resource};
 
+use crate::Error;
 use crate::envelope::{self, MEDIA_TYPE};
-use crate::{Error, ProtobufError};
 
 /// What a request does, for its `Accept` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +110,8 @@ pub async fn body_bytes(response: http::Response<Body>) -> Result<bytes::Bytes, 
 
 /// Decodes a `meta/v1 Status` body in protobuf: what the server sends for
 /// a failed call.
-pub fn decode_status(body: &[u8]) -> Result<kube_client::core::Status, ProtobufError> {
-    envelope::status(&envelope::unknown(body)?)
+pub fn decode_status(body: &[u8]) -> Result<kube_client::core::Status, Error> {
+    Ok(envelope::status(&envelope::unknown(body)?)?)
 }
 
 #[cfg(test)]

@@ -61,9 +61,9 @@ where
             }
             let len = u32::from_be_bytes(len) as usize;
             if len > MAX_FRAME {
-                let e = Error::Decode(crate::ProtobufError::new(format!(
+                let e = Error::decode(format!(
                     "a watch frame of {len} bytes, over the {MAX_FRAME} byte limit"
-                )));
+                ));
                 return Some((Err(e), None));
             }
             frame.resize(len, 0);
@@ -128,7 +128,8 @@ pub fn decode_event<K: Resource + DeserializeOwned>(
     let event = envelope::event(frame)?;
     let object = |event: &envelope::Event<'_>| {
         envelope::object::<K>(&event.object, kind, drop_managed_fields).map_err(|e| {
-            Error::Undecodable(Undecodable::new(envelope::object_key(event.object.raw), e))
+            let key = envelope::object_key(event.object.raw);
+            Error::Undecodable(Undecodable::new(key, e.with_cause()))
         })
     };
     Ok(match event.type_ {
@@ -154,9 +155,9 @@ pub fn decode_event<K: Resource + DeserializeOwned>(
             return Err(Error::Kube(kube_client::Error::Api(Box::new(status))));
         }
         other => {
-            return Err(Error::Decode(crate::ProtobufError::new(format!(
+            return Err(Error::decode(format!(
                 "a watch event of unknown type {other:?}"
-            ))));
+            )));
         }
     })
 }

@@ -32,7 +32,7 @@ pub enum KeyError {
 /// other index stays complete; the error says which object is missing from
 /// which index.
 #[derive(Debug, Error)]
-#[error("index function {index:?} failed for object {key:?}: {source}")]
+#[error("index function {index:?} failed for object {key:?}")]
 pub struct IndexError {
     /// The index whose function failed.
     pub index: String,
@@ -72,16 +72,58 @@ pub enum StoreError {
     Unindexed(Vec<IndexError>),
 }
 
+/// The first failures, each with its cause: a list has no `source()`, so
+/// each is said whole.
 fn join(errors: &[IndexError]) -> String {
     const SHOWN: usize = 3;
     let mut s = errors
         .iter()
         .take(SHOWN)
-        .map(ToString::to_string)
+        .map(|e| format!("{e}: {}", e.source))
         .collect::<Vec<_>>()
         .join("; ");
     if errors.len() > SHOWN {
         s.push_str(&format!("; and {} more", errors.len() - SHOWN));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    fn failed(key: &str) -> IndexError {
+        IndexError {
+            index: "by-owner".into(),
+            key: key.into(),
+            source: "no owner reference".into(),
+        }
+    }
+
+    #[test]
+    fn an_index_error_names_the_index_and_key_and_its_cause_is_its_source() {
+        let e = failed("web/a");
+        assert_eq!(
+            e.to_string(),
+            "index function \"by-owner\" failed for object \"web/a\""
+        );
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("no owner reference")
+        );
+    }
+
+    #[test]
+    fn unindexed_says_each_failure_with_its_cause_once() {
+        let e = StoreError::Unindexed(vec![failed("web/a"), failed("web/b")]);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("stored, but 2 index function call(s) failed: "),
+            "{text}"
+        );
+        assert_eq!(text.matches("no owner reference").count(), 2, "{text}");
+        assert!(text.contains("\"web/a\": no owner reference; "), "{text}");
+    }
 }

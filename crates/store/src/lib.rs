@@ -5,7 +5,9 @@
 //! that implements [`Object`] (every k8s-openapi resource does), always as
 //! `Arc<K>`, so the objects a cache hands out are shared and immutable by type.
 //!
-//! - [`meta_namespace_key`] turns an object into its `namespace/name` key and
+//! - [`ObjectKey`] is an object's namespace and name as one checked value
+//!   (its string form client-go's `namespace/name`);
+//!   [`meta_namespace_key`] turns an object into that string and
 //!   [`split_meta_namespace_key`] takes such a key apart;
 //!   [`deletion_handling_meta_namespace_key`] also accepts the tombstones
 //!   ([`DeletedFinalStateUnknown`]) that a relist produces.
@@ -46,6 +48,7 @@ mod index;
 mod indexer;
 mod key;
 mod object;
+mod object_key;
 mod reader;
 mod resource_version;
 mod thread_safe_store;
@@ -61,6 +64,7 @@ pub use key::{
     split_meta_namespace_key,
 };
 pub use object::{DeletedFinalStateUnknown, Object, ObjectOrTombstone};
+pub use object_key::ObjectKey;
 pub use reader::CacheReader;
 pub use resource_version::{InvalidResourceVersion, compare_resource_version};
 pub use thread_safe_store::{Swapped, ThreadSafeStore, Upserted};

@@ -66,12 +66,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// What can go wrong setting a webhook server up. Requests never make one:
-/// each gets an answer (see [`server`]).
+/// each gets an answer (see [`server`]). Each variant names the file or
+/// address at fault; the cause is its `source()`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebhookError {
     /// A file (the certificate or its key) could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -79,7 +80,7 @@ pub enum WebhookError {
         source: std::io::Error,
     },
     /// A file could not be written.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         /// The file.
         path: PathBuf,
@@ -94,12 +95,15 @@ pub enum WebhookError {
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
+        /// The PEM parser's or rustls's error, when one said why.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// rustls refused the configuration.
-    #[error("TLS setup: {0}")]
-    Tls(String),
+    #[error("rustls refused the TLS configuration")]
+    Tls(#[source] tokio_rustls::rustls::Error),
     /// The server could not listen on its address.
-    #[error("binding the webhook server to {addr}: {source}")]
+    #[error("binding the webhook server to {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -111,7 +115,7 @@ pub enum WebhookError {
     Path(String),
     /// A development certificate could not be made.
     #[cfg(feature = "dev-certs")]
-    #[error("making a development certificate: {0}")]
+    #[error("making a development certificate failed")]
     DevCerts(#[from] rcgen::Error),
 }
 

@@ -83,6 +83,17 @@ impl std::fmt::Debug for CertFiles {
     }
 }
 
+/// `error` and its causes, `a: b: c`, for the log: its `Display` is its
+/// own text only (kinformer-informer's `error_chain`, which this crate
+/// does not depend on).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let causes = std::iter::successors(Some(error), |e| e.source()).take(64);
+    causes
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 /// Reads and checks a certificate chain and its key.
 fn load(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, WebhookError> {
     let read = |path: &Path| {
@@ -94,21 +105,25 @@ fn load(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, WebhookError> {
     let tls = |path: &Path, reason: String| WebhookError::Certificate {
         path: path.to_owned(),
         reason,
+        source: None,
+    };
+    let caused = |path: &Path, reason: String, e| WebhookError::Certificate {
+        path: path.to_owned(),
+        reason,
+        source: Some(e),
     };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
         .collect::<Result<_, _>>()
-        .map_err(|e| tls(cert, format!("not a PEM certificate chain: {e}")))?;
+        .map_err(|e| caused(cert, "is not a PEM certificate chain".into(), Box::new(e)))?;
     if chain.is_empty() {
         return Err(tls(cert, "holds no certificate".into()));
     }
     let private = PrivateKeyDer::from_pem_slice(&read(key)?)
-        .map_err(|e| tls(key, format!("not a PEM private key: {e}")))?;
+        .map_err(|e| caused(key, "is not a PEM private key".into(), Box::new(e)))?;
     let provider = rustls::crypto::ring::default_provider();
     let certified = CertifiedKey::from_der(chain, private, &provider).map_err(|e| {
-        tls(
-            cert,
-            format!("does not go with the key in {}: {e}", key.display()),
-        )
+        let reason = format!("does not go with the key in {}", key.display());
+        caused(cert, reason, Box::new(e))
     })?;
     Ok(Arc::new(certified))
 }
@@ -171,6 +186,7 @@ impl CertFiles {
                 Err(error) => {
                     loaded.failed_at = Some(Instant::now());
                     self.failures.fetch_add(1, Ordering::Relaxed);
+                    let error = error_chain(&error);
                     warn!(%error, "the changed serving certificate does not load; the last good one still serves");
                 }
             }
@@ -183,7 +199,7 @@ impl CertFiles {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| WebhookError::Tls(e.to_string()))?
+            .map_err(WebhookError::Tls)?
             .with_no_client_auth()
             .with_cert_resolver(self);
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -194,5 +210,41 @@ impl CertFiles {
 impl ResolvesServerCert for CertFiles {
     fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_certificate_that_does_not_load_names_its_file_and_its_cause_is_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let missing = CertFiles::new(&cert, &key).unwrap_err();
+        assert_eq!(missing.to_string(), format!("reading {}", cert.display()));
+        let io = missing
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
+
+        std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nnot base64\n").unwrap();
+        let garbled = CertFiles::new(&cert, &key).unwrap_err();
+        let message = garbled.to_string();
+        assert!(
+            message.ends_with("tls.crt is not a PEM certificate chain"),
+            "{message}"
+        );
+        let cause = garbled
+            .source()
+            .expect("the PEM parser's error")
+            .to_string();
+        assert!(!message.contains(&cause), "{message} / {cause}");
+        assert_eq!(error_chain(&garbled), format!("{message}: {cause}"));
     }
 }

@@ -21,7 +21,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// One producer adds `adds` keys (key i % KEYS, so adds > KEYS means
-/// duplicates); two workers get and done until the queue drains.
+/// duplicates); two workers get (and drop the guard: done) until the queue
+/// drains.
 async fn cycle(adds: u64) {
     let q: Queue<u64> = Queue::new();
     let workers: Vec<_> = (0..2)
@@ -29,7 +30,7 @@ async fn cycle(adds: u64) {
             let q = q.clone();
             tokio::spawn(async move {
                 while let Some(k) = q.get().await {
-                    q.done(&k);
+                    drop(k);
                 }
             })
         })

@@ -2,12 +2,13 @@
 
 use std::ops::Deref;
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
+use crate::Taken;
 use crate::queue::{Priority, Queue, QueueConfig, QueueItem, Shared};
+use crate::sync::{Notify, timeout_at};
 
 /// A [`Queue`] that can also add an item after a delay: client-go's
 /// `DelayingInterface`.
@@ -18,8 +19,11 @@ use crate::queue::{Priority, Queue, QueueConfig, QueueItem, Shared};
 /// - Pending items live in one heap; one task sleeps until the earliest is
 ///   ready. Shutdown drops the pending items and stops that task, and so
 ///   does dropping the last handle.
-///
-/// Must be created inside a Tokio runtime (the timer task is spawned on it).
+/// - That task is started by the first `add_after` made on a Tokio
+///   runtime, or else by the first [`get`](Self::get), on that runtime: the
+///   queue can be made anywhere (no runtime needed, none picked up by its
+///   constructor). An item added after a delay from outside a runtime
+///   before any `get` is queued at the first `get` if its delay has passed.
 pub struct DelayingQueue<T> {
     queue: Queue<T>,
 }
@@ -53,21 +57,14 @@ impl<T: QueueItem> Default for DelayingQueue<T> {
 
 impl<T: QueueItem> DelayingQueue<T> {
     /// An unnamed delaying queue without metrics.
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime.
     pub fn new() -> Self {
         Self::with_config(QueueConfig::default())
     }
 
     /// A delaying queue built from `config`.
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime.
     pub fn with_config(config: QueueConfig) -> Self {
         let queue = Queue::with_config(config);
-        let wake = Arc::clone(&queue.shared.delay_changed);
-        tokio::spawn(waiting_loop(Arc::downgrade(&queue.shared), wake));
+        queue.shared.delaying.store(true, Ordering::Relaxed);
         Self { queue }
     }
 
@@ -86,6 +83,13 @@ impl<T: QueueItem> DelayingQueue<T> {
         self.queue.add_after_locked(item, delay, priority);
     }
 
+    /// [`Queue::get`], with a guard that can also
+    /// [`requeue_after`](Taken::requeue_after).
+    pub async fn get(&self) -> Option<Taken<T, Self>> {
+        let (item, priority) = self.queue.take().await?;
+        Some(Taken::new(self.clone(), item, priority))
+    }
+
     /// The number of items waiting for their delay to pass.
     pub fn waiting_len(&self) -> usize {
         self.queue.shared.state.lock().waiting.len()
@@ -99,7 +103,7 @@ impl<T: QueueItem> DelayingQueue<T> {
 
 /// Moves ready items into the queue and sleeps until the next one is due.
 /// Holds the queue only weakly, so dropping every handle ends it.
-async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) {
+pub(crate) async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) {
     loop {
         let mut notified = pin!(wake.notified());
         notified.as_mut().enable();
@@ -131,7 +135,7 @@ async fn waiting_loop<T: QueueItem>(shared: Weak<Shared<T>>, wake: Arc<Notify>) 
         };
         match next {
             Some(deadline) => {
-                let _ = tokio::time::timeout_at(deadline, notified).await;
+                let _ = timeout_at(deadline, notified).await;
             }
             None => notified.await,
         }

@@ -35,7 +35,8 @@ pub trait HistogramMetric: Send + Sync {
 pub trait MetricsProvider: Send + Sync {
     /// Current number of queued (not yet taken) items, always equal to the
     /// queue's `len()`. An item added again while it is processed counts
-    /// once `done` queues it again; client-go counts it at the add already.
+    /// once its guard drops and queues it again; client-go counts it at the
+    /// add already.
     fn new_depth_metric(&self, name: &str) -> Box<dyn GaugeMetric>;
     /// Items added (duplicates of a queued item excluded).
     fn new_adds_metric(&self, name: &str) -> Box<dyn CounterMetric>;

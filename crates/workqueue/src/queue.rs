@@ -17,9 +17,15 @@
 //! look at that front.
 //!
 //! Waiting uses tokio `Notify`: a getter registers (`enable`) before looking
-//! at the queue, and every push notifies one getter, so no wake-up is lost
-//! between the check and the wait. A notified getter whose future is dropped
-//! passes the wake-up on (tokio's `notify_one` guarantee).
+//! at the queue, and every push notifies one getter if any is counted in
+//! `getters_waiting`, so no wake-up is lost between the check and the wait.
+//! The getter counts itself in the critical section that found nothing to
+//! take (counted later, an add in between would not notify), and registers
+//! before, not after (two adds to getters not yet registered store a
+//! single permit between them). A notified getter whose future is dropped
+//! passes the wake-up on (tokio's `notify_one` guarantee). `tests/model.rs`
+//! checks this protocol under loom, in every interleaving of a few threads
+//! (the primitives are swapped in `sync`).
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -27,15 +33,16 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::pin::pin;
+use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::MetricsProvider;
+use crate::Taken;
 use crate::metrics::QueueMetrics;
+use crate::sync::{AtomicBool, Handle, Mutex, Notify};
 
 pub(crate) type Hasher = foldhash::fast::RandomState;
 
@@ -141,8 +148,8 @@ impl QueueConfig {
 ///
 /// - An item added while it is queued is not queued twice.
 /// - An item is handed to at most one worker at a time: while a worker holds
-///   it (between [`get`](Self::get) and [`done`](Self::done)), adds only mark
-///   it dirty, and `done` queues it again.
+///   it (from [`get`](Self::get) until its [`Taken`] guard drops), adds
+///   only mark it dirty, and it is queued again when the guard drops.
 /// - After [`shut_down`](Self::shut_down), adds are ignored and `get` hands
 ///   out what is still queued, then returns `None`.
 /// - Items are taken by [`Priority`], in add order within one. Adding a
@@ -157,7 +164,7 @@ impl QueueConfig {
 ///   is therefore taken within `A + 2(n + 1)/R` of entering the queue, `R`
 ///   being the rate at which the workers take items, however many `High`
 ///   items keep arriving. (An item added while it is processed enters the
-///   queue at `done`.)
+///   queue when its guard drops.)
 /// - Queue duration by priority (a [`MetricsProvider`]'s
 ///   `new_latency_by_priority_metric`) is the time an item waited at each
 ///   priority. A raised item reports its wait at `Low` as `Low`'s when it
@@ -202,6 +209,11 @@ pub(crate) struct Shared<T> {
     drained: Notify,
     /// Wakes the delaying loop: a new earliest deadline, a shutdown, or a drop.
     pub(crate) delay_changed: Arc<Notify>,
+    /// A `DelayingQueue`'s: its timer task is wanted.
+    pub(crate) delaying: AtomicBool,
+    /// The background tasks (timer, metrics) were started: see
+    /// `start_background`.
+    started: AtomicBool,
     pub(crate) metrics: Option<QueueMetrics>,
 }
 
@@ -304,8 +316,7 @@ impl<T: QueueItem> Queue<T> {
             .metrics_provider
             .as_deref()
             .map(|p| QueueMetrics::new(p, &config.name));
-        let has_metrics = metrics.is_some();
-        let queue = Self {
+        Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     high: VecDeque::new(),
@@ -327,13 +338,11 @@ impl<T: QueueItem> Queue<T> {
                 item_ready: Notify::new(),
                 drained: Notify::new(),
                 delay_changed: Arc::new(Notify::new()),
+                delaying: AtomicBool::new(false),
+                started: AtomicBool::new(false),
                 metrics,
             }),
-        };
-        if has_metrics && let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(unfinished_work_loop(Arc::downgrade(&queue.shared)));
         }
-        queue
     }
 
     /// Marks `item` as needing processing, at [`Priority::High`]. Ignored
@@ -361,14 +370,18 @@ impl<T: QueueItem> Queue<T> {
     }
 
     /// Waits for an item and takes it for processing; `None` once the queue
-    /// is shut down and empty. Call [`done`](Self::done) when finished.
-    pub async fn get(&self) -> Option<T> {
-        self.get_with_priority().await.map(|(item, _)| item)
+    /// is shut down and empty. The item is done when the returned guard
+    /// drops (see [`Taken`]).
+    pub async fn get(&self) -> Option<Taken<T>> {
+        let (item, priority) = self.take().await?;
+        Some(Taken::new(self.clone(), item, priority))
     }
 
-    /// [`get`](Self::get), with the priority the item was queued at (a
-    /// worker that retries it can keep that priority).
-    pub async fn get_with_priority(&self) -> Option<(T, Priority)> {
+    /// Waits for an item and marks it processing: the item and the priority
+    /// it was queued at. Its guard (made by the `get` of the layer asked)
+    /// calls `done`.
+    pub(crate) async fn take(&self) -> Option<(T, Priority)> {
+        self.shared.start_background();
         loop {
             // Fast path: an item is ready, no registration with the Notify.
             if let Some(taken) = self.try_take() {
@@ -395,9 +408,9 @@ impl<T: QueueItem> Queue<T> {
         self.shared.take_locked(&mut state)
     }
 
-    /// Marks `item` as done. If it was added again while being processed,
-    /// it is queued again now.
-    pub fn done(&self, item: &T) {
+    /// Marks `item` as done (its [`Taken`] guard dropped). If it was added
+    /// again while being processed, it is queued again now.
+    pub(crate) fn done(&self, item: &T) {
         let mut state = self.shared.state.lock();
         let Some(entry) = state.items.get_mut(item) else {
             return;
@@ -455,7 +468,7 @@ impl<T: QueueItem> Queue<T> {
 
     /// Stops the queue like [`shut_down`](Self::shut_down), then waits until
     /// every queued item has been taken and every taken item is
-    /// [`done`](Self::done). A concurrent `shut_down` ends the wait.
+    /// done. A concurrent `shut_down` ends the wait.
     ///
     /// Workers must keep calling `get` for the queue to drain; bound the wait
     /// with `tokio::time::timeout` if they might not.
@@ -499,6 +512,7 @@ impl<T: QueueItem> Queue<T> {
     /// Queues `item` at `priority` once `delay` has passed; see
     /// `DelayingQueue::add_after`.
     pub(crate) fn add_after_locked(&self, item: T, delay: Duration, priority: Priority) {
+        self.shared.start_background();
         let mut state = self.shared.state.lock();
         if state.shutting_down {
             return;
@@ -642,6 +656,35 @@ impl<T> State<T> {
 }
 
 impl<T: QueueItem> Shared<T> {
+    /// Starts the timer task of a `DelayingQueue` and the metrics task of
+    /// a queue with metrics, once, on the runtime of the first `add_after`
+    /// made on one, or else of the first `get`: no constructor spawns, so a
+    /// queue can be made anywhere, and its tasks run where it is used.
+    pub(crate) fn start_background(self: &Arc<Self>) {
+        if self.started.load(AtomicOrdering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = Handle::try_current() else {
+            return;
+        };
+        if self.started.swap(true, AtomicOrdering::AcqRel) {
+            return;
+        }
+        if self.delaying.load(AtomicOrdering::Relaxed) {
+            let (shared, wake) = (Arc::downgrade(self), Arc::clone(&self.delay_changed));
+            // Made out here: a task dropped before it is first polled drops
+            // what it captured, not what its body would have made.
+            let restart = Restart(shared.clone());
+            runtime.spawn(async move {
+                let _restart = restart;
+                crate::delaying::waiting_loop(shared, wake).await;
+            });
+        }
+        if self.metrics.is_some() {
+            runtime.spawn(unfinished_work_loop(Arc::downgrade(self)));
+        }
+    }
+
     pub(crate) fn add_locked(&self, state: &mut State<T>, item: T, priority: Priority) {
         let metrics = self.metrics.as_ref();
         // One hash lookup, and no clone of an item that is already dirty.
@@ -771,6 +814,22 @@ impl<T: QueueItem> Shared<T> {
         };
         m.unfinished_work.set(total);
         m.longest_running.set(longest);
+    }
+}
+
+/// Lets the next `add_after` or `get` start the timer again if its task
+/// ends while the queue still runs: dropped unrun or cut short, its runtime
+/// shut down (a test's, a short-lived one), delayed items would otherwise
+/// never be queued.
+struct Restart<T>(Weak<Shared<T>>);
+
+impl<T> Drop for Restart<T> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade()
+            && !shared.state.lock().is_shutting_down()
+        {
+            shared.started.store(false, AtomicOrdering::Release);
+        }
     }
 }
 

@@ -3,16 +3,15 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::{DelayingQueue, Priority, QueueConfig, QueueItem, RateLimiter};
+use crate::{DelayingQueue, Priority, QueueConfig, QueueItem, RateLimiter, Taken};
 
 /// A [`DelayingQueue`] with per-item retry delays: client-go's
 /// `RateLimitingInterface`.
 ///
-/// A worker that fails on an item calls [`add_rate_limited`](Self::add_rate_limited)
-/// (the item comes back after the limiter's delay); one that succeeds calls
-/// [`forget`](Self::forget) so the next failure starts from the shortest delay.
-///
-/// Must be created inside a Tokio runtime.
+/// A worker that fails on an item [`retry`](Taken::retry)s it (the item
+/// comes back after the limiter's delay); one that succeeds
+/// [`forget`](Taken::forget)s it so the next failure starts from the
+/// shortest delay. Both consume the guard [`get`](Self::get) handed out.
 pub struct RateLimitingQueue<T> {
     queue: DelayingQueue<T>,
     limiter: Arc<dyn RateLimiter<T>>,
@@ -42,22 +41,24 @@ impl<T> Deref for RateLimitingQueue<T> {
 
 impl<T: QueueItem> RateLimitingQueue<T> {
     /// An unnamed queue without metrics, retrying as `limiter` says.
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime.
     pub fn new(limiter: impl RateLimiter<T> + 'static) -> Self {
         Self::with_config(limiter, QueueConfig::default())
     }
 
     /// A queue built from `config`, retrying as `limiter` says.
-    ///
-    /// # Panics
-    /// Outside a Tokio runtime.
     pub fn with_config(limiter: impl RateLimiter<T> + 'static, config: QueueConfig) -> Self {
         Self {
             queue: DelayingQueue::with_config(config),
             limiter: Arc::new(limiter),
         }
+    }
+
+    /// [`Queue::get`](crate::Queue::get), with a guard that can also
+    /// [`forget`](Taken::forget), [`retry`](Taken::retry) and
+    /// [`requeue_after`](Taken::requeue_after).
+    pub async fn get(&self) -> Option<Taken<T, Self>> {
+        let (item, priority) = self.queue.queue().take().await?;
+        Some(Taken::new(self.clone(), item, priority))
     }
 
     /// Adds `item` back after the delay the rate limiter gives for it now.

@@ -8,16 +8,24 @@ use std::time::Duration;
 
 use kinformer_workqueue::{
     CounterMetric, DelayingQueue, GaugeMetric, HistogramMetric, ItemExponentialFailureRateLimiter,
-    MetricsProvider, Priority, Queue, QueueConfig, RateLimitingQueue, SettableGaugeMetric,
+    MetricsProvider, Priority, Queue, QueueConfig, QueueItem, RateLimitingQueue,
+    SettableGaugeMetric, Taken,
 };
 use parking_lot::Mutex;
 use tokio::time::{Instant, sleep, timeout};
 
-async fn take<T: kinformer_workqueue::QueueItem>(q: &Queue<T>) -> (T, Priority) {
-    timeout(Duration::from_secs(3600), q.get_with_priority())
+/// The next item's guard, failing the test if none comes within an hour.
+async fn take<T: QueueItem>(q: &Queue<T>) -> Taken<T> {
+    timeout(Duration::from_secs(3600), q.get())
         .await
         .expect("get timed out")
         .expect("the queue was shut down")
+}
+
+/// [`take`], done at once: the item and the priority it was queued at.
+async fn take_done<T: QueueItem>(q: &Queue<T>) -> (T, Priority) {
+    let taken = take(q).await;
+    (taken.item().clone(), taken.priority())
 }
 
 #[tokio::test(start_paused = true)]
@@ -31,9 +39,7 @@ async fn high_items_go_first_and_each_priority_keeps_its_add_order() {
     assert_eq!((q.len_at(Priority::High), q.len_at(Priority::Low)), (2, 2));
     let mut order = Vec::new();
     for _ in 0..4 {
-        let (item, p) = take(&q).await;
-        order.push((item, p));
-        q.done(&item);
+        order.push(take_done(&q).await);
     }
     assert_eq!(
         order,
@@ -61,9 +67,7 @@ async fn a_high_add_raises_a_queued_low_item_and_a_low_add_never_lowers_one() {
     assert_eq!((q.len_at(Priority::High), q.len_at(Priority::Low)), (2, 1));
     let mut order = Vec::new();
     for _ in 0..3 {
-        let (item, p) = take(&q).await;
-        order.push((item, p));
-        q.done(&item);
+        order.push(take_done(&q).await);
     }
     assert_eq!(
         order,
@@ -76,21 +80,21 @@ async fn a_high_add_raises_a_queued_low_item_and_a_low_add_never_lowers_one() {
     // The stale slot a left behind in the Low FIFO hands nothing out.
     assert_eq!(q.len(), 0);
     q.shut_down();
-    assert_eq!(q.get().await, None);
+    assert!(q.get().await.is_none());
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_item_added_while_processed_comes_back_at_the_highest_priority_added_meanwhile() {
     let q = Queue::new();
     q.add_with_priority("x", Priority::Low);
-    let (x, _) = take(&q).await;
+    let x = take(&q).await;
     q.add_with_priority("x", Priority::Low);
     q.add("x");
     q.add_with_priority("y", Priority::Low);
     q.add_with_priority("x", Priority::Low);
-    q.done(&x);
-    assert_eq!(take(&q).await, ("x", Priority::High));
-    assert_eq!(take(&q).await, ("y", Priority::Low));
+    drop(x);
+    assert_eq!(take_done(&q).await, ("x", Priority::High));
+    assert_eq!(take_done(&q).await, ("y", Priority::Low));
 }
 
 #[tokio::test(start_paused = true)]
@@ -99,15 +103,15 @@ async fn delayed_and_rate_limited_adds_are_queued_at_the_priority_they_were_give
     q.add_after_with_priority("later", Duration::from_secs(1), Priority::Low);
     q.add_after("soon", Duration::from_secs(1));
     sleep(Duration::from_secs(2)).await;
-    assert_eq!(take(&q).await, ("soon", Priority::High));
-    assert_eq!(take(&q).await, ("later", Priority::Low));
+    assert_eq!(take_done(&q).await, ("soon", Priority::High));
+    assert_eq!(take_done(&q).await, ("later", Priority::Low));
 
     // A waiting item keeps its earlier ready time at the higher priority.
     q.add_after_with_priority("w", Duration::from_secs(1), Priority::Low);
     q.add_after_with_priority("w", Duration::from_secs(5), Priority::High);
     q.add_with_priority("other", Priority::Low);
     sleep(Duration::from_millis(1500)).await;
-    assert_eq!(take(&q).await, ("w", Priority::High));
+    assert_eq!(take_done(&q).await, ("w", Priority::High));
 
     let rl = RateLimitingQueue::new(ItemExponentialFailureRateLimiter::new(
         Duration::from_millis(5),
@@ -116,8 +120,8 @@ async fn delayed_and_rate_limited_adds_are_queued_at_the_priority_they_were_give
     rl.add_with_priority("first", Priority::High);
     rl.add_rate_limited_with_priority("retry", Priority::Low);
     sleep(Duration::from_millis(10)).await;
-    assert_eq!(take(&rl).await, ("first", Priority::High));
-    assert_eq!(take(&rl).await, ("retry", Priority::Low));
+    assert_eq!(take_done(&rl).await, ("first", Priority::High));
+    assert_eq!(take_done(&rl).await, ("retry", Priority::Low));
 }
 
 /// One worker takes an item, reconciles it for `work`, and adds two new
@@ -137,16 +141,16 @@ async fn overloaded(aging: Duration, lows: usize, work: Duration, max_takes: usi
         if waited.iter().all(Option::is_some) {
             break;
         }
-        let (item, p) = take(&q).await;
-        match p {
+        let taken = take(&q).await;
+        match taken.priority() {
             Priority::Low => {
-                let i: usize = item["low-".len()..].parse().unwrap();
+                let i: usize = taken.item()["low-".len()..].parse().unwrap();
                 waited[i] = Some(start.elapsed());
             }
             Priority::High => highs += 1,
         }
         sleep(work).await;
-        q.done(&item);
+        drop(taken);
         for _ in 0..2 {
             q.add(format!("high-{next_high}"));
             next_high += 1;
@@ -286,8 +290,7 @@ async fn depth_and_latency_are_reported_by_priority() {
     assert_eq!(rec.lock().latency[0], [0.0]);
     sleep(Duration::from_secs(1)).await;
     for _ in 0..3 {
-        let (item, _) = take(&q).await;
-        q.done(&item);
+        take_done(&q).await;
     }
     let r = rec.lock();
     assert_eq!(r.depth, [0, 0]);
@@ -306,8 +309,8 @@ async fn a_raised_key_reports_high_queue_duration_from_the_raise_and_its_low_wai
     sleep(Duration::from_secs(600)).await;
     q.add("backlog");
     sleep(Duration::from_secs(1)).await;
-    let (item, p) = take(&q).await;
-    assert_eq!((item, p), ("backlog", Priority::High));
+    let backlog = take(&q).await;
+    assert_eq!((*backlog, backlog.priority()), ("backlog", Priority::High));
     {
         let r = rec.lock();
         assert_eq!(r.latency[1], [1.0], "high: from the raise");
@@ -315,14 +318,14 @@ async fn a_raised_key_reports_high_queue_duration_from_the_raise_and_its_low_wai
         assert_eq!(r.total_latency, [601.0], "in all: from the first add");
     }
 
-    // Added at Low while processed, raised 10 s later, queued at `done` 1 s
-    // after that: the same split.
+    // Added at Low while processed, raised 10 s later, queued when its
+    // guard drops 1 s after that: the same split.
     q.add_with_priority("backlog", Priority::Low);
     sleep(Duration::from_secs(10)).await;
     q.add("backlog");
     sleep(Duration::from_secs(1)).await;
-    q.done(&item);
-    assert_eq!(take(&q).await, ("backlog", Priority::High));
+    drop(backlog);
+    assert_eq!(take_done(&q).await, ("backlog", Priority::High));
     let r = rec.lock();
     assert_eq!(r.latency[1], [1.0, 1.0]);
     assert_eq!(r.latency[0], [600.0, 10.0]);
@@ -376,6 +379,7 @@ async fn random_operations_agree_with_a_model_of_the_queue() {
         let mut rng = fastrand::Rng::with_seed(seed);
         let q = Queue::with_config(QueueConfig::new().priority_aging(Duration::MAX));
         let mut m = Model::default();
+        let mut guards = std::collections::HashMap::new();
         for _ in 0..300 {
             match rng.u8(0..10) {
                 0..=3 => {
@@ -391,7 +395,8 @@ async fn random_operations_agree_with_a_model_of_the_queue() {
                     m.add(item, p);
                 }
                 4..=6 if !m.queued.is_empty() => {
-                    let (item, p) = take(&q).await;
+                    let taken = take(&q).await;
+                    let (item, p) = (*taken, taken.priority());
                     let best = m.queued.iter().map(|q| q.1).max().unwrap();
                     let next = m
                         .queued
@@ -406,13 +411,14 @@ async fn random_operations_agree_with_a_model_of_the_queue() {
                         m.held.insert(item, None).is_none(),
                         "seed {seed}: {item} held twice"
                     );
+                    guards.insert(item, taken);
                 }
                 _ => {
                     if let Some(&item) = m.held.keys().nth(
                         rng.usize(0..m.held.len().max(1))
                             .min(m.held.len().saturating_sub(1)),
                     ) {
-                        q.done(&item);
+                        guards.remove(&item).expect("held: its guard").done();
                         m.done(item);
                     }
                 }
@@ -440,14 +446,14 @@ async fn a_pending_retry_keeps_its_priority_when_the_item_is_added_lower_or_dela
     q.add_with_priority("retry", Priority::Low);
     q.add_with_priority("other", Priority::Low);
     assert_eq!(q.waiting_len(), 0, "queued now");
-    assert_eq!(take(&q).await, ("retry", Priority::High));
+    assert_eq!(take_done(&q).await, ("retry", Priority::High));
 
     // An earlier ready time at a lower priority keeps the higher one.
     q.add_after_with_priority("x", Duration::from_secs(10), Priority::High);
     q.add_after_with_priority("x", Duration::from_secs(1), Priority::Low);
     q.add_after_with_priority("y", Duration::from_secs(1), Priority::Low);
     sleep(Duration::from_secs(2)).await;
-    assert_eq!(take(&q).await, ("x", Priority::High));
-    assert_eq!(take(&q).await, ("other", Priority::Low));
-    assert_eq!(take(&q).await, ("y", Priority::Low));
+    assert_eq!(take_done(&q).await, ("x", Priority::High));
+    assert_eq!(take_done(&q).await, ("other", Priority::Low));
+    assert_eq!(take_done(&q).await, ("y", Priority::Low));
 }

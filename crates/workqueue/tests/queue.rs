@@ -11,12 +11,23 @@ use std::time::Duration;
 
 use kinformer_workqueue::{
     CounterMetric, DelayingQueue, GaugeMetric, HistogramMetric, ItemExponentialFailureRateLimiter,
-    MetricsProvider, Priority, Queue, QueueConfig, RateLimitingQueue, SettableGaugeMetric,
+    MetricsProvider, Priority, Queue, QueueConfig, QueueItem, RateLimitingQueue,
+    SettableGaugeMetric, Taken,
 };
 use parking_lot::Mutex;
 use tokio::time::{Instant, sleep, timeout};
 
-async fn get<T: kinformer_workqueue::QueueItem>(q: &Queue<T>) -> Option<T> {
+/// `q.get()`, failing the test if nothing comes within 10 s.
+async fn get<T: QueueItem>(q: &Queue<T>) -> Option<Taken<T>> {
+    timeout(Duration::from_secs(10), q.get())
+        .await
+        .expect("get timed out")
+}
+
+/// [`get`], with the guard that can `forget` and `retry`.
+async fn get_rate_limited<T: QueueItem>(
+    q: &RateLimitingQueue<T>,
+) -> Option<Taken<T, RateLimitingQueue<T>>> {
     timeout(Duration::from_secs(10), q.get())
         .await
         .expect("get timed out")
@@ -29,8 +40,8 @@ async fn an_item_added_twice_before_get_is_handed_out_once() {
     q.add("b");
     q.add("a");
     assert_eq!(q.len(), 2);
-    assert_eq!(get(&q).await, Some("a"));
-    assert_eq!(get(&q).await, Some("b"));
+    assert_eq!(get(&q).await.as_deref(), Some(&"a"));
+    assert_eq!(get(&q).await.as_deref(), Some(&"b"));
     assert!(q.is_empty());
 }
 
@@ -44,20 +55,30 @@ async fn an_item_added_while_processing_is_handed_out_again_after_done() {
     // Not handed out while a worker holds it.
     assert_eq!(q.len(), 0);
     assert!(timeout(Duration::from_millis(20), q.get()).await.is_err());
-    q.done(&item);
+    drop(item);
     assert_eq!(q.len(), 1);
-    assert_eq!(get(&q).await, Some("a"));
-    q.done(&"a");
+    assert_eq!(get(&q).await.as_deref(), Some(&"a"));
     assert!(q.is_empty());
 }
 
+/// Only a guard marks an item done (a `done` for an item not held, which
+/// client-go tolerates, cannot be written), and only its own item.
 #[tokio::test]
-async fn done_of_an_item_not_held_changes_nothing() {
+async fn a_guard_marks_only_its_own_item_done() {
     let q = Queue::new();
-    q.done(&"ghost");
     q.add("a");
-    q.done(&"a");
+    q.add("b");
+    let a = get(&q).await.unwrap();
+    let b = get(&q).await.unwrap();
+    q.add("c");
+    a.done();
+    q.add("b");
+    // b is still held (only marked dirty), c still queued, a gone.
     assert_eq!(q.len(), 1);
+    assert_eq!(get(&q).await.as_deref(), Some(&"c"));
+    drop(b);
+    assert_eq!(get(&q).await.as_deref(), Some(&"b"));
+    assert!(q.is_empty());
 }
 
 #[tokio::test]
@@ -74,8 +95,9 @@ async fn get_waits_for_an_add() {
         timeout(Duration::from_secs(5), worker)
             .await
             .unwrap()
-            .unwrap(),
-        Some(7)
+            .unwrap()
+            .as_deref(),
+        Some(&7)
     );
 }
 
@@ -87,9 +109,9 @@ async fn shut_down_hands_out_what_is_queued_then_none_and_ignores_adds() {
     q.shut_down();
     q.add(3);
     assert!(q.is_shutting_down());
-    assert_eq!(get(&q).await, Some(1));
-    assert_eq!(get(&q).await, Some(2));
-    assert_eq!(get(&q).await, None);
+    assert_eq!(get(&q).await.as_deref(), Some(&1));
+    assert_eq!(get(&q).await.as_deref(), Some(&2));
+    assert!(get(&q).await.is_none());
 }
 
 #[tokio::test]
@@ -104,9 +126,12 @@ async fn shut_down_wakes_every_waiting_worker() {
     sleep(Duration::from_millis(20)).await;
     q.shut_down();
     for w in workers {
-        assert_eq!(
-            timeout(Duration::from_secs(5), w).await.unwrap().unwrap(),
-            None
+        assert!(
+            timeout(Duration::from_secs(5), w)
+                .await
+                .unwrap()
+                .unwrap()
+                .is_none()
         );
     }
 }
@@ -132,7 +157,7 @@ async fn shut_down_with_drain_waits_for_in_flight_and_queued_items() {
         0,
         "returned with work in flight"
     );
-    q.done(&held);
+    drop(held);
     sleep(Duration::from_millis(20)).await;
     assert_eq!(
         drained.load(Ordering::SeqCst),
@@ -140,13 +165,13 @@ async fn shut_down_with_drain_waits_for_in_flight_and_queued_items() {
         "returned with an item still queued"
     );
     let last = get(&q).await.unwrap();
-    assert_eq!(last, "queued");
-    q.done(&last);
+    assert_eq!(*last, "queued");
+    drop(last);
     timeout(Duration::from_secs(5), drainer)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(get(&q).await, None);
+    assert!(get(&q).await.is_none());
 }
 
 #[tokio::test]
@@ -191,7 +216,8 @@ async fn no_item_is_ever_held_by_two_workers_and_every_add_is_processed() {
                 let (q, held, violations) = (q.clone(), held.clone(), violations.clone());
                 let (produced, seen) = (produced.clone(), seen.clone());
                 tokio::spawn(async move {
-                    while let Some(key) = q.get().await {
+                    while let Some(taken) = q.get().await {
+                        let key = *taken;
                         let k = key as usize;
                         seen[k].fetch_max(produced[k].load(Ordering::SeqCst), Ordering::SeqCst);
                         if !held.lock().insert(key) {
@@ -199,7 +225,7 @@ async fn no_item_is_ever_held_by_two_workers_and_every_add_is_processed() {
                         }
                         tokio::task::yield_now().await;
                         held.lock().remove(&key);
-                        q.done(&key);
+                        drop(taken);
                     }
                 })
             })
@@ -257,7 +283,7 @@ async fn add_after_hands_the_item_out_once_the_delay_has_passed() {
     q.add_after("x", Duration::from_secs(5));
     assert_eq!(q.len(), 0);
     assert_eq!(q.waiting_len(), 1);
-    assert_eq!(get(&q).await, Some("x"));
+    assert_eq!(get(&q).await.as_deref(), Some(&"x"));
     assert!(start.elapsed() >= Duration::from_secs(5));
     assert_eq!(q.waiting_len(), 0);
 }
@@ -269,13 +295,14 @@ async fn add_after_twice_keeps_the_earliest_ready_time() {
     q.add_after("x", Duration::from_secs(10));
     q.add_after("x", Duration::from_secs(2));
     q.add_after("x", Duration::from_secs(30));
-    assert_eq!(get(&q).await, Some("x"));
+    let x = get(&q).await.unwrap();
+    assert_eq!(*x, "x");
     let waited = start.elapsed();
     assert!(
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
-    q.done(&"x");
+    drop(x);
     // The superseded entries do not fire later.
     sleep(Duration::from_secs(60)).await;
     assert_eq!(q.len(), 0);
@@ -289,7 +316,7 @@ async fn add_after_items_come_out_in_ready_order() {
     }
     let mut order = Vec::new();
     for _ in 0..4 {
-        order.push(get(&q).await.unwrap());
+        order.push(*get(&q).await.unwrap());
     }
     assert_eq!(order, ["a", "b", "c", "d"]);
 }
@@ -300,14 +327,13 @@ async fn add_after_with_the_largest_duration_saturates_instead_of_panicking() {
     q.add_after("forever", Duration::MAX);
     q.add_after("soon", Duration::from_secs(1));
     assert_eq!(q.waiting_len(), 2);
-    assert_eq!(get(&q).await, Some("soon"));
-    q.done(&"soon");
+    assert_eq!(get(&q).await.as_deref(), Some(&"soon"));
     // Still waiting a year later, and a direct add still takes it at once.
     sleep(Duration::from_secs(86_400 * 365)).await;
     assert_eq!(q.len(), 0);
     assert_eq!(q.waiting_len(), 1);
     q.add("forever");
-    assert_eq!(get(&q).await, Some("forever"));
+    assert_eq!(get(&q).await.as_deref(), Some(&"forever"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -326,8 +352,7 @@ async fn a_direct_add_cancels_a_pending_add_after() {
     q.add_after("x", Duration::from_secs(5));
     q.add("x");
     assert_eq!(q.waiting_len(), 0);
-    assert_eq!(get(&q).await, Some("x"));
-    q.done(&"x");
+    assert_eq!(get(&q).await.as_deref(), Some(&"x"));
     sleep(Duration::from_secs(10)).await;
     assert_eq!(q.len(), 0, "the cancelled delay fired anyway");
 }
@@ -347,7 +372,7 @@ async fn shut_down_drops_delayed_items_and_stops_the_waiting_loop() {
     q.add_after("y", Duration::from_secs(1));
     assert_eq!(q.waiting_len(), 0);
     sleep(Duration::from_secs(5)).await;
-    assert_eq!(get(&q).await, None);
+    assert!(get(&q).await.is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -372,18 +397,19 @@ async fn add_rate_limited_backs_off_and_forget_resets() {
     q.add_rate_limited("k");
     assert_eq!(q.num_requeues(&"k"), 2);
     // The first (1 s) wins over the second (2 s): earliest ready time.
-    assert_eq!(get(&q).await, Some("k"));
+    let k = get_rate_limited(&q).await.unwrap();
+    assert_eq!(*k, "k");
     assert!(start.elapsed() >= Duration::from_secs(1));
-    q.done(&"k");
+    drop(k);
     let t = Instant::now();
     q.add_rate_limited("k");
-    assert_eq!(get(&q).await, Some("k"));
+    let k = get_rate_limited(&q).await.unwrap();
+    assert_eq!(*k, "k");
     assert!(
         t.elapsed() >= Duration::from_secs(4),
         "third failure waits 4 s"
     );
-    q.forget(&"k");
-    q.done(&"k");
+    k.forget();
     assert_eq!(q.num_requeues(&"k"), 0);
 }
 
@@ -494,7 +520,7 @@ async fn metrics_report_depth_adds_latency_work_retries_and_unfinished_work() {
     assert_eq!(*rec.depth.lock(), 2);
 
     sleep(Duration::from_secs(3)).await;
-    let a = get(&q).await.unwrap();
+    let a = get_rate_limited(&q).await.unwrap();
     assert_eq!(*rec.depth.lock(), 1);
     assert_eq!(rec.latency.lock().as_slice(), [3.0]);
 
@@ -503,8 +529,7 @@ async fn metrics_report_depth_adds_latency_work_retries_and_unfinished_work() {
     assert_eq!(*rec.unfinished.lock(), 2.0);
     assert_eq!(*rec.longest.lock(), 2.0);
 
-    q.add_rate_limited(a);
-    q.done(&a);
+    a.retry();
     assert_eq!(rec.retries.load(Ordering::SeqCst), 1);
     assert_eq!(rec.work.lock().as_slice(), [2.0]);
     q.update_unfinished_work();
@@ -512,7 +537,7 @@ async fn metrics_report_depth_adds_latency_work_retries_and_unfinished_work() {
 }
 
 /// client-go's queue_test metrics case: an item re-added while it is
-/// processed waits in the queue from that re-add, not from `done`.
+/// processed waits in the queue from that re-add, not from its done.
 #[tokio::test(start_paused = true)]
 async fn an_item_re_added_while_processing_counts_its_queue_latency_from_the_re_add() {
     let rec = Arc::new(Recorded::default());
@@ -525,7 +550,7 @@ async fn an_item_re_added_while_processing_counts_its_queue_latency_from_the_re_
 
     // Added back while processing; repeated adds are one.
     for _ in 0..5 {
-        q.add(foo);
+        q.add(*foo);
     }
     assert_eq!(rec.adds.load(Ordering::SeqCst), 2);
     // Not queued yet: depth follows len() (client-go already counts it).
@@ -533,13 +558,13 @@ async fn an_item_re_added_while_processing_counts_its_queue_latency_from_the_re_
     assert_eq!(q.len(), 0);
 
     sleep(Duration::from_millis(25)).await;
-    q.done(&foo);
+    drop(foo);
     assert_eq!(rec.work.lock().as_slice(), [0.025]);
-    // Queued again by done: in depth now, once.
+    // Queued again by done (the guard dropped): in depth now, once.
     assert_eq!(*rec.depth.lock(), 1);
     assert_eq!(q.len(), 1);
 
-    assert_eq!(get(&q).await, Some("foo"));
+    assert_eq!(get(&q).await.as_deref(), Some(&"foo"));
     // 25 ms since the re-add, although done came just before this get.
     assert_eq!(rec.latency.lock().as_slice(), [0.05, 0.025]);
     assert_eq!(*rec.depth.lock(), 0);

@@ -24,7 +24,7 @@ use kinformer_controllers::kube::{Client, Resource, ResourceExt};
 use kinformer_controllers::webhook::{AdmissionRequest, Conversion, Verdict, Webhooks};
 use kinformer_controllers::{
     Action, EventRecorder, EventType, FinalizerEvent, LeaderElectionConfig, Lookup, Manager,
-    ManagerOptions, NewEvent, ReconcileError, apply_status, finalizer, rbac,
+    ManagerOptions, NewEvent, ReconcileError, apply_status, error_chain, finalizer, rbac,
 };
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -105,7 +105,8 @@ async fn reconcile(website: Lookup<Website>, ctx: Arc<Context>) -> Result<Action
     })
     .await;
     if let Err(e) = &result {
-        let note = e.to_string();
+        // The failure with its causes: its own message names only the step.
+        let note = error_chain(e);
         let event = NewEvent {
             type_: EventType::Warning,
             reason: "ReconcileFailed",

@@ -27,29 +27,30 @@ async fn main() {
     for worker in 0..3 {
         let (queue, finished) = (Arc::clone(&queue), finished.clone());
         workers.push(tokio::spawn(async move {
+            // `job` is a guard: the job is done once it is retried, forgotten or dropped.
             while let Some(job) = queue.get().await {
-                if job == "flaky" {
-                    let retries = queue.num_requeues(&job);
+                let name = job.as_str();
+                if name == "flaky" {
+                    let retries = job.num_requeues();
                     if retries < MAX_RETRIES {
                         println!(
-                            "worker {worker}: {job} failed, retry {} after backoff",
+                            "worker {worker}: {name} failed, retry {} after backoff",
                             retries + 1
                         );
-                        queue.add_rate_limited(job.clone());
+                        job.retry();
                     } else {
                         println!(
-                            "worker {worker}: {job} failed {} times, dropped",
+                            "worker {worker}: {name} failed {} times, dropped",
                             retries + 1
                         );
-                        queue.forget(&job);
                         let _ = finished.send(job.clone());
+                        job.forget();
                     }
                 } else {
-                    println!("worker {worker}: {job} done");
-                    queue.forget(&job);
+                    println!("worker {worker}: {name} done");
                     let _ = finished.send(job.clone());
+                    job.forget();
                 }
-                queue.done(&job);
             }
         }));
     }

@@ -111,13 +111,14 @@ where
     /// # use std::sync::Arc;
     /// # use kinformer_controllers::Action;
     /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// use kinformer_controllers::ObjectKey;
     /// // Each ConfigMap's Secret of the same name is reconciled when it changes.
     /// let configmaps = manager.factory().informer::<ConfigMap>();
     /// let controller = manager
     ///     .controller::<Secret>("secrets")
     ///     .watches(configmaps, |cm: &ConfigMap| {
-    ///         let (ns, name) = (cm.metadata.namespace.clone(), cm.metadata.name.clone());
-    ///         vec![format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())]
+    ///         let key = ObjectKey::of(cm).map(ObjectKey::into_string);
+    ///         key.into_iter().collect()
     ///     })
     ///     .reconcile(Arc::new(()), |_secret, _ctx| async { Ok(Action::Done) })?;
     /// # Ok(()) }
@@ -395,12 +396,12 @@ mod tests {
     use std::time::Duration;
 
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kinformer_informer::testing::FakeApiServer;
     use serde_json::{Value, json};
     use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::reason::Reason;
-    use crate::testing::FakeApi;
     use crate::{LeaderElectionConfig, Manager, ManagerOptions};
 
     fn object(name: &str, owners: Value) -> Value {
@@ -458,8 +459,8 @@ mod tests {
         while !controller.queue().is_empty() {
             let key = controller.queue().get().await.expect("a key");
             let reason = controller.reasons().take(&key);
-            controller.queue().done(&key);
-            keys.insert(key, reason);
+            keys.insert(key.clone(), reason);
+            drop(key);
         }
         shutdown.cancel();
         keys
@@ -474,7 +475,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn options_under_a_manager_keep_its_metrics_and_leader_election() {
-        let api = Arc::new(FakeApi::default());
+        let api = FakeApiServer::new();
         let election = LeaderElectionConfig::new("wiring")
             .namespace("ns")
             .identity("me");
@@ -506,28 +507,28 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn owns_queues_the_owner_named_by_each_controller_reference_of_the_primary_kind() {
-        let api = Arc::new(FakeApi::default());
+        let api = FakeApiServer::new();
         // No ConfigMap at all: every key queued comes from a Secret.
-        api.serve(
+        api.insert(
             "secrets",
             object("web-tls", json!([owner("v1", "ConfigMap", "web", true)])),
         )
-        .serve(
+        .insert(
             "secrets",
             object("orphan", json!([owner("v1", "ConfigMap", "gone", true)])),
         )
-        .serve(
+        .insert(
             "secrets",
             object("shared", json!([owner("v1", "ConfigMap", "ref", false)])),
         )
-        .serve(
+        .insert(
             "secrets",
             object(
                 "deployed",
                 json!([owner("apps/v1", "Deployment", "dep", true)]),
             ),
         )
-        .serve(
+        .insert(
             "secrets",
             object(
                 "custom",
@@ -556,9 +557,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn watches_queues_what_its_mapper_returns_for_each_object() {
-        let api = Arc::new(FakeApi::default());
-        api.serve("secrets", object("a", json!([])))
-            .serve("secrets", object("b", json!([])));
+        let api = FakeApiServer::new();
+        api.insert("secrets", object("a", json!([])))
+            .insert("secrets", object("b", json!([])));
         let factory = SharedInformerFactory::new(api.client());
         let secrets = factory.informer::<Secret>();
         let informers = [
@@ -583,8 +584,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_debounced_controller_queues_each_events_key_only_after_the_debounce() {
-        let api = Arc::new(FakeApi::default());
-        api.serve("configmaps", object("web", json!([]))).serve(
+        let api = FakeApiServer::new();
+        api.insert("configmaps", object("web", json!([]))).insert(
             "secrets",
             object("web-tls", json!([owner("v1", "ConfigMap", "web", true)])),
         );
@@ -620,23 +621,23 @@ mod tests {
             .await
             .expect("queued once the debounce passed")
             .unwrap();
-        assert_eq!(key, "ns/web");
+        assert_eq!(*key, "ns/web");
         let reason = controller.reasons().take(&key);
         // Whichever informer delivered first: the two run apart.
         assert!(
             matches!(reason, Reason::Added | Reason::Related { .. }),
             "the first event's reason: {reason:?}"
         );
-        queue.done(&key);
+        drop(key);
         assert_eq!((queue.len(), queue.waiting_len()), (0, 0));
         shutdown.cancel();
     }
 
     #[tokio::test(start_paused = true)]
     async fn every_event_filter_and_the_options_filter_must_pass() {
-        let api = Arc::new(FakeApi::default());
+        let api = FakeApiServer::new();
         for name in ["a1", "a2", "b1", "a-bad1"] {
-            api.serve("configmaps", object(name, json!([])));
+            api.insert("configmaps", object(name, json!([])));
         }
         let factory = SharedInformerFactory::new(api.client());
         let name = |e: &Event<'_, ConfigMap>| match e {

@@ -75,6 +75,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::Metrics;
+use crate::gate::{Admission, Gate, Reconciled};
 use crate::reason::{Reason, Reasons};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -883,6 +884,42 @@ impl Consistency {
     }
 }
 
+/// Read-your-writes as a gate: a key whose informers have not seen this
+/// Manager's writes yet is parked until they have (or until the bound),
+/// then queued again; the writes a reconcile makes are credited to it.
+pub(crate) struct ReadYourWrites {
+    pub(crate) consistency: Arc<Consistency>,
+    /// Where a parked key is queued again, with why.
+    pub(crate) queue: RateLimitingQueue<String>,
+    pub(crate) reasons: Arc<Reasons>,
+    /// Cancelled when no further key may be taken: parked keys stay parked.
+    pub(crate) halt: CancellationToken,
+}
+
+impl Gate for ReadYourWrites {
+    fn admit(&self, key: &str, priority: Priority) -> Admission {
+        let readiness = self.consistency.before_reconcile(
+            key,
+            priority,
+            &self.queue,
+            &self.reasons,
+            &self.halt,
+        );
+        match readiness {
+            Readiness::Ready => Admission::Admit,
+            Readiness::Parked => Admission::Park,
+        }
+    }
+
+    fn scope<'a>(
+        &self,
+        key: &str,
+        reconcile: BoxFuture<'a, Reconciled>,
+    ) -> BoxFuture<'a, Reconciled> {
+        Box::pin(self.consistency.reconciling(key).scope(reconcile))
+    }
+}
+
 /// A write request, as read from its method and path.
 #[derive(Debug)]
 struct WriteRequest {
@@ -1296,10 +1333,9 @@ mod tests {
 
         /// The next key its waiter queued, with its priority and reason.
         async fn requeued(&self) -> (String, Priority, Reason) {
-            let (key, priority) = self.queue.get_with_priority().await.unwrap();
-            self.queue.done(&key);
-            let reason = self.reasons.take(&key);
-            (key, priority, reason)
+            let taken = self.queue.get().await.unwrap();
+            let reason = self.reasons.take(&taken);
+            (taken.item().clone(), taken.priority(), reason)
         }
     }
 

@@ -1,6 +1,8 @@
 //! What a reconcile returns: [`Action`], [`ReconcileError`] and
 //! [`TerminalError`]; the [`Reconciler`] trait and [`Lookup`], the object a
-//! closure reconciler receives.
+//! closure reconciler receives; and what the server answered, read from an
+//! error's `source()` chain: [`is_not_found`], [`is_conflict`],
+//! [`is_forbidden`].
 
 #[cfg(doc)]
 use crate::{Controller, ControllerError};
@@ -9,6 +11,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kinformer_store::{CacheReader, Object};
+use kube_client::core::Status;
+
+/// `error` and its causes in one line, for logs (see
+/// [`error_chain`](kinformer_informer::error_chain)).
+pub(crate) use kinformer_informer::error_chain as chain;
 
 /// What a reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +33,8 @@ pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
 /// A reconcile error that retrying cannot fix (an invalid spec, say): the
 /// key is not retried until its next event, and the error is counted in
 /// `controller_runtime_terminal_reconcile_errors_total`, as
-/// controller-runtime's `reconcile.TerminalError`. Its `source()` is the
-/// error it wraps.
+/// controller-runtime's `reconcile.TerminalError`. It reads "terminal";
+/// its `source()` is the error it wraps.
 #[derive(Debug)]
 pub struct TerminalError(pub ReconcileError);
 
@@ -40,7 +47,7 @@ impl TerminalError {
 
 impl std::fmt::Display for TerminalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "terminal: {}", self.0)
+        f.write_str("terminal")
     }
 }
 
@@ -114,34 +121,6 @@ where
     }
 }
 
-/// `error` and its `source()`s, outermost first: `a: b: c`. The server's
-/// answer reads "403 Forbidden: its message": kube's own text of it adds
-/// a dump of the whole Status, which repeats the message, and is replaced
-/// wherever it shows (a wrapper often prints its source in its message).
-pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next = Some(error);
-    for _ in 0..64 {
-        let Some(e) = next else { break };
-        let (mut text, mut source) = (e.to_string(), e.source());
-        if let Some(kube_client::Error::Api(s)) = e.downcast_ref() {
-            let short = format!("{} {}: {}", s.code, s.reason, s.message);
-            out = out.replace(&text, &short);
-            // Its source is that Status, said now.
-            (text, source) = (short, None);
-        }
-        // Many errors repeat their source in their own message.
-        if out.is_empty() {
-            out = text;
-        } else if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = source;
-    }
-    out
-}
-
 /// Whether the server refused a request for the credentials: a kube API
 /// error 401 Unauthorized or 403 Forbidden (RBAC), whose message names the
 /// verb, resource and namespace.
@@ -151,10 +130,76 @@ pub(crate) fn is_denied(error: &kube_client::Error) -> bool {
 
 /// Whether `error`, or an error it wraps, is a refusal ([`is_denied`]).
 pub(crate) fn denied_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |e| e.source())
+    statuses(error).any(|s| matches!(s.code, 401 | 403))
+}
+
+/// Whether the server answered 404 Not Found to a request that `error`
+/// or an error in its `source()` chain reports (a `kube_client::Error::Api`
+/// with code 404), as client-go's `apierrors.IsNotFound`.
+///
+/// ```
+/// use kinformer_controllers::kube::{Error, core::Status};
+/// use kinformer_controllers::{ReconcileError, TerminalError, is_not_found};
+///
+/// let gone = Status::failure(r#"configmaps "a" not found"#, "NotFound").with_code(404);
+/// let e: ReconcileError = TerminalError::boxed(Error::Api(gone.boxed()));
+/// assert!(is_not_found(e.as_ref()));
+/// ```
+pub fn is_not_found(error: &(dyn std::error::Error + 'static)) -> bool {
+    statuses(error).any(|s| s.code == 404)
+}
+
+/// Whether the server answered 409 Conflict to a request that `error` or
+/// an error in its `source()` chain reports: a write based on a stale
+/// `resourceVersion` (read again, then retry), as client-go's
+/// `apierrors.IsConflict`, or a create of a name that exists (reason
+/// `AlreadyExists`, the same code).
+///
+/// ```
+/// use kinformer_controllers::kube::{Error, core::Status};
+/// use kinformer_controllers::{ReconcileError, is_conflict};
+///
+/// let stale = Status::failure("the object has been modified", "Conflict").with_code(409);
+/// let e: ReconcileError = Box::new(Error::Api(stale.boxed()));
+/// assert!(is_conflict(e.as_ref()));
+/// ```
+pub fn is_conflict(error: &(dyn std::error::Error + 'static)) -> bool {
+    statuses(error).any(|s| s.code == 409)
+}
+
+/// Whether the server answered 403 Forbidden (RBAC refused the verb on
+/// the resource) to a request that `error` or an error in its `source()`
+/// chain reports, as client-go's `apierrors.IsForbidden`.
+///
+/// ```
+/// use kinformer_controllers::kube::{Error, core::Status};
+/// use kinformer_controllers::{ReconcileError, is_forbidden};
+///
+/// let denied = Status::failure(r#"secrets "a" is forbidden"#, "Forbidden").with_code(403);
+/// let e: ReconcileError = Box::new(Error::Api(denied.boxed()));
+/// assert!(is_forbidden(e.as_ref()));
+/// let other: ReconcileError = "secrets are forbidden here".into();
+/// assert!(!is_forbidden(other.as_ref()));
+/// ```
+pub fn is_forbidden(error: &(dyn std::error::Error + 'static)) -> bool {
+    statuses(error).any(|s| s.code == 403)
+}
+
+/// The server's answers in `error`'s `source()` chain, outermost first: a
+/// `kube_client::Error::Api`'s, or a `Status` found on its own (behind a
+/// wrapper that is `#[error(transparent)]` over a `kube_client::Error`).
+fn statuses<'a>(error: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = &'a Status> {
+    // Bounded: a source chain that loops must not hang a worker.
+    std::iter::successors(Some(error), |e| (*e).source())
         .take(64)
-        .filter_map(|e| e.downcast_ref::<kube_client::Error>())
-        .any(is_denied)
+        .filter_map(|e| match e.downcast_ref::<kube_client::Error>() {
+            Some(kube_client::Error::Api(s)) => Some(s.as_ref()),
+            // kube-client's source is its `Box<Status>` itself.
+            _ => e
+                .downcast_ref::<Box<Status>>()
+                .map(Box::as_ref)
+                .or_else(|| e.downcast_ref::<Status>()),
+        })
 }
 
 /// What a caught panic said: its `&str` or `String` payload.
@@ -200,11 +245,61 @@ mod tests {
     fn a_logged_error_names_its_whole_source_chain() {
         let inner = std::io::Error::other("connection reset");
         let terminal = TerminalError::boxed(Outer(inner));
-        // TerminalError's message already holds Outer's: said once.
         assert_eq!(
             chain(terminal.as_ref()),
             "terminal: writing the Service: connection reset"
         );
+    }
+
+    #[test]
+    fn a_terminal_error_says_terminal_and_its_cause_is_its_source_only() {
+        let terminal = TerminalError(Box::new(Outer(std::io::Error::other("reset"))));
+        assert_eq!(terminal.to_string(), "terminal");
+        let finalizer = crate::finalizer::FinalizerError::Reconcile(Box::new(terminal));
+        assert_eq!(finalizer.to_string(), "reconcile failed");
+        // Each cause once, in order, though two say the same words.
+        let twice = Outer(std::io::Error::other("writing the Service"));
+        assert_eq!(chain(&twice), "writing the Service: writing the Service");
+        assert_eq!(
+            chain(&finalizer),
+            "reconcile failed: terminal: writing the Service: reset"
+        );
+    }
+
+    fn api_error(code: u16, reason: &str) -> kube_client::Error {
+        let status = Status::failure("the server says no", reason).with_code(code);
+        kube_client::Error::Api(status.boxed())
+    }
+
+    #[test]
+    fn the_servers_answer_is_read_from_anywhere_in_the_source_chain() {
+        let finalizer = |e| crate::finalizer::FinalizerError::Add {
+            finalizer: "example.com/cleanup".into(),
+            object: "ns/a".into(),
+            source: e,
+        };
+        let not_found: ReconcileError = Box::new(finalizer(api_error(404, "NotFound")));
+        assert!(is_not_found(not_found.as_ref()));
+        assert!(!is_conflict(not_found.as_ref()) && !is_forbidden(not_found.as_ref()));
+        let conflict = TerminalError::boxed(finalizer(api_error(409, "Conflict")));
+        assert!(is_conflict(conflict.as_ref()));
+        assert!(!is_not_found(conflict.as_ref()));
+        let forbidden: ReconcileError = Box::new(api_error(403, "Forbidden"));
+        assert!(is_forbidden(forbidden.as_ref()));
+        // 401 is a refusal, but not Forbidden.
+        let unauthorized: ReconcileError = Box::new(api_error(401, "Unauthorized"));
+        assert!(!is_forbidden(unauthorized.as_ref()));
+        assert!(denied_in_chain(unauthorized.as_ref()));
+        // Behind a transparent wrapper, the Status itself is found.
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct Transparent(kube_client::Error);
+        let hidden = Transparent(api_error(404, "NotFound"));
+        assert!(is_not_found(&hidden));
+        // Words are not codes.
+        let said: ReconcileError = "404 NotFound: 409 Conflict: 403 Forbidden".into();
+        assert!(!is_not_found(said.as_ref()) && !is_conflict(said.as_ref()));
+        assert!(!is_forbidden(said.as_ref()));
     }
 
     #[test]
@@ -223,7 +318,7 @@ mod tests {
         let conflict: ReconcileError = Box::new(status(409));
         assert!(!denied_in_chain(conflict.as_ref()));
         assert_eq!(chain(direct.as_ref()), "403 Forbidden: nope");
-        // A wrapper printing its source in its own message.
+        // kube-client's text of it (a dump of the Status) is said in short.
         assert_eq!(chain(wrapped.as_ref()), "terminal: 403 Forbidden: nope");
         let other: ReconcileError = "no".into();
         assert!(!denied_in_chain(other.as_ref()));

@@ -17,7 +17,7 @@ use kinformer_informer::{
     GroupResource, HasSynced, ResourceEventHandlerFuncs, SharedIndexInformer, wait_for_cache_sync,
 };
 use kinformer_store::{
-    Object, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
+    Object, ObjectKey, ObjectOrTombstone, deletion_handling_meta_namespace_key, meta_namespace_key,
 };
 use kinformer_workqueue::{
     Priority, QueueConfig, RateLimitingQueue, default_controller_rate_limiter,
@@ -30,14 +30,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use crate::gate::{Debounce, Gate, Leader};
 use crate::key_slots::{KeySlots, Sharding, prime, wanted_on_taking};
 use crate::leader::lease_lost;
 use crate::options::{ControllerOptions, Event};
 use crate::rbac::{self, Permissions};
-use crate::read_your_writes::{Consistency, Read, Relation, WriteTracker, api_group};
+use crate::read_your_writes::{
+    Consistency, Read, ReadYourWrites, Relation, WriteTracker, api_group,
+};
 use crate::reason::{self, Reason, Reasons};
 use crate::reconcile::{Action, FnReconciler, Lookup, ReconcileError, Reconciler};
-use crate::worker::Worker;
+use crate::worker::{Life, Policy, Worker};
 use crate::{ControllerError, LeaderElector};
 
 /// A named controller over one informer: see the module docs.
@@ -115,7 +118,12 @@ impl<K: Object + Clone> Controller<K> {
         let enqueue = Enqueue {
             queue: queue.clone(),
             reasons: Arc::clone(&reasons),
-            debounce: options.debounce.filter(|d| !d.is_zero()),
+            gates: options
+                .debounce
+                .filter(|d| !d.is_zero())
+                .map(|d| Arc::new(Debounce(d)) as Arc<dyn Gate>)
+                .into_iter()
+                .collect(),
         };
         let (ea, eu, ed) = (enqueue.clone(), enqueue.clone(), enqueue.clone());
         let filter = options.event_filter.clone();
@@ -213,7 +221,10 @@ impl<K: Object + Clone> Controller<K> {
 
     /// Also reconciles the keys `mapper` returns for every event of
     /// `informer` (an add, either side of an update, a delete): typically
-    /// owners found through a secondary index. The informer is started if
+    /// owners found through a secondary index. Build a key with
+    /// [`ObjectKey`] (`ObjectKey::namespaced(ns, name)?.into_string()`)
+    /// rather than by hand: a cluster-scoped key is the name alone, not
+    /// `"/name"`. The informer is started if
     /// nobody did, and synced before any worker starts.
     pub fn watches<C: Object + Clone>(
         self,
@@ -338,9 +349,12 @@ impl<K: Object + Clone> Controller<K> {
                     .flatten()
                     .filter(|r| r.controller == Some(true) && r.kind == kind)
                     .filter(|r| api_group(&r.api_version) == group)
-                    .map(|r| match namespace {
-                        Some(ns) => format!("{ns}/{}", r.name),
-                        None => r.name.clone(),
+                    .filter_map(|r| match ObjectKey::new(namespace, &r.name) {
+                        Ok(key) => Some(key.into_string()),
+                        Err(e) => {
+                            warn!(error = %e, child = %meta_namespace_key(child).unwrap_or_default(), "ignoring an ownerReference whose name cannot be an object's");
+                            None
+                        }
                     })
                     .collect()
             },
@@ -418,7 +432,7 @@ impl<K: Object + Clone> Controller<K> {
                 .collect();
             match problems.is_empty() {
                 true => Ok(()),
-                false => Err(problems.join("; ")),
+                false => Err(crate::CheckFailed::new(problems)),
             }
         })
     }
@@ -480,6 +494,9 @@ impl<K: Object + Clone> Controller<K> {
         result
     }
 
+    /// A controller's life, in phases: its caches synced, leadership won
+    /// (if elected), workers running until stop, a drain, the workers
+    /// stopped, leadership released.
     async fn run_inner(
         self,
         shutdown: CancellationToken,
@@ -496,22 +513,61 @@ impl<K: Object + Clone> Controller<K> {
         let _stop_informer = managed
             .is_none()
             .then(|| informer_stop.clone().drop_guard());
+        if !self
+            .sync(&stop, &informer_stop, &tasks, managed.as_ref())
+            .await
+        {
+            self.stopping();
+            return self.fatal.lock().take().map_or(Ok(()), Err);
+        }
         let external_election = managed.as_ref().is_some_and(|m| m.external_election);
+        let mut leadership = match self.lead(&stop, external_election).await {
+            Ok(leadership) => leadership,
+            Err(ended) => return ended,
+        };
+        let life = Life {
+            fatal: Arc::clone(&self.fatal),
+            stop: stop.clone(),
+            halt: CancellationToken::new(),
+            abort: CancellationToken::new(),
+        };
+        let (halt, abort) = (life.halt.clone(), life.abort.clone());
+        let (worker, _priming) = self.worker(managed.as_ref(), life);
+        let mut workers: JoinSet<()> = JoinSet::new();
+        for _ in 0..self.options.workers {
+            workers.spawn(Arc::clone(&worker).run());
+        }
+        info!(workers = self.options.workers, "started workers");
+        let lost = self.until_stopped(&stop, &mut leadership).await;
+        // Whatever the path, no key is handed out from here on.
+        halt.cancel();
+        self.queue.shut_down();
+        self.stop_workers(workers, leadership, lost, abort).await
+    }
+
+    /// Starts the informers nobody runs and waits for every cache: whether
+    /// they synced before `stop`.
+    async fn sync(
+        &self,
+        stop: &CancellationToken,
+        informer_stop: &CancellationToken,
+        tasks: &InformerTasks,
+        managed: Option<&Managed>,
+    ) -> bool {
         let informers: Vec<&dyn Dependency> = self.informers().collect();
         for informer in &informers {
-            informer.start_unless_running(&informer_stop, &self.fatal, &stop, &tasks);
+            informer.start_unless_running(informer_stop, &self.fatal, stop, tasks);
         }
         info!(
             informers = informers.len(),
             "waiting for the caches to sync"
         );
         let synced: Vec<&dyn HasSynced> = informers.iter().map(|i| *i as &dyn HasSynced).collect();
-        if !wait_for_cache_sync(&stop, &synced).await {
-            self.stopping();
-            return self.fatal.lock().take().map_or(Ok(()), Err);
+        if !wait_for_cache_sync(stop, &synced).await {
+            return false;
         }
         info!(cached = self.informer.indexer().len(), "cache synced");
-        match &managed {
+        match managed {
             Some(m) => (m.synced)(),
             None => {
                 if let Some(m) = &self.options.metrics {
@@ -519,86 +575,77 @@ impl<K: Object + Clone> Controller<K> {
                 }
             }
         }
+        true
+    }
 
-        let mut leadership = None;
-        if let Some(elector) = &self.options.leader_election {
-            let election_stop = CancellationToken::new();
-            let mut leading = elector.subscribe();
-            // The Manager runs its election itself, for all its controllers.
-            let task = (!external_election).then(|| {
-                let elector = Arc::clone(elector);
-                let election_stop = election_stop.clone();
-                tokio::spawn(async move { elector.run(election_stop).await })
-            });
-            info!("waiting to become the leader");
-            tokio::select! {
-                _ = stop.cancelled() => {
-                    self.stopping();
-                    election_stop.cancel();
-                    if let Some(task) = task {
-                        let _ = task.await;
-                    }
-                    return Ok(());
-                }
-                led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
-                    self.stopping();
-                    return Err(ControllerError::LostLeadership);
-                },
-            }
-            info!("leading; starting workers");
-            leadership = Some(Leadership {
-                elector: Arc::clone(elector),
-                leading,
-                stop: election_stop,
-                task,
-            });
-        }
-
-        let halt = CancellationToken::new();
-        let abort = CancellationToken::new();
-        let shared = Arc::new(Worker {
-            name: self.name.clone(),
-            queue: self.queue.clone(),
-            reconciler: Arc::clone(&self.reconciler),
-            max_retries: self.options.max_retries,
-            panic_policy: self.options.panic_policy,
-            reconcile_timeout: self.options.reconcile_timeout,
-            metrics: self.options.metrics.clone(),
-            fatal: Arc::clone(&self.fatal),
-            stop: stop.clone(),
-            halt: halt.clone(),
-            abort: abort.clone(),
-            elector: self.options.leader_election.clone(),
-            reasons: Arc::clone(&self.reasons),
-            consistency: managed
-                .as_ref()
-                .and_then(|m| m.tracker.clone())
-                .map(|tracker| {
-                    Arc::new(Consistency::new(
-                        tracker,
-                        &self.name,
-                        self.reads.clone(),
-                        self.options.read_your_writes,
-                        self.options.read_your_writes_bound,
-                        self.options.metrics.clone(),
-                    ))
-                }),
-            sharding: self.options.ring.clone().zip(self.key_slots.clone()).map(
-                |(ring, key_slots)| Sharding {
-                    held: ring.subscribe(),
-                    ring,
-                    key_slots,
-                    cache: Box::new({
-                        let cache = self.informer.indexer();
-                        move |key: &str| cache.get_by_key(key).is_some()
-                    }),
-                    ready: Arc::default(),
-                },
-            ),
+    /// Waits to lead, when elected (running the election unless the
+    /// Manager does): the leadership, `None` when not elected, or, the
+    /// controller stopping, how it ends if it stopped or the election
+    /// ended first.
+    async fn lead(
+        &self,
+        stop: &CancellationToken,
+        external_election: bool,
+    ) -> Result<Option<Leadership>, Result<(), ControllerError>> {
+        let Some(elector) = &self.options.leader_election else {
+            return Ok(None);
+        };
+        let election_stop = CancellationToken::new();
+        let mut leading = elector.subscribe();
+        // The Manager runs its election itself, for all its controllers.
+        let task = (!external_election).then(|| {
+            let elector = Arc::clone(elector);
+            let election_stop = election_stop.clone();
+            tokio::spawn(async move { elector.run(election_stop).await })
         });
+        info!("waiting to become the leader");
+        tokio::select! {
+            _ = stop.cancelled() => {
+                self.stopping();
+                election_stop.cancel();
+                if let Some(task) = task {
+                    let _ = task.await;
+                }
+                return Err(Ok(()));
+            }
+            led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
+                self.stopping();
+                return Err(Err(ControllerError::LostLeadership));
+            },
+        }
+        info!("leading; starting workers");
+        Ok(Some(Leadership {
+            elector: Arc::clone(elector),
+            leading,
+            stop: election_stop,
+            task,
+        }))
+    }
+
+    /// The worker every worker task runs, with the controller's gates (see
+    /// `gate`), and the task priming a sharded controller's slots.
+    fn worker(&self, managed: Option<&Managed>, life: Life) -> (Arc<Worker>, Option<AbortOnDrop>) {
+        let sharding =
+            self.options
+                .ring
+                .clone()
+                .zip(self.key_slots.clone())
+                .map(|(ring, key_slots)| {
+                    Arc::new(Sharding {
+                        held: ring.subscribe(),
+                        ring,
+                        key_slots,
+                        cache: Box::new({
+                            let cache = self.informer.indexer();
+                            move |key: &str| cache.get_by_key(key).is_some()
+                        }),
+                        ready: Arc::default(),
+                        entered: Mutex::default(),
+                    })
+                });
         // A sharded controller's workers enter only the slots whose objects
         // are cached.
-        let _priming = shared.sharding.as_ref().map(|sharding| {
+        let priming = sharding.as_ref().map(|sharding| {
             let informer = self.informer.clone();
             AbortOnDrop(tokio::spawn(prime(
                 Arc::clone(&sharding.ring),
@@ -610,41 +657,93 @@ impl<K: Object + Clone> Controller<K> {
                 Arc::clone(&self.reasons),
             )))
         });
-        let mut workers: JoinSet<()> = JoinSet::new();
-        for _ in 0..self.options.workers {
-            workers.spawn(Arc::clone(&shared).run());
-        }
-        info!(workers = self.options.workers, "started workers");
+        let read_your_writes = managed
+            .as_ref()
+            .and_then(|m| m.tracker.clone())
+            .map(|tracker| ReadYourWrites {
+                consistency: Arc::new(Consistency::new(
+                    tracker,
+                    &self.name,
+                    self.reads.clone(),
+                    self.options.read_your_writes,
+                    self.options.read_your_writes_bound,
+                    self.options.metrics.clone(),
+                )),
+                queue: self.queue.clone(),
+                reasons: Arc::clone(&self.reasons),
+                halt: life.halt.clone(),
+            });
+        // The order a worker asks them in: see `gate`.
+        let leader = self.options.leader_election.clone().map(Leader);
+        let gates: Vec<Arc<dyn Gate>> = [
+            leader.map(|g| Arc::new(g) as Arc<dyn Gate>),
+            sharding.map(|g| g as Arc<dyn Gate>),
+            read_your_writes.map(|g| Arc::new(g) as Arc<dyn Gate>),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let shared = Arc::new(Worker {
+            name: self.name.clone(),
+            queue: self.queue.clone(),
+            reconciler: Arc::clone(&self.reconciler),
+            policy: Policy {
+                max_retries: self.options.max_retries,
+                panic_policy: self.options.panic_policy,
+                reconcile_timeout: self.options.reconcile_timeout,
+            },
+            metrics: self.options.metrics.clone(),
+            reasons: Arc::clone(&self.reasons),
+            gates,
+            life,
+        });
+        (shared, priming)
+    }
 
+    /// Runs until `stop` or a lost lease, then drains the queue unless the
+    /// controller crashed: whether the lease was lost.
+    async fn until_stopped(
+        &self,
+        stop: &CancellationToken,
+        leadership: &mut Option<Leadership>,
+    ) -> bool {
         let lost = tokio::select! {
             _ = stop.cancelled() => false,
-            _ = lost_leadership(&mut leadership) => true,
+            _ = lost_leadership(leadership) => true,
         };
         if let Some(m) = &self.options.metrics {
             m.set_stopping();
         }
-        let mut result = Ok(());
         // A Crash panic or a failed informer: nothing more is worked, as
-        // after a crash; in-flight reconciles are aborted below.
+        // after a crash; in-flight reconciles are aborted.
         let fatal = self.fatal.lock().is_some();
-        let lost = lost
-            || (!fatal && {
-                info!(timeout = ?self.options.drain_timeout, "shutting down: draining queued and in-flight reconciles");
-                tokio::select! {
-                    drained = tokio::time::timeout(self.options.drain_timeout, self.queue.shut_down_with_drain()) => {
-                        if drained.is_err() {
-                            warn!(timeout = ?self.options.drain_timeout, "drain timed out; aborting the reconciles still running");
-                        }
-                        false
+        lost || (!fatal && {
+            info!(timeout = ?self.options.drain_timeout, "shutting down: draining queued and in-flight reconciles");
+            tokio::select! {
+                drained = tokio::time::timeout(self.options.drain_timeout, self.queue.shut_down_with_drain()) => {
+                    if drained.is_err() {
+                        warn!(timeout = ?self.options.drain_timeout, "drain timed out; aborting the reconciles still running");
                     }
-                    _ = lost_leadership(&mut leadership) => true,
+                    false
                 }
-            })
-            // A loss at the very end of the drain still counts.
-            || leadership.as_ref().is_some_and(|l| !l.elector.may_work());
-        // Whatever the path, no key is handed out from here on.
-        halt.cancel();
-        self.queue.shut_down();
+                _ = lost_leadership(leadership) => true,
+            }
+        })
+        // A loss at the very end of the drain still counts.
+        || leadership.as_ref().is_some_and(|l| !l.elector.may_work())
+    }
+
+    /// Ends the workers (after a lost lease, within its grace and while
+    /// the lease is safely held), aborts what still runs, then releases
+    /// the leadership: how the controller ends.
+    async fn stop_workers(
+        &self,
+        mut workers: JoinSet<()>,
+        leadership: Option<Leadership>,
+        lost: bool,
+        abort: CancellationToken,
+    ) -> Result<(), ControllerError> {
+        let mut result = Ok(());
         if lost {
             error!("lost the leader lease; stopping at once");
             result = Err(ControllerError::LostLeadership);
@@ -855,22 +954,23 @@ async fn join_all(workers: &mut JoinSet<()>) {
     while workers.join_next().await.is_some() {}
 }
 
-/// How an informer event queues a key: at once, or after the
-/// controller's debounce.
+/// How an informer event queues a key: at once, or after the longest
+/// delay its gates ask for (debounce).
 #[derive(Clone)]
 struct Enqueue {
     queue: RateLimitingQueue<String>,
     reasons: Arc<Reasons>,
-    debounce: Option<Duration>,
+    /// The gates that act when an event queues a key.
+    gates: Arc<[Arc<dyn Gate>]>,
 }
 
 impl Enqueue {
     fn add(&self, key: String, reason: impl FnOnce() -> Reason, priority: Priority) {
         self.reasons.now(&key, reason);
-        match self.debounce {
+        match self.gates.iter().filter_map(|g| g.delay()).max() {
             // A key already waiting keeps its earlier time: the events of
             // a burst join the first one's reconcile.
-            Some(debounce) => self.queue.add_after_with_priority(key, debounce, priority),
+            Some(delay) => self.queue.add_after_with_priority(key, delay, priority),
             None => self.queue.add_with_priority(key, priority),
         }
     }

@@ -1,34 +1,53 @@
-//! A controller's worker: takes a key, reconciles it in its span (within
-//! its slot's guard when sharded), and schedules it again, forgets it or
-//! drops it by the outcome and the retry policy.
+//! A controller's worker: takes a key, asks the controller's gates whether
+//! it may be reconciled now (see [`gate`](crate::gate)), reconciles it in
+//! its span, lets the gates settle, and schedules the key again, forgets
+//! it or drops it by the outcome and the retry policy.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use kinformer_workqueue::{Priority, RateLimitingQueue};
+use futures::future::BoxFuture;
+use kinformer_workqueue::{Priority, RateLimitingQueue, Taken};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info_span, warn};
 
-use crate::key_slots::{Entry, Sharding};
+use crate::gate::{Admission, Gate, Outcome, Reconciled};
 use crate::options::PanicPolicy;
-use crate::read_your_writes::{Consistency, Readiness};
 use crate::reason::{Reason, Reasons};
 use crate::reconcile::{Action, Reconciler, chain, denied_in_chain, is_terminal, panic_message};
-use crate::{ControllerError, LeaderElector, Metrics, SlotGuard};
+use crate::{ControllerError, Metrics};
+
+/// A key a worker holds: done when dropped.
+type Key = Taken<String, RateLimitingQueue<String>>;
 
 pub(crate) struct Worker {
     pub(crate) name: String,
     pub(crate) queue: RateLimitingQueue<String>,
     pub(crate) reconciler: Arc<dyn Reconciler>,
+    pub(crate) policy: Policy,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) reasons: Arc<Reasons>,
+    /// Asked in order before each reconcile; see [`gate`](crate::gate).
+    pub(crate) gates: Vec<Arc<dyn Gate>>,
+    pub(crate) life: Life,
+}
+
+/// What a controller does with a reconcile that fails, panics or hangs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
     /// `None`: retried until it succeeds or fails terminally.
     pub(crate) max_retries: Option<u32>,
     pub(crate) panic_policy: PanicPolicy,
     pub(crate) reconcile_timeout: Option<Duration>,
-    pub(crate) metrics: Option<Arc<Metrics>>,
+}
+
+/// Where a controller's workers are in its life.
+pub(crate) struct Life {
+    /// What ended the controller early (a Crash panic, a failed informer).
     pub(crate) fatal: Arc<Mutex<Option<ControllerError>>>,
     /// Cancelled on a Crash panic: the controller stops.
     pub(crate) stop: CancellationToken,
@@ -36,22 +55,18 @@ pub(crate) struct Worker {
     pub(crate) halt: CancellationToken,
     /// Cancelled when in-flight reconciles must end now: they are dropped.
     pub(crate) abort: CancellationToken,
-    pub(crate) elector: Option<Arc<LeaderElector>>,
-    pub(crate) sharding: Option<Sharding>,
-    pub(crate) reasons: Arc<Reasons>,
-    /// Read-your-writes, for a controller of a Manager.
-    pub(crate) consistency: Option<Arc<Consistency>>,
 }
 
-/// Whether a reconcile left its key unscheduled (`Yes`), scheduled it
-/// again (a retry, a `RequeueAfter`: `No`), or was aborted because its
-/// slot's Lease was lost (`LeaseLost`: not scheduled again here, and not
-/// done either).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
-    Yes,
-    No,
-    LeaseLost,
+/// What the queue does with a key once its gates have settled.
+enum Next {
+    /// Done; its failures forgotten.
+    Forget,
+    /// Retried after the rate limiter's delay, at the priority it was taken at.
+    Retry,
+    /// Forgotten and queued again after the delay, at `Low` (a periodic look).
+    RequeueAfter(Duration),
+    /// Only done: a gate or a crash decides what comes next.
+    Done,
 }
 
 impl Worker {
@@ -59,167 +74,161 @@ impl Worker {
         loop {
             let key = tokio::select! {
                 biased;
-                _ = self.halt.cancelled() => return,
-                key = self.queue.get_with_priority() => key,
+                _ = self.life.halt.cancelled() => return,
+                key = self.queue.get() => key,
             };
-            let Some((key, priority)) = key else { return };
+            let Some(key) = key else { return };
             // `get` may have raced the halt: a key taken after it stays
-            // unworked. The elector's own flag turns false the instant the
-            // lease is lost, and a crash is recorded in `fatal`, both before
-            // the runtime gets to cancel `halt`.
-            let leading = self.elector.as_ref().is_none_or(|e| e.may_work());
-            if self.halt.is_cancelled() || !leading || self.fatal.lock().is_some() {
-                self.queue.done(&key);
+            // unworked. A crash is recorded in `fatal` before the runtime
+            // gets to cancel `halt`.
+            if self.life.halt.is_cancelled() || self.life.fatal.lock().is_some() {
                 return;
             }
-            let mut entered = None;
-            if let Some(sharding) = &self.sharding {
-                match sharding.enter(&key) {
-                    Entry::Entered(guard, generation) => entered = Some((guard, generation)),
-                    other => {
-                        // Not now: the slot's holder reconciles the key from
-                        // its own cache, or, for a slot not yet ready here,
-                        // this replica once it is.
-                        self.queue.forget(&key);
-                        self.reasons.forget(&key);
-                        self.queue.done(&key);
-                        if let Entry::NotHeld(Some(generation)) = other {
-                            sharding.forget(&key, generation);
-                        }
-                        continue;
-                    }
-                }
-            }
-            let outcome = self
-                .process(&key, entered.as_ref().map(|(guard, _)| guard), priority)
-                .await;
-            let aborted = outcome.is_none();
-            if let (Some(sharding), Some((guard, generation))) = (&self.sharding, entered) {
-                // The slot is left before the key is done: its handover may
-                // go on while the queue takes the key again.
-                drop(guard);
-                match outcome {
-                    Some(Settled::Yes) => {
-                        sharding.key_slots.worked(&key, generation);
-                        sharding.forget(&key, generation);
-                    }
-                    Some(Settled::LeaseLost) => sharding.forget(&key, generation),
-                    Some(Settled::No) => sharding.key_slots.queued(&key),
-                    None => {}
-                }
-            }
-            self.queue.done(&key);
-            if aborted {
+            // Every log line of the reconcile (the user's and the gates'
+            // included) names the controller, the object, why it was
+            // queued, whether it is a retry and which reconcile it is, as
+            // controller-runtime's and kube-runtime's do.
+            let span = info_span!(
+                "reconcile",
+                controller = %self.name,
+                object = %*key,
+                reason = %self.reasons.take(&key),
+                retries = key.num_requeues(),
+                reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            );
+            if !self.work(key).instrument(span).await {
                 return;
             }
         }
     }
 
-    /// Reconciles `key` (in `slot`'s guard when sharded): whether the key
-    /// was scheduled again, or `None` if the reconcile was aborted and the
-    /// worker must end.
-    /// A failed reconcile is retried at `priority`, the one the key was
-    /// taken at.
-    pub(crate) async fn process(
-        &self,
-        key: &str,
-        slot: Option<&SlotGuard>,
-        priority: Priority,
-    ) -> Option<Settled> {
-        // Every log line of the reconcile (the user's included) names the
-        // controller, the object, whether it is a retry and which
-        // reconcile it is, as controller-runtime's and kube-runtime's do.
-        let span = info_span!(
-            "reconcile",
-            controller = %self.name,
-            object = %key,
-            reason = %self.reasons.take(key),
-            retries = self.queue.num_requeues(&key.to_owned()),
-            reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
-        );
-        self.process_in_span(key, slot, priority)
-            .instrument(span)
-            .await
-    }
-
-    pub(crate) async fn process_in_span(
-        &self,
-        key: &str,
-        slot: Option<&SlotGuard>,
-        priority: Priority,
-    ) -> Option<Settled> {
-        if let Some(consistency) = &self.consistency {
-            let readiness =
-                consistency.before_reconcile(key, priority, &self.queue, &self.reasons, &self.halt);
-            if readiness == Readiness::Parked {
-                return Some(Settled::No);
+    /// Runs `key` through the gates and, if they all admit it, reconciles
+    /// it; whether the worker goes on.
+    async fn work(&self, key: Key) -> bool {
+        let name = key.item().clone();
+        // Settles the gates that admitted the key however this ends: a
+        // panic past here (a user error's `Display`, a gate) or the task
+        // aborted must not leave a slot entered.
+        let mut settling = Settling {
+            gates: &self.gates[..0],
+            key: &name,
+            outcome: Outcome::Aborted,
+        };
+        for (admitted, gate) in self.gates.iter().enumerate() {
+            match gate.admit(&name, key.priority()) {
+                Admission::Admit => settling.gates = &self.gates[..=admitted],
+                Admission::Park => {
+                    settling.settle(Outcome::Requeued);
+                    return true;
+                }
+                Admission::Skip => {
+                    // Not now: the slot's holder reconciles the key from its
+                    // own cache, or, for a slot not yet ready here, this
+                    // replica once it is.
+                    settling.settle(Outcome::Skipped);
+                    self.reasons.forget(&name);
+                    key.forget();
+                    return true;
+                }
+                Admission::Stop => {
+                    settling.settle(Outcome::Aborted);
+                    return false;
+                }
             }
         }
+        let (outcome, next) = self.reconcile(&name, key.num_requeues()).await;
+        // The gates settle before the key is done: a slot is left before
+        // the queue may hand the key out again.
+        settling.settle(outcome);
+        match next {
+            Next::Forget => key.forget(),
+            Next::Retry => key.retry(),
+            Next::RequeueAfter(after) => key.requeue_after(after, Priority::Low),
+            Next::Done => drop(key),
+        }
+        outcome != Outcome::Aborted
+    }
+
+    /// Reconciles `key` (after `retries` failures)
+    /// within the gates' scopes and interruptions: what became of it, and
+    /// what the queue is to do with it.
+    async fn reconcile(&self, key: &str, retries: u32) -> (Outcome, Next) {
         let started = Instant::now();
-        // Writes made through the Manager's client are credited to this reconcile.
-        let reconciling = self.consistency.as_ref().map(|c| c.reconciling(key));
         // Inside the guard: a reconciler may panic before returning its future.
         let reconcile = AssertUnwindSafe(async {
-            match reconciling {
-                Some(reconciling) => reconciling.scope(self.reconciler.reconcile(key)).await,
-                None => self.reconciler.reconcile(key).await,
+            let mut reconcile: BoxFuture<'_, _> = self.reconciler.reconcile(key);
+            for gate in &self.gates {
+                reconcile = gate.scope(key, reconcile);
             }
+            reconcile.await
         })
         .catch_unwind();
+        let interrupted: Vec<_> = self
+            .gates
+            .iter()
+            .filter_map(|g| g.interrupted(key))
+            .collect();
+        let interrupted = async {
+            match interrupted.is_empty() {
+                true => std::future::pending().await,
+                false => futures::future::select_all(interrupted).await.0,
+            }
+        };
         let outcome = tokio::select! {
             biased;
-            _ = self.abort.cancelled() => {
+            _ = self.life.abort.cancelled() => {
                 warn!(key, running = ?started.elapsed(), "reconcile aborted");
-                return None;
+                return (Outcome::Aborted, Next::Done);
             }
-            _ = async {
-                match (&self.sharding, slot) {
-                    (Some(sharding), Some(guard)) => sharding.lost(guard).await,
-                    _ => std::future::pending().await,
-                }
-            } => {
-                // Another replica may take the slot once the Lease expires:
+            why = interrupted => {
+                // Another replica may take the key once the Lease expires:
                 // this reconcile must not outlive that. Not retried here (the
                 // key stays pending, for this replica to take up again if
                 // it takes the slot back).
-                warn!(key, slot = slot.map(SlotGuard::slot), running = ?started.elapsed(), "the slot's Lease was lost; reconcile aborted");
-                self.record(key, "error", started.elapsed().as_secs_f64());
-                self.queue.forget(&key.to_owned());
-                return Some(Settled::LeaseLost);
+                warn!(key, why, running = ?started.elapsed(), "reconcile interrupted");
+                self.record("error", started.elapsed().as_secs_f64());
+                return (Outcome::Interrupted, Next::Forget);
             }
-            outcome = with_timeout(self.reconcile_timeout, reconcile) => outcome,
+            outcome = with_timeout(self.policy.reconcile_timeout, reconcile) => outcome,
         };
-        let seconds = started.elapsed().as_secs_f64();
-        let key_owned = key.to_owned();
+        self.judge(key, retries, outcome, started.elapsed().as_secs_f64())
+    }
+
+    /// What became of a reconcile of `key` (after `retries` failures) that
+    /// ran `seconds` and ended with `outcome` (`None`: timed out), and what
+    /// the queue is to do with the key, by the controller's policy.
+    fn judge(
+        &self,
+        key: &str,
+        retries: u32,
+        outcome: Option<std::thread::Result<Reconciled>>,
+        seconds: f64,
+    ) -> (Outcome, Next) {
         let Some(outcome) = outcome else {
-            self.record(key, "error", seconds);
+            self.record("error", seconds);
             if let Some(m) = &self.metrics {
                 m.reconcile_error(&self.name);
             }
-            let limit = self.reconcile_timeout.unwrap_or_default();
-            return Some(self.retry_or_drop(
-                key_owned,
+            let limit = self.policy.reconcile_timeout.unwrap_or_default();
+            return self.retry_or_drop(
+                key,
+                retries,
                 format!("reconcile timed out after {limit:?}"),
-                priority,
-            ));
+            );
         };
-        let settled = match outcome {
+        match outcome {
             Ok(Ok(Action::Done)) => {
-                self.record(key, "success", seconds);
-                self.queue.forget(&key_owned);
-                Settled::Yes
+                self.record("success", seconds);
+                (Outcome::Finished, Next::Forget)
             }
             Ok(Ok(Action::RequeueAfter(after))) => {
-                self.record(key, "requeue_after", seconds);
-                self.queue.forget(&key_owned);
-                self.reasons.scheduled(&key_owned, Reason::Requeued);
+                self.record("requeue_after", seconds);
+                self.reasons.scheduled(key, Reason::Requeued);
                 // A periodic look at an object that did not change.
-                self.queue
-                    .add_after_with_priority(key_owned, after, Priority::Low);
-                Settled::No
+                (Outcome::Requeued, Next::RequeueAfter(after))
             }
             Ok(Err(e)) => {
-                self.record(key, "error", seconds);
+                self.record("error", seconds);
                 if let Some(m) = &self.metrics {
                     m.reconcile_error(&self.name);
                     if denied_in_chain(e.as_ref()) {
@@ -231,54 +240,74 @@ impl Worker {
                     if let Some(m) = &self.metrics {
                         m.terminal_error(&self.name);
                     }
-                    self.queue.forget(&key_owned);
-                    Settled::Yes
+                    (Outcome::Finished, Next::Forget)
                 } else {
-                    self.retry_or_drop(key_owned, chain(e.as_ref()), priority)
+                    self.retry_or_drop(key, retries, chain(e.as_ref()))
                 }
             }
             Err(panic) => {
                 let message = panic_message(&panic);
                 error!(key, panic = %message, "reconcile panicked");
-                self.record(key, "error", seconds);
+                self.record("error", seconds);
                 if let Some(m) = &self.metrics {
                     m.reconcile_panic(&self.name);
                     m.reconcile_error(&self.name);
                 }
-                if self.panic_policy == PanicPolicy::Crash {
-                    *self.fatal.lock() = Some(ControllerError::ReconcilePanicked {
-                        key: key_owned,
+                if self.policy.panic_policy == PanicPolicy::Crash {
+                    *self.life.fatal.lock() = Some(ControllerError::ReconcilePanicked {
+                        key: key.to_owned(),
                         message,
                     });
-                    self.stop.cancel();
-                    return Some(Settled::Yes);
+                    self.life.stop.cancel();
+                    return (Outcome::Finished, Next::Done);
                 }
-                self.retry_or_drop(key_owned, format!("panic: {message}"), priority)
+                self.retry_or_drop(key, retries, format!("panic: {message}"))
             }
-        };
-        Some(settled)
+        }
     }
 
-    pub(crate) fn record(&self, _key: &str, result: &str, seconds: f64) {
+    fn record(&self, result: &str, seconds: f64) {
         if let Some(m) = &self.metrics {
             m.reconciled(&self.name, result, seconds);
         }
     }
 
-    pub(crate) fn retry_or_drop(&self, key: String, error: String, priority: Priority) -> Settled {
-        let retries = self.queue.num_requeues(&key);
-        if self.max_retries.is_none_or(|max| retries < max) {
-            warn!(key = %key, retries, error = %error, "reconcile failed; retrying with backoff");
-            self.reasons.scheduled(&key, Reason::Retry);
-            self.queue.add_rate_limited_with_priority(key, priority);
-            Settled::No
+    /// A failed reconcile of `key`, after `retries` earlier failures: retried
+    /// with backoff, or dropped once the policy's `max_retries` is reached.
+    fn retry_or_drop(&self, key: &str, retries: u32, error: String) -> (Outcome, Next) {
+        if self.policy.max_retries.is_none_or(|max| retries < max) {
+            warn!(key, retries, error = %error, "reconcile failed; retrying with backoff");
+            self.reasons.scheduled(key, Reason::Retry);
+            (Outcome::Requeued, Next::Retry)
         } else {
-            error!(key = %key, retries, error = %error, "dropping the key: it failed as many times as the controller's max_retries allows; it is reconciled again when its object next changes");
+            error!(key, retries, error = %error, "dropping the key: it failed as many times as the controller's max_retries allows; it is reconciled again when its object next changes");
             if let Some(m) = &self.metrics {
                 m.dropped_key(&self.name);
             }
-            self.queue.forget(&key);
-            Settled::Yes
+            (Outcome::Finished, Next::Forget)
+        }
+    }
+}
+
+/// The gates that admitted a key, told what became of it when dropped
+/// (the last admitted first): `Aborted` unless [`settle`](Self::settle)
+/// says otherwise.
+struct Settling<'a> {
+    gates: &'a [Arc<dyn Gate>],
+    key: &'a str,
+    outcome: Outcome,
+}
+
+impl Settling<'_> {
+    fn settle(mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        for gate in self.gates.iter().rev() {
+            gate.settle(self.key, self.outcome);
         }
     }
 }
@@ -291,5 +320,81 @@ pub(crate) async fn with_timeout<F: Future>(
     match limit {
         Some(limit) => tokio::time::timeout(limit, future).await.ok(),
         None => Some(future.await),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kinformer_workqueue::default_controller_rate_limiter;
+
+    /// Admits every key and records how each was settled.
+    #[derive(Default)]
+    struct Recording(Mutex<Vec<(String, Outcome)>>);
+
+    impl Gate for Recording {
+        fn admit(&self, _key: &str, _priority: Priority) -> Admission {
+            Admission::Admit
+        }
+        fn settle(&self, key: &str, outcome: Outcome) {
+            self.0.lock().push((key.to_owned(), outcome));
+        }
+    }
+
+    /// An error whose text cannot be shown: the worker panics logging it.
+    #[derive(Debug)]
+    struct PanicsWhenShown;
+
+    impl std::fmt::Display for PanicsWhenShown {
+        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            panic!("an error's Display panicked")
+        }
+    }
+
+    impl std::error::Error for PanicsWhenShown {}
+
+    struct Failing;
+
+    impl Reconciler for Failing {
+        fn reconcile<'a>(
+            &'a self,
+            _key: &'a str,
+        ) -> BoxFuture<'a, Result<Action, crate::ReconcileError>> {
+            Box::pin(async { Err(PanicsWhenShown.into()) })
+        }
+    }
+
+    /// A gate's per-key state (a sharded slot's guard) is released however
+    /// the worker ends: here a panic past the reconcile, outside its
+    /// `catch_unwind`. The key is left done, not processing.
+    #[tokio::test]
+    async fn a_gate_is_settled_even_when_the_worker_panics_after_the_reconcile() {
+        let queue = RateLimitingQueue::new(default_controller_rate_limiter());
+        let gate = Arc::new(Recording::default());
+        let worker = Arc::new(Worker {
+            name: "test".to_owned(),
+            queue: queue.clone(),
+            reconciler: Arc::new(Failing),
+            policy: Policy {
+                max_retries: None,
+                panic_policy: PanicPolicy::Recover,
+                reconcile_timeout: None,
+            },
+            metrics: None,
+            reasons: Arc::default(),
+            gates: vec![Arc::clone(&gate) as Arc<dyn Gate>],
+            life: Life {
+                fatal: Arc::default(),
+                stop: CancellationToken::new(),
+                halt: CancellationToken::new(),
+                abort: CancellationToken::new(),
+            },
+        });
+        queue.add("ns/a".to_owned());
+        let ended = tokio::spawn(Arc::clone(&worker).run()).await;
+        assert!(ended.is_err_and(|e| e.is_panic()));
+        assert_eq!(*gate.0.lock(), [("ns/a".to_owned(), Outcome::Aborted)]);
+        queue.add("ns/a".to_owned());
+        assert_eq!(queue.len(), 1, "the key was left processing");
     }
 }

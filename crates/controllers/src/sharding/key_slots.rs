@@ -7,13 +7,15 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kinformer_informer::SharedIndexInformer;
 use kinformer_store::Object;
-use kinformer_workqueue::RateLimitingQueue;
+use kinformer_workqueue::{Priority, RateLimitingQueue};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use crate::gate::{Admission, Gate, Outcome};
 use crate::leader::lease_lost;
 use crate::options::{Event, EventFilter};
 use crate::reason::{Reason, Reasons};
@@ -262,6 +264,9 @@ pub(crate) struct Sharding {
     pub(crate) ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
     /// The ring's held slots as last sent.
     pub(crate) held: watch::Receiver<std::collections::BTreeSet<u32>>,
+    /// The slot guard and generation of each key being reconciled, from
+    /// `admit` to `settle`.
+    pub(crate) entered: Mutex<std::collections::HashMap<String, (SlotGuard, u64)>>,
 }
 
 /// Whether a worker may reconcile a key of a sharded controller now.
@@ -303,15 +308,61 @@ impl Sharding {
     pub(crate) fn forget(&self, key: &str, generation: u64) {
         self.key_slots.forget(key, generation, &self.cache);
     }
+}
 
-    /// Resolves once the Lease of `guard`'s slot is lost (or no longer
+/// Sharded key slots as a gate: a key is reconciled only inside its slot's
+/// guard, in a slot held and primed here; its reconcile is interrupted when
+/// the slot's Lease is lost; a key of a slot not (yet) worked here is
+/// skipped, and its record forgotten unless its object is cached.
+impl Gate for Sharding {
+    fn admit(&self, key: &str, _priority: Priority) -> Admission {
+        match self.enter(key) {
+            Entry::Entered(guard, generation) => {
+                self.entered
+                    .lock()
+                    .insert(key.to_owned(), (guard, generation));
+                Admission::Admit
+            }
+            Entry::NotReady => Admission::Skip,
+            Entry::NotHeld(generation) => {
+                if let Some(generation) = generation {
+                    self.forget(key, generation);
+                }
+                Admission::Skip
+            }
+        }
+    }
+
+    /// Resolves once the Lease of the key's slot is lost (or no longer
     /// safely held by our clock); never while it is held, handed over or
     /// not.
-    pub(crate) async fn lost(&self, guard: &SlotGuard) {
-        let Some(elector) = self.ring.slot_elector(guard.slot()) else {
+    fn interrupted(&self, key: &str) -> Option<BoxFuture<'static, String>> {
+        let slot = self.entered.lock().get(key)?.0.slot();
+        let elector = self.ring.slot_elector(slot);
+        Some(Box::pin(async move {
+            if let Some(elector) = elector {
+                lease_lost(&elector, &mut elector.subscribe()).await;
+            }
+            format!("the Lease of slot {slot} was lost")
+        }))
+    }
+
+    /// Leaves the slot (its handover may go on while the queue takes the
+    /// key again), then records what became of the key.
+    fn settle(&self, key: &str, outcome: Outcome) {
+        let Some((guard, generation)) = self.entered.lock().remove(key) else {
             return;
         };
-        lease_lost(&elector, &mut elector.subscribe()).await;
+        drop(guard);
+        match outcome {
+            Outcome::Finished => {
+                self.key_slots.worked(key, generation);
+                self.forget(key, generation);
+            }
+            Outcome::Interrupted | Outcome::Skipped => self.forget(key, generation),
+            Outcome::Requeued => self.key_slots.queued(key),
+            Outcome::Aborted => {}
+        }
     }
 }
 

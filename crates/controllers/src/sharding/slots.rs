@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use kinformer_informer::ShardScope;
 
+use crate::reconcile::chain;
 use crate::ring::{assign_slots, held_selector};
 use crate::{ControllerError, LeaderElectionConfig, LeaderElector, Metrics, RingMembership};
 
@@ -419,7 +420,7 @@ impl Ring {
             let _ = h.await;
         }
         if let Err(e) = self.membership.leave().await {
-            warn!(error = %e, "could not leave the ring; the member Lease expires instead");
+            warn!(error = %chain(&e), "could not leave the ring; the member Lease expires instead");
         }
         self.metrics.slots_held.set(0);
         self.scope.set(held_selector([], self.config.slots));
@@ -430,14 +431,14 @@ impl Ring {
     async fn look(self: &Arc<Self>, handovers: &mut Vec<JoinHandle<()>>) {
         handovers.retain(|h| !h.is_finished());
         if let Err(e) = self.membership.heartbeat().await {
-            warn!(error = %e, "could not renew the member Lease");
+            warn!(error = %chain(&e), "could not renew the member Lease");
         }
         let members = match self.membership.live_members().await {
             Ok(members) => members,
             Err(e) => {
                 // Without a view of the ring, take nothing new; held slots
                 // stay guarded by their own Leases.
-                warn!(error = %e, "could not list the ring's members");
+                warn!(error = %chain(&e), "could not list the ring's members");
                 return;
             }
         };

@@ -221,11 +221,15 @@ where
         let body = kinformer_protobuf::body_bytes(response).await?;
         self.received
             .fetch_add(body.len() as u64, Ordering::Relaxed);
+        let drop_managed_fields = self.drop_managed_fields;
         if !protobuf {
-            return self.decode_json_list(&body);
+            return off_runtime(move || decode_json_list(&body, drop_managed_fields)).await?;
         }
-        let list = kinformer_protobuf::decode_list_of::<K>(&body, kind, self.drop_managed_fields)
-            .map_err(|e| ListWatchError::Decode(Detail::caused("the list", e)))?;
+        let list = off_runtime(move || {
+            kinformer_protobuf::decode_list_of::<K>(&body, kind, drop_managed_fields)
+        })
+        .await?
+        .map_err(|e| ListWatchError::Decode(Detail::caused("the list", e)))?;
         let mut page = ListPage {
             items: Vec::with_capacity(list.items.len()),
             resource_version: list.resource_version.unwrap_or_default(),
@@ -240,15 +244,6 @@ where
             }
         }
         Ok(page)
-    }
-
-    fn decode_json_list(&self, json: &[u8]) -> Result<ListPage<K>, ListWatchError> {
-        if self.drop_managed_fields {
-            let stripped = strip_managed_fields_json(json, JsonShape::List);
-            json::decode_stripped(json, stripped, json::decode_list::<K>)
-        } else {
-            json::decode_list::<K>(json)
-        }
     }
 
     async fn watch_protobuf(
@@ -436,7 +431,9 @@ where
                     .map_err(|e| self.explain(e.into()))?;
                 self.received
                     .fetch_add(text.len() as u64, Ordering::Relaxed);
-                self.decode_json_list(text.as_bytes())?
+                let drop_managed_fields = self.drop_managed_fields;
+                off_runtime(move || decode_json_list(text.as_bytes(), drop_managed_fields))
+                    .await??
             };
             Ok(self.shard_page(page, shard.as_deref()))
         })
@@ -499,5 +496,37 @@ where
             s.push_str(&format!(" in shard {}", shard.scope.current().printed));
         }
         s
+    }
+}
+
+/// A JSON list, its managedFields dropped before decoding unless kept.
+fn decode_json_list<K: DeserializeOwned>(
+    json: &[u8],
+    drop_managed_fields: bool,
+) -> Result<ListPage<K>, ListWatchError> {
+    if drop_managed_fields {
+        let stripped = strip_managed_fields_json(json, JsonShape::List);
+        json::decode_stripped(json, stripped, json::decode_list::<K>)
+    } else {
+        json::decode_list::<K>(json)
+    }
+}
+
+/// Decodes a list on the blocking pool rather than on a runtime worker: a
+/// relist at a version comes as one page, and decoding tens of thousands
+/// of objects would hold the worker for hundreds of milliseconds (a lease
+/// renewal or a webhook answer waiting behind it). A panic of the decode
+/// unwinds here, as it did inline.
+async fn off_runtime<T: Send + 'static>(
+    decode: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ListWatchError> {
+    match tokio::task::spawn_blocking(decode).await {
+        Ok(decoded) => Ok(decoded),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(ListWatchError::Connect(
+                "the runtime shut down while a list was decoded".into(),
+            )),
+        },
     }
 }

@@ -7,7 +7,8 @@
 //! server is asked for `PartialObjectMetadataList` and
 //! `PartialObjectMetadata`, as kube-client does), namespaced or
 //! cluster-scoped, with label and field selectors. Tests drive the
-//! Reflector with an in-memory implementation instead.
+//! Reflector with an in-memory implementation instead (with the `testing`
+//! feature, `testing::ScriptedListerWatcher`).
 //!
 //! One idea a file:
 //! - this file: the trait and what crosses it (requests, pages, events);

@@ -115,7 +115,7 @@ impl<K: Object + Clone> Reflector<K> {
                     // held is unknown, so nothing is inferred deleted.
                     self.skip(
                         &mut replace,
-                        &Undecodable::new(None, e),
+                        &Undecodable::new(None, crate::error_chain(&e)),
                         "the streaming list",
                     );
                 }
@@ -268,7 +268,7 @@ impl<K: Object + Clone> Reflector<K> {
             match page {
                 Ok(page) => {
                     pages += 1;
-                    let page = self.take_page(replace, page);
+                    let page = self.take_page(replace, page).await;
                     match page.continue_token {
                         Some(next) => {
                             paginated = true;
@@ -299,7 +299,7 @@ impl<K: Object + Clone> Reflector<K> {
                     // The pages taken already no longer count as listed:
                     // an object of theirs the full list lacks was deleted.
                     replace.restart();
-                    let page = self.take_page(replace, page);
+                    let page = self.take_page(replace, page).await;
                     return Ok(Listed {
                         resource_version: page.resource_version,
                         pages: pages + 1,
@@ -313,15 +313,26 @@ impl<K: Object + Clone> Reflector<K> {
 
     /// Hands a page's objects to the replace in progress (reporting those
     /// the lister-watcher skipped); the page keeps its version and token.
-    fn take_page(&self, replace: &mut QueueReplace<'_, K>, mut page: ListPage<K>) -> ListPage<K> {
+    /// [`LIST_BATCH`] at a time, yielding to the runtime in between: a
+    /// relist at a version is one page of the whole list, whose transform
+    /// and hand-over would otherwise hold a runtime worker throughout.
+    async fn take_page(
+        &self,
+        replace: &mut QueueReplace<'_, K>,
+        mut page: ListPage<K>,
+    ) -> ListPage<K> {
         for skipped in std::mem::take(&mut page.skipped) {
             self.skip(replace, &skipped, "a listed page");
         }
-        let mut batch = Vec::with_capacity(page.items.len());
+        let mut batch = Vec::with_capacity(page.items.len().min(LIST_BATCH));
         for obj in std::mem::take(&mut page.items) {
             match self.listed(obj) {
                 Ok(obj) => batch.push(obj),
                 Err(skipped) => self.skip(replace, &skipped, "a listed page"),
+            }
+            if batch.len() >= LIST_BATCH {
+                self.hand_over(replace, &mut batch);
+                tokio::task::yield_now().await;
             }
         }
         self.hand_over(replace, &mut batch);

@@ -426,7 +426,7 @@ impl<K: Object + Clone> Reflector<K> {
                         if should() {
                             debug!("resync");
                             if let Err(e) = fifo.resync() {
-                                warn!(error = %e, "resync failed");
+                                warn!(error = %crate::error_chain(&e), "resync failed");
                             }
                         }
                     }
@@ -502,7 +502,7 @@ impl<K: Object + Clone> Reflector<K> {
                     // As client-go, making progress beats waiting on a server
                     // or proxy that cannot stream; unlike it (which tries the
                     // stream again at the next relist), list + watch from now on.
-                    warn!(error = %e, "streaming list failed; falling back to list + watch");
+                    warn!(error = %crate::error_chain(&e), "streaming list failed; falling back to list + watch");
                     self.report(&e);
                     run.list.watch_list_unsupported = true;
                     State::List { reason }
@@ -558,7 +558,7 @@ impl<K: Object + Clone> Reflector<K> {
                 }
                 // A 410 does not make the last version unavailable: a list
                 // not older than it is still what the cache can serve.
-                info!(error = %e, "watch ended; relisting");
+                info!(error = %crate::error_chain(&e), "watch ended; relisting");
                 self.relist(e, run)
             }
         }
@@ -568,7 +568,7 @@ impl<K: Object + Clone> Reflector<K> {
     fn rewatch(&self, e: &ListWatchError, run: &mut Run, what: &str) -> State<K> {
         self.report(e);
         let delay = run.backoff.next_delay();
-        info!(error = %e, delay_ms = delay.as_millis() as u64, "{what}; backing off, then watching again");
+        info!(error = %crate::error_chain(e), delay_ms = delay.as_millis() as u64, "{what}; backing off, then watching again");
         State::Backoff {
             delay,
             next: Box::new(State::OpenWatch),
@@ -587,7 +587,7 @@ impl<K: Object + Clone> Reflector<K> {
         let reason = if e.is_gone() {
             format!("watch expired: {e}")
         } else {
-            format!("after error: {e}")
+            format!("after error: {}", crate::error_chain(&e))
         };
         self.report(&e);
         let delay = run.backoff.next_delay();
@@ -612,7 +612,7 @@ impl<K: Object + Clone> Reflector<K> {
         }
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.error_handler)(e))) {
             ReflectorStats::bump(&self.stats.error_handler_panics);
-            error!(error = %e, panic = %panic_message(panic.as_ref()), "the watch error handler panicked on this error; going on");
+            error!(error = %crate::error_chain(e), panic = %panic_message(panic.as_ref()), "the watch error handler panicked on this error; going on");
         }
     }
 
@@ -629,7 +629,7 @@ impl<K: Object + Clone> Reflector<K> {
 pub fn default_watch_error_handler(e: &ListWatchError) {
     match e {
         ListWatchError::Gone(_) => info!(error = %e, "watch closed: resource version expired"),
-        _ => warn!(error = %e, "list/watch failed"),
+        _ => warn!(error = %crate::error_chain(e), "list/watch failed"),
     }
 }
 

@@ -2,20 +2,17 @@
 //! against a scripted lister-watcher; the real-server suites (envtest.rs,
 //! faults.rs) cover the same behaviour across the wire.
 
-use std::collections::VecDeque;
-
-use futures::StreamExt;
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kinformer_fifo::DeltaFifo;
 use kube_client::core::WatchEvent;
-use parking_lot::Mutex;
 
-use super::list::INITIAL_EVENTS_END;
 use super::*;
-use crate::lister_watcher::{ListPage, ListRequest, WatchRequest};
+use crate::lister_watcher::ListPage;
+use crate::testing::{ScriptedListerWatcher, ScriptedWatch, bookmark, initial_events_end};
 use crate::{Detail, Undecodable};
+
+type Scripted = ScriptedListerWatcher<ConfigMap>;
 
 fn cm(name: &str, rv: u64) -> ConfigMap {
     ConfigMap {
@@ -30,129 +27,17 @@ fn cm(name: &str, rv: u64) -> ConfigMap {
 }
 
 fn page(rv: u64, items: Vec<ConfigMap>) -> ListPage<ConfigMap> {
-    ListPage {
-        items,
-        resource_version: rv.to_string(),
-        continue_token: None,
-        skipped: Vec::new(),
-        shard_selector: None,
-    }
-}
-
-fn bookmark(rv: u64, initial_events_end: bool) -> WatchEvent<ConfigMap> {
-    let annotations = if initial_events_end {
-        format!(r#","annotations":{{"{INITIAL_EVENTS_END}":"true"}}"#)
-    } else {
-        String::new()
-    };
-    let json = format!(
-        r#"{{"type":"BOOKMARK","object":{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"resourceVersion":"{rv}"{annotations}}}}}}}"#
-    );
-    serde_json::from_str(&json).expect("a bookmark event")
+    crate::testing::page(items, rv)
 }
 
 fn unreachable() -> ListWatchError {
     ListWatchError::Connect(Detail::from("connection reset"))
 }
 
-/// One scripted watch: its events, then either the server closes it or it
-/// stays open with nothing more.
-struct ScriptedWatch {
-    events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>,
-    /// When the server closes it after its events; `None`: never.
-    close_after: Option<Duration>,
-}
-
-fn closes(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
-    closes_after(events, Duration::ZERO)
-}
-
-fn closes_after(
-    events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>,
-    after: Duration,
-) -> ScriptedWatch {
-    ScriptedWatch {
-        events,
-        close_after: Some(after),
-    }
-}
-
-fn stays_open(events: Vec<Result<WatchEvent<ConfigMap>, ListWatchError>>) -> ScriptedWatch {
-    ScriptedWatch {
-        events,
-        close_after: None,
-    }
-}
-
-/// Answers each list and watch call with the next scripted answer (a
-/// connection error once the script is used up) and records the requests.
-#[derive(Default)]
-struct Scripted {
-    lists: Mutex<VecDeque<Result<ListPage<ConfigMap>, ListWatchError>>>,
-    watches: Mutex<VecDeque<Result<ScriptedWatch, ListWatchError>>>,
-    list_requests: Mutex<Vec<ListRequest>>,
-    watch_requests: Mutex<Vec<WatchRequest>>,
-}
-
-impl Scripted {
-    fn list(&self, answer: Result<ListPage<ConfigMap>, ListWatchError>) -> &Self {
-        self.lists.lock().push_back(answer);
-        self
-    }
-
-    fn watch(&self, answer: Result<ScriptedWatch, ListWatchError>) -> &Self {
-        self.watches.lock().push_back(answer);
-        self
-    }
-}
-
-impl ListerWatcher<ConfigMap> for Scripted {
-    fn list(
-        &self,
-        request: ListRequest,
-    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
-        self.list_requests.lock().push(request);
-        let answer = self
-            .lists
-            .lock()
-            .pop_front()
-            .unwrap_or_else(|| Err(ListWatchError::Connect("no more scripted lists".into())));
-        Box::pin(async move { answer })
-    }
-
-    fn watch(
-        &self,
-        request: WatchRequest,
-    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
-        self.watch_requests.lock().push(request);
-        let answer = self
-            .watches
-            .lock()
-            .pop_front()
-            .unwrap_or_else(|| Err(ListWatchError::Connect("no more scripted watches".into())));
-        Box::pin(async move {
-            let watch = answer?;
-            let events = futures::stream::iter(watch.events);
-            let stream: WatchStream<ConfigMap> = if let Some(after) = watch.close_after {
-                let close = futures::stream::once(tokio::time::sleep(after))
-                    .filter_map(|()| async { None });
-                events.chain(close).boxed()
-            } else {
-                events.chain(futures::stream::pending()).boxed()
-            };
-            Ok(stream)
-        })
-    }
-
-    fn describe(&self) -> String {
-        "scripted configmaps".to_owned()
-    }
-}
-
 /// A Reflector over `lw` into a fresh DeltaFifo, with the backoff's
 /// jitter off so that delays are exact.
 fn reflector(
-    lw: &Arc<Scripted>,
+    lw: &Scripted,
     options: ReflectorOptions,
 ) -> (Reflector<ConfigMap>, Arc<DeltaFifo<ConfigMap>>) {
     let fifo = Arc::new(DeltaFifo::new());
@@ -163,7 +48,7 @@ fn reflector(
         },
         ..options
     };
-    let lw: Arc<dyn ListerWatcher<ConfigMap>> = lw.clone();
+    let lw: Arc<dyn ListerWatcher<ConfigMap>> = Arc::new(lw.clone());
     (Reflector::new(lw, Arc::clone(&fifo), options), fifo)
 }
 
@@ -211,8 +96,8 @@ fn errors(r: &Reflector<ConfigMap>) -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn a_complete_list_hands_its_objects_to_the_queue_and_goes_on_to_a_watch() {
-    let lw = Arc::new(Scripted::default());
-    lw.list(Ok(page(10, vec![cm("a", 5), cm("b", 7)])));
+    let lw = Scripted::new();
+    lw.script_list(Ok(page(10, vec![cm("a", 5), cm("b", 7)])));
     let (r, fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -221,17 +106,15 @@ async fn a_complete_list_hands_its_objects_to_the_queue_and_goes_on_to_a_watch()
     assert_eq!(shown, "OpenWatch");
     assert_eq!(fifo.list_keys().len(), 2);
     assert_eq!(r.last_sync_resource_version(), "10");
-    assert_eq!(
-        lw.list_requests.lock()[0].resource_version.as_deref(),
-        Some("0")
-    );
+    assert_eq!(lw.list_requests()[0].resource_version.as_deref(), Some("0"));
     assert_eq!(r.stats.lists_completed.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_list_backs_off_before_relisting_and_each_failure_doubles_the_delay() {
-    let lw = Arc::new(Scripted::default());
-    lw.list(Err(unreachable())).list(Err(unreachable()));
+    let lw = Scripted::new();
+    lw.script_list(Err(unreachable()))
+        .script_list(Err(unreachable()));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -247,13 +130,13 @@ async fn a_failed_list_backs_off_before_relisting_and_each_failure_doubles_the_d
 
 #[tokio::test(start_paused = true)]
 async fn a_watch_the_server_closes_is_reopened_from_the_last_version_without_relisting() {
-    let lw = Arc::new(Scripted::default());
-    lw.list(Ok(page(10, vec![cm("a", 5)])))
-        .watch(Ok(closes(vec![
+    let lw = Scripted::new();
+    lw.script_list(Ok(page(10, vec![cm("a", 5)])))
+        .script_watch(ScriptedWatch::closed(vec![
             Ok(WatchEvent::Modified(cm("a", 11))),
-            Ok(bookmark(12, false)),
-        ])))
-        .watch(Ok(stays_open(Vec::new())));
+            Ok(bookmark(12)),
+        ]))
+        .script_watch(ScriptedWatch::open(Vec::new()));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -265,7 +148,7 @@ async fn a_watch_the_server_closes_is_reopened_from_the_last_version_without_rel
     assert_eq!(shown, "OpenWatch");
     let (_, shown) = step(&r, state, &mut run, &shutdown).await;
     assert_eq!(shown, "Watch");
-    let watches = lw.watch_requests.lock();
+    let watches = lw.watch_requests();
     assert_eq!(watches[0].resource_version, "10");
     assert_eq!(watches[1].resource_version, "12", "from the bookmark");
     assert!(
@@ -273,14 +156,14 @@ async fn a_watch_the_server_closes_is_reopened_from_the_last_version_without_rel
             .iter()
             .all(|w| w.allow_bookmarks && !w.send_initial_events)
     );
-    assert_eq!(lw.list_requests.lock().len(), 1, "no relist");
+    assert_eq!(lw.list_requests().len(), 1, "no relist");
     assert_eq!(errors(&r), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_watch_closed_at_once_with_no_event_relists_after_a_backoff() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(closes(Vec::new())));
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::closed(Vec::new()));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -293,8 +176,11 @@ async fn a_watch_closed_at_once_with_no_event_relists_after_a_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn a_quiet_watch_the_server_closes_after_a_second_or_more_is_reopened_without_relisting() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(closes_after(Vec::new(), Duration::from_secs(1))));
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::closed_after(
+        Vec::new(),
+        Duration::from_secs(1),
+    ));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -307,8 +193,8 @@ async fn a_quiet_watch_the_server_closes_after_a_second_or_more_is_reopened_with
 
 #[tokio::test(start_paused = true)]
 async fn a_shard_changed_while_listing_is_listed_again_at_once() {
-    let lw = Arc::new(Scripted::default());
-    lw.list(Err(ListWatchError::Rescoped("shard 2 of 3".into())));
+    let lw = Scripted::new();
+    lw.script_list(Err(ListWatchError::Rescoped("shard 2 of 3".into())));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -320,9 +206,11 @@ async fn a_shard_changed_while_listing_is_listed_again_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_watch_refused_with_429_or_cut_off_is_reopened_after_a_backoff_without_relisting() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Err(ListWatchError::TooManyRequests("slow down".into())))
-        .watch(Ok(stays_open(vec![Err(unreachable())])));
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::refused(ListWatchError::TooManyRequests(
+        "slow down".into(),
+    )))
+    .script_watch(ScriptedWatch::open(vec![Err(unreachable())]));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -334,19 +222,19 @@ async fn a_watch_refused_with_429_or_cut_off_is_reopened_after_a_backoff_without
     assert_eq!(shown, "Watch");
     let (_, shown) = step(&r, state, &mut run, &shutdown).await;
     assert_eq!(shown, "Backoff(1600ms) -> OpenWatch");
-    assert!(lw.list_requests.lock().is_empty());
+    assert!(lw.list_requests().is_empty());
     assert_eq!(errors(&r), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_410_on_the_watch_relists_at_the_last_version_seen_after_a_backoff() {
-    let lw = Arc::new(Scripted::default());
-    lw.list(Ok(page(10, Vec::new())))
-        .watch(Ok(stays_open(vec![
+    let lw = Scripted::new();
+    lw.script_list(Ok(page(10, Vec::new())))
+        .script_watch(ScriptedWatch::open(vec![
             Ok(WatchEvent::Added(cm("a", 11))),
             Err(ListWatchError::Gone("too old".into())),
-        ])))
-        .list(Ok(page(20, Vec::new())));
+        ]))
+        .script_list(Ok(page(20, Vec::new())));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -369,17 +257,17 @@ async fn a_410_on_the_watch_relists_at_the_last_version_seen_after_a_backoff() {
     assert_eq!(shown, "OpenWatch");
     // Not older than the last version seen: the watch cache can serve it.
     assert_eq!(
-        lw.list_requests.lock()[1].resource_version.as_deref(),
+        lw.list_requests()[1].resource_version.as_deref(),
         Some("11")
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_undecodable_watch_event_relists_and_is_counted() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(vec![Err(ListWatchError::Undecodable(
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(vec![Err(ListWatchError::Undecodable(
         Undecodable::new(Some("ns/a".into()), "garbled"),
-    ))])));
+    ))]));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -392,8 +280,10 @@ async fn an_undecodable_watch_event_relists_and_is_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_watch_idle_for_the_idle_timeout_is_reopened_at_once() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(vec![Ok(WatchEvent::Added(cm("a", 11)))])));
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(vec![Ok(WatchEvent::Added(cm(
+        "a", 11,
+    )))]));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -412,11 +302,13 @@ async fn a_watch_idle_for_the_idle_timeout_is_reopened_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_changed_shard_relists_at_once_and_is_not_an_error() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(vec![Err(ListWatchError::Rescoped(
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(vec![Err(ListWatchError::Rescoped(
         "shard 1 of 3".into(),
-    ))])))
-    .watch(Err(ListWatchError::Rescoped("shard 2 of 3".into())));
+    ))]))
+    .script_watch(ScriptedWatch::refused(ListWatchError::Rescoped(
+        "shard 2 of 3".into(),
+    )));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -431,9 +323,10 @@ async fn a_changed_shard_relists_at_once_and_is_not_an_error() {
 
 #[tokio::test(start_paused = true)]
 async fn internal_errors_reopen_the_watch_within_their_window_then_relist() {
-    let internal_error = || Ok(stays_open(vec![Err(internal())]));
-    let lw = Arc::new(Scripted::default());
-    lw.watch(internal_error()).watch(internal_error());
+    let internal_error = || ScriptedWatch::open(vec![Err(internal())]);
+    let lw = Scripted::new();
+    lw.script_watch(internal_error())
+        .script_watch(internal_error());
     let options = ReflectorOptions {
         max_internal_error_retry_duration: Duration::from_secs(1),
         ..paged()
@@ -455,13 +348,13 @@ async fn internal_errors_reopen_the_watch_within_their_window_then_relist() {
 
 #[tokio::test(start_paused = true)]
 async fn a_list_starts_the_internal_error_window_again() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(vec![Err(internal())])))
-        .watch(Ok(stays_open(vec![Err(ListWatchError::Gone(
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(vec![Err(internal())]))
+        .script_watch(ScriptedWatch::open(vec![Err(ListWatchError::Gone(
             "too old".into(),
-        ))])))
-        .list(Ok(page(10, Vec::new())))
-        .watch(Ok(stays_open(vec![Err(internal())])));
+        ))]))
+        .script_list(Ok(page(10, Vec::new())))
+        .script_watch(ScriptedWatch::open(vec![Err(internal())]));
     let options = ReflectorOptions {
         max_internal_error_retry_duration: Duration::from_secs(1),
         ..paged()
@@ -496,12 +389,12 @@ async fn a_list_starts_the_internal_error_window_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_streaming_list_hands_over_its_objects_and_its_watch_goes_on() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(vec![
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(vec![
         Ok(WatchEvent::Added(cm("a", 5))),
         Ok(WatchEvent::Added(cm("b", 6))),
-        Ok(bookmark(9, true)),
-    ])));
+        Ok(initial_events_end(9)),
+    ]));
     let (r, fifo) = reflector(&lw, ReflectorOptions::default());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -510,22 +403,22 @@ async fn a_streaming_list_hands_over_its_objects_and_its_watch_goes_on() {
     assert_eq!(shown, "Watch");
     assert_eq!(fifo.list_keys().len(), 2);
     assert_eq!(r.last_sync_resource_version(), "9");
-    assert!(lw.watch_requests.lock()[0].send_initial_events);
-    assert!(lw.list_requests.lock().is_empty());
+    assert!(lw.watch_requests()[0].send_initial_events);
+    assert!(lw.list_requests().is_empty());
     assert_eq!(r.stats.lists_completed.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_streaming_list_falls_back_to_pages_at_once_and_for_good() {
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Err(ListWatchError::Api {
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::refused(ListWatchError::Api {
         code: 400,
         reason: "BadRequest".into(),
         message: "sendInitialEvents is not supported".into(),
         causes: Vec::new(),
     }))
-    .list(Ok(page(10, Vec::new())))
-    .list(Ok(page(11, Vec::new())));
+    .script_list(Ok(page(10, Vec::new())))
+    .script_list(Ok(page(11, Vec::new())));
     let (r, _fifo) = reflector(&lw, ReflectorOptions::default());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -536,15 +429,15 @@ async fn a_refused_streaming_list_falls_back_to_pages_at_once_and_for_good() {
     assert_eq!(shown, "OpenWatch");
     let (_, shown) = step(&r, list_state(), &mut run, &shutdown).await;
     assert_eq!(shown, "OpenWatch", "the relist is paged too");
-    assert_eq!(lw.watch_requests.lock().len(), 1, "streamed once only");
-    assert_eq!(lw.list_requests.lock().len(), 2);
+    assert_eq!(lw.watch_requests().len(), 1, "streamed once only");
+    assert_eq!(lw.list_requests().len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_every_state() {
     let started = Instant::now();
-    let lw = Arc::new(Scripted::default());
-    lw.watch(Ok(stays_open(Vec::new())));
+    let lw = Scripted::new();
+    lw.script_watch(ScriptedWatch::open(Vec::new()));
     let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
@@ -566,8 +459,8 @@ async fn shutdown_stops_every_state() {
         assert_eq!(after, "Stopped", "from {before}");
     }
     // A streaming list too (its watch would answer at once).
-    let streaming = Arc::new(Scripted::default());
-    streaming.watch(Ok(stays_open(vec![Ok(bookmark(1, true))])));
+    let streaming = Scripted::new();
+    streaming.script_watch(ScriptedWatch::open(vec![Ok(initial_events_end(1))]));
     let (r, _fifo) = reflector(&streaming, ReflectorOptions::default());
     let mut run = Run::new(&r.options);
     let (_, after) = step(&r, list_state(), &mut run, &shutdown).await;

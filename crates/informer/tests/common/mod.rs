@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_informer::consistency::{Difference, LastSeen, diff, diff_cache, server_versions};
-use kinformer_informer::{FifoKind, InformerOptions, SharedIndexInformer};
+use kinformer_informer::{FifoKind, InformerOptions, SharedIndexInformer, error_chain};
 use kinformer_store::Object;
 use kube_client::Resource;
 use kube_client::api::{Api, DeleteParams, PostParams};
@@ -71,7 +71,7 @@ pub fn errors_seen<K: Object + Clone>(informer: &SharedIndexInformer<K>) -> Repo
     let reported = Reported::default();
     let sink = Arc::clone(&reported.0);
     informer
-        .set_watch_error_handler(move |e| sink.lock().push((Instant::now(), e.to_string())))
+        .set_watch_error_handler(move |e| sink.lock().push((Instant::now(), error_chain(e))))
         .unwrap();
     reported
 }

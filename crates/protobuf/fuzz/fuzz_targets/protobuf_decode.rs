@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kinformer_protobuf::{ProtobufError, ProtobufList, decode, decode_list};
+use kinformer_protobuf::{Error, ProtobufList, decode, decode_list};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {
@@ -30,7 +30,7 @@ fn check<E: std::fmt::Display>(result: Result<(), E>) {
 }
 
 /// A list is a value or an error, and so is each of its items.
-fn check_list<K>(list: Result<ProtobufList<K>, ProtobufError>) {
+fn check_list<K>(list: Result<ProtobufList<K>, Error>) {
     match list {
         Ok(list) => {
             for item in list.items {
