@@ -45,7 +45,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 : "${KUBECONFIG:?set KUBECONFIG to the cluster to check against}"
 
 ns="${NAMESPACE:-website-check-$$-$RANDOM}"
-metrics_port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+# 32768 and up by default), where the local end of an outgoing connection, or a
+# test server bound to port 0, may already hold the port: the program would fail
+# to bind and /readyz would never answer.
+metrics_port=$((20000 + RANDOM % 12000))
 probe_port=$((metrics_port + 1))
 webhook_port=$((metrics_port + 2))
 log="$(mktemp -t website-check.XXXXXX.log)"
@@ -114,7 +118,8 @@ step "controller started, ready"
 started=$SECONDS
 KUBECONFIG="${PROGRAM_KUBECONFIG:-$KUBECONFIG}" LEASE_NAMESPACE="$ns" \
     METRICS_ADDR="127.0.0.1:$metrics_port" PROBE_ADDR="127.0.0.1:$probe_port" \
-    WEBHOOK_ADDR="127.0.0.1:$webhook_port" CERT_DIR="$certs" "$@" >"$log" 2>&1 &
+    WEBHOOK_ADDR="127.0.0.1:$webhook_port" CERT_DIR="$certs" RUST_LIB_BACKTRACE=0 \
+    "$@" >"$log" 2>&1 &
 pid=$!
 until_ok 60 curl -fsS "http://127.0.0.1:$probe_port/readyz" || fail "/readyz never answered 200"
 curl -fsS "http://127.0.0.1:$probe_port/healthz" >/dev/null || fail "/healthz"
