@@ -778,7 +778,8 @@ fn process_cpu_ms(pid: u32) -> f64 {
             .unwrap_or(0.0)
     };
     // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
-    // SAFETY: sysconf has no preconditions.
+    // SAFETY: sysconf has no preconditions and reads no memory of ours.
+    #[allow(unsafe_code)]
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) * 1e3 / hz.max(1.0)
 }

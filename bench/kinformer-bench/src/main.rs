@@ -441,9 +441,10 @@ struct ReadingReconciler {
 impl kinformer_controllers::Reconciler for ReadingReconciler {
     fn reconcile<'a>(
         &'a self,
-        key: &'a str,
+        request: &'a kinformer_controllers::Request,
     ) -> BoxFuture<'a, Result<kinformer_controllers::Action, kinformer_controllers::ReconcileError>>
     {
+        let key = request.key.as_str();
         let started = Instant::now();
         let mut read = 0;
         if let Some(pod) = self.cache.get_by_key(key) {

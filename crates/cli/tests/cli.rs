@@ -136,6 +136,14 @@ fn a_log_level_that_is_not_one_is_reported() {
     assert!(err.contains("--log-level"), "{err}");
 }
 
+/// SIGTERM to `child`: a graceful stop.
+#[allow(unsafe_code)]
+fn sigterm(child: &std::process::Child) {
+    // SAFETY: kill(2) takes no pointers, and the pid is our own child's,
+    // not yet reaped (its `wait` comes after), so it cannot be reused.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
 /// GETs `path` on `addr`; the status line and the body.
 fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
@@ -206,8 +214,7 @@ async fn metrics_and_probes_are_served_on_their_own_addresses() {
             .unwrap()
             .starts_with("HTTP/1.1 200")
     );
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    sigterm(&child);
     assert!(child.wait().unwrap().success());
 }
 
@@ -330,10 +337,7 @@ async fn a_controller_killed_mid_work_converges_after_a_restart() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // SIGTERM: a graceful stop exits 0.
-    // SAFETY: kill(2) on our own child process.
-    unsafe {
-        libc::kill(second.id() as i32, libc::SIGTERM);
-    }
+    sigterm(&second);
     let status = second.wait().unwrap();
     assert!(
         converged,
@@ -400,10 +404,9 @@ async fn a_second_sigterm_exits_at_once_while_the_first_still_waits_for_the_serv
     wait_for_line(&lines, &mut seen, "started workers");
     // The server goes silent: releasing the lease on shutdown now hangs.
     proxy.blackhole(true);
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    sigterm(&child);
     wait_for_line(&lines, &mut seen, "signal received");
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    sigterm(&child);
     wait_for_line(&lines, &mut seen, "second signal received");
     let status = child.wait().unwrap();
     assert_eq!(

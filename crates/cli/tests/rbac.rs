@@ -161,8 +161,10 @@ async fn services(env: &TestEnv, ns: &str) {
         .unwrap();
 }
 
+#[allow(unsafe_code)]
 fn stop(mut child: Child) {
-    // SAFETY: kill(2) on our own child process.
+    // SAFETY: kill(2) takes no pointers, and the pid is our own child's,
+    // not yet reaped (it is waited for below), so it cannot be reused.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }

@@ -15,10 +15,10 @@ pub enum ControllerError {
     #[error("the controller's informer failed")]
     InformerFailed(#[source] kinformer_informer::InformerError),
     /// A reconcile panicked and the panic policy is `Crash`.
-    #[error("reconcile of {key:?} panicked: {message}")]
+    #[error("reconcile of {:?} panicked: {message}", key.as_str())]
     ReconcilePanicked {
         /// The key being reconciled.
-        key: String,
+        key: kinformer_store::ObjectKey,
         /// The panic message.
         message: String,
     },

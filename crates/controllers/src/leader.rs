@@ -1076,7 +1076,10 @@ mod tests {
         use crate::gate::{Admission, Gate, Leader};
         let gate = Leader(Arc::new(candidate("a")));
         assert_eq!(
-            gate.admit("ns/a", kinformer_workqueue::Priority::High),
+            gate.admit(
+                &"ns/a".parse().unwrap(),
+                kinformer_workqueue::Priority::High
+            ),
             Admission::Stop
         );
     }

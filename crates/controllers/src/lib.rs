@@ -115,7 +115,8 @@ pub use error::ControllerError;
 pub use events::{EventRecorder, EventType, NewEvent};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 pub use kinformer_informer::error_chain;
-/// An object's namespace and name, as mappers return and Listers take.
+/// An object's namespace and name: the key a [`Request`] names, mappers
+/// return and a controller's queue holds.
 pub use kinformer_store::ObjectKey;
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{
@@ -127,8 +128,9 @@ pub use metrics::{Check, CheckFailed, Metrics};
 pub use options::{ControllerOptions, Event, PanicPolicy};
 pub use rbac::Permissions;
 pub use read_your_writes::{DEFAULT_READ_YOUR_WRITES_BOUND, untracked};
+pub use reason::Reason;
 pub use reconcile::{
-    Action, FnReconciler, Lookup, ReconcileError, Reconciler, TerminalError, is_conflict,
+    Action, FnReconciler, Lookup, ReconcileError, Reconciler, Request, TerminalError, is_conflict,
     is_forbidden, is_not_found,
 };
 pub use runnable::{FnRunnable, Runnable, RunnableError, runnable};

@@ -167,7 +167,7 @@ mod tests {
     impl crate::Reconciler for Done {
         fn reconcile<'a>(
             &'a self,
-            _: &'a str,
+            _: &'a crate::Request,
         ) -> futures::future::BoxFuture<'a, Result<crate::Action, crate::ReconcileError>> {
             Box::pin(async { Ok(crate::Action::Done) })
         }

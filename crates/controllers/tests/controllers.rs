@@ -10,13 +10,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
 use kinformer_controllers::service_strategy::{STRATEGY_ANNOTATION, ServiceStrategy, event_filter};
 use kinformer_controllers::{
     Action, Controller, ControllerError, ControllerOptions, LeaderElectionConfig, LeaderElector,
-    Metrics, PanicPolicy, ReconcileError, Reconciler, pod_stdout::PodStdout,
+    Metrics, ObjectKey, PanicPolicy, ReconcileError, Reconciler, Request, pod_stdout::PodStdout,
 };
 use kinformer_envtest::TestEnv;
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, SharedIndexInformer,
 };
-use kinformer_store::{meta_namespace_key, namespace_indexers};
+use kinformer_store::namespace_indexers;
 use kinformer_workqueue::Priority;
 use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -247,7 +247,11 @@ struct Probe {
 }
 
 impl Reconciler for Probe {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             *self.calls.lock().entry(key.to_owned()).or_default() += 1;
             self.started.lock().push(key.to_owned());
@@ -410,7 +414,7 @@ async fn with_the_crash_policy_a_panic_stops_the_controller_with_an_error() {
         .unwrap();
     match result {
         Err(ControllerError::ReconcilePanicked { key, message }) => {
-            assert_eq!(key, format!("{ns}/bad"));
+            assert_eq!(key.as_str(), format!("{ns}/bad"));
             assert!(message.contains("probe panics"));
         }
         other => panic!("expected ReconcilePanicked, got {other:?}"),
@@ -507,7 +511,11 @@ impl Drop for Recording {
 }
 
 impl Reconciler for Recorder {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             let _recording = Recording {
                 replica: self.replica,
@@ -1245,7 +1253,11 @@ struct LastValue {
 }
 
 impl Reconciler for LastValue {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let value = cached_value(&self.lister, key);
@@ -1324,7 +1336,11 @@ impl Stuck {
 }
 
 impl Reconciler for Stuck {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             *self.calls.lock().entry(key.to_owned()).or_default() += 1;
             if key.ends_with("/stuck") {
@@ -1458,7 +1474,11 @@ struct Gated {
 }
 
 impl Reconciler for Gated {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             self.entered.fetch_add(1, Ordering::SeqCst);
             self.gate.acquire().await?.forget();
@@ -1529,7 +1549,11 @@ async fn updates_during_a_reconcile_are_coalesced_into_one_more_reconcile_of_the
 struct PanicsEarly;
 
 impl Reconciler for PanicsEarly {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         if key.ends_with("/bad") {
             panic!("no future for {key}");
         }
@@ -1626,8 +1650,7 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
         Probe::default(),
         options,
     )
-    .err()
-    .expect("0 workers is rejected");
+    .expect_err("0 workers is rejected");
     assert!(err.to_string().contains("workers is 0"), "{err}");
 
     let mut config = LeaderElectionConfig::new("lease")
@@ -1641,8 +1664,7 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
         Probe::default(),
         ControllerOptions::new().leader_election(elector),
     )
-    .err()
-    .expect("a renew deadline equal to the lease is rejected");
+    .expect_err("a renew deadline equal to the lease is rejected");
     assert!(err.to_string().contains("renew deadline"), "{err}");
 
     let ring = kinformer_controllers::Ring::new(
@@ -1658,8 +1680,7 @@ async fn options_that_cannot_work_are_rejected_with_an_error_naming_them() {
             .ring(ring)
             .reconcile_initial_list(false),
     )
-    .err()
-    .expect("a ring without the initial list is rejected");
+    .expect_err("a ring without the initial list is rejected");
     assert!(
         err.to_string().contains("reconcile_initial_list(false)"),
         "{err}"
@@ -1831,7 +1852,11 @@ struct Owner {
 }
 
 impl Reconciler for Owner {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             *self.calls.lock().entry(key.to_owned()).or_default() += 1;
             let (ns, name) = key.split_once('/').unwrap();
@@ -1895,7 +1920,7 @@ async fn owned_and_watched_objects_enqueue_their_owner_after_every_cache_has_syn
     .watches(service_informer, |svc: &Service| {
         let for_ = svc.metadata.labels.as_ref().and_then(|l| l.get("for"));
         let ns = svc.metadata.namespace.clone().unwrap_or_default();
-        for_.map(|owner| vec![format!("{ns}/{owner}")])
+        for_.map(|owner| vec![ObjectKey::namespaced(&ns, owner).unwrap()])
             .unwrap_or_default()
     })
     .unwrap();
@@ -2057,7 +2082,11 @@ struct InOrder {
 }
 
 impl Reconciler for InOrder {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         Box::pin(async move {
             let gated = {
                 let mut first = self.first.lock();
@@ -2162,7 +2191,11 @@ struct Logged {
 }
 
 impl Reconciler for Logged {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let key = request.key.as_str();
         self.log.lock().push((self.replica, key.to_owned()));
         Box::pin(async { Ok(Action::Done) })
     }
@@ -2321,7 +2354,7 @@ async fn a_standby_told_not_to_reconcile_its_initial_list_takes_over_with_only_t
     // Each Secret maps to the ConfigMap of its name.
     let controller = controller
         .watches(secret_informer.clone(), |secret: &Secret| {
-            meta_namespace_key(secret).into_iter().collect()
+            ObjectKey::of(secret).into_iter().collect()
         })
         .unwrap();
     let queue = controller.queue().clone();

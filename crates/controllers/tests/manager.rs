@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kinformer_controllers::{
     Action, ControllerError, ControllerOptions, LeaderElectionConfig, Lookup, Manager,
-    ManagerOptions, PanicPolicy, runnable,
+    ManagerOptions, ObjectKey, PanicPolicy, runnable,
 };
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
 use kube_client::Client;
@@ -77,11 +77,7 @@ fn two_controllers(
     let secret_controller = manager
         .controller::<Secret>("secret")
         .watches(configmaps, |cm: &ConfigMap| {
-            vec![format!(
-                "{}/{}",
-                cm.metadata.namespace.as_deref().unwrap_or_default(),
-                cm.metadata.name.as_deref().unwrap_or_default()
-            )]
+            ObjectKey::of(cm).into_iter().collect()
         })
         .reconcile(Arc::clone(seen), |s, seen| async move {
             seen.lock().push(format!("secret:{}", names(&s)));
@@ -323,7 +319,7 @@ async fn a_crashing_controller_stops_the_manager_with_its_error() {
         .unwrap();
     match task.await.unwrap() {
         Err(ControllerError::ReconcilePanicked { key, message }) => {
-            assert_eq!(key, format!("{ns}/boom"));
+            assert_eq!(key.as_str(), format!("{ns}/boom"));
             assert_eq!(message, "boom");
         }
         other => panic!("expected the crash, got {other:?}"),

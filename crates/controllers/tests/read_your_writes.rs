@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kinformer_controllers::{
-    Action, ControllerOptions, Lookup, Manager, ManagerOptions, ReconcileError,
+    Action, ControllerOptions, Lookup, Manager, ManagerOptions, ObjectKey, ReconcileError,
 };
 use kinformer_envtest::{AnsweringProxy, TestEnv};
 use kinformer_informer::{CancellationToken, Lister};
@@ -657,7 +657,7 @@ async fn a_watching_controller_waits_for_its_writes_on(fifo: kinformer_informer:
         .controller::<Secret>("watcher")
         .watches(configmaps, move |cm: &ConfigMap| {
             if cm.namespace().as_deref() == Some(&mapped_ns) {
-                vec![format!("{mapped_ns}/parent")]
+                vec![ObjectKey::namespaced(&mapped_ns, "parent").unwrap()]
             } else {
                 Vec::new()
             }

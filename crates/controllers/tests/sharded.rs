@@ -20,8 +20,8 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kinformer_controllers::ring::slot_of_uid;
 use kinformer_controllers::{
-    Action, Controller, ControllerError, ControllerOptions, Event, Lookup, Metrics, Ring,
-    RingConfig,
+    Action, Controller, ControllerError, ControllerOptions, Event, Lookup, Metrics, ObjectKey,
+    Ring, RingConfig,
 };
 use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_informer::{ApiListerWatcher, InformerOptions, SharedIndexInformer};
@@ -158,7 +158,7 @@ impl Replica {
                             ),
                             v_of(&cm).to_owned(),
                         ),
-                        Lookup::Gone { key } => (key, GONE.to_owned()),
+                        Lookup::Gone { key } => (key.into_string(), GONE.to_owned()),
                     };
                     let index = {
                         let mut log = log.lock();
@@ -197,13 +197,7 @@ impl Replica {
                         ApiListerWatcher::<ConfigMap>::namespaced(env.client().unwrap(), ns),
                         InformerOptions::default(),
                     ),
-                    |cm: &ConfigMap| {
-                        vec![format!(
-                            "{}/{}",
-                            cm.metadata.namespace.as_deref().unwrap_or_default(),
-                            cm.metadata.name.as_deref().unwrap_or_default()
-                        )]
-                    },
+                    |cm: &ConfigMap| ObjectKey::of(cm).into_iter().collect(),
                 )
                 .unwrap()
         } else {

@@ -152,10 +152,12 @@ extern "C" fn cleanup_kept_at_exit() {
     };
     for (pids, dir) in entries.iter() {
         for &pid in pids {
+            #[allow(unsafe_code)]
             // SAFETY: plain syscalls on a process group this process
             // created (each server leads its own), then on the child it
             // reaps: its files are removed only once it is gone, so that
             // a dying etcd writes nothing into a removed directory.
+            // waitpid(2) accepts a null status pointer.
             unsafe {
                 libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
                 libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
@@ -239,7 +241,9 @@ impl TestEnv {
             .unwrap_or_else(|e| e.into_inner())
             .push((pids, self.dir.path().to_owned()));
         EXIT_HOOK.call_once(|| {
-            // SAFETY: registering a plain extern "C" function.
+            #[allow(unsafe_code)]
+            // SAFETY: atexit(3) takes a plain `extern "C" fn()`, which
+            // cannot unwind into libc (a panic in it aborts).
             unsafe {
                 libc::atexit(cleanup_kept_at_exit);
             }

@@ -63,7 +63,10 @@ impl Process {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        #[allow(unsafe_code)]
+        // SAFETY: the closure runs in the forked child before exec, where
+        // only async-signal-safe calls are sound: prctl is one, allocates
+        // nothing and touches no memory of ours; reading errno is too.
         unsafe {
             cmd.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -112,7 +115,10 @@ impl Process {
             return;
         }
         let pgid = self.child.id() as libc::pid_t;
-        // SAFETY: plain syscall on a process group we created.
+        #[allow(unsafe_code)]
+        // SAFETY: kill(2) takes no pointers. The group is ours: the child
+        // leads it (process_group(0)) and is not yet reaped, so its id
+        // cannot have been reused.
         unsafe {
             libc::kill(-pgid, libc::SIGTERM);
         }
@@ -123,7 +129,8 @@ impl Process {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        // SAFETY: as above; the leader is still not reaped.
         unsafe {
             libc::kill(-pgid, libc::SIGKILL);
         }

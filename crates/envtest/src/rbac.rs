@@ -98,6 +98,14 @@ pub struct Log {
     lines: tokio::sync::watch::Receiver<Vec<String>>,
 }
 
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("lines", &self.lines.borrow().len())
+            .finish()
+    }
+}
+
 impl Log {
     /// Follows `pipe` until it closes (a task on the current runtime).
     pub fn follow(pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Self {

@@ -5,6 +5,7 @@
 use kinformer_envtest::{Binaries, EnvtestError};
 
 #[test]
+#[allow(unsafe_code)] // std::env::set_var: see the SAFETY comments.
 fn kubebuilder_assets_are_used_as_they_are_and_never_built_into() {
     // The binaries this crate builds (or finds), linked into a setup-envtest
     // style directory.
@@ -14,7 +15,7 @@ fn kubebuilder_assets_are_used_as_they_are_and_never_built_into() {
         std::os::unix::fs::symlink(built.dir.join(name), assets.path().join(name)).unwrap();
     }
     // SAFETY: this test binary runs this one test; no other thread reads
-    // the environment meanwhile.
+    // or writes the environment meanwhile.
     unsafe {
         std::env::remove_var("KINFORMER_ENVTEST_BIN");
         std::env::set_var("KUBEBUILDER_ASSETS", assets.path());

@@ -28,6 +28,15 @@ pub struct DeltaFifoOptions<K> {
     emit_delta_type_replaced: bool,
 }
 
+impl<K> fmt::Debug for DeltaFifoOptions<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeltaFifoOptions")
+            .field("known_objects", &self.known_objects.is_some())
+            .field("emit_delta_type_replaced", &self.emit_delta_type_replaced)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<K: Object> Default for DeltaFifoOptions<K> {
     fn default() -> Self {
         Self {

@@ -37,6 +37,15 @@ pub struct RealFifoOptions<K> {
     atomic: bool,
 }
 
+impl<K> fmt::Debug for RealFifoOptions<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RealFifoOptions")
+            .field("known_objects", &self.known_objects.is_some())
+            .field("atomic", &self.atomic)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<K: Object> Default for RealFifoOptions<K> {
     fn default() -> Self {
         Self::new()

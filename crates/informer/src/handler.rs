@@ -63,6 +63,17 @@ pub struct ResourceEventHandlerFuncs<K> {
     panic_pause: Duration,
 }
 
+impl<K> std::fmt::Debug for ResourceEventHandlerFuncs<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceEventHandlerFuncs")
+            .field("on_add", &self.add.is_some())
+            .field("on_update", &self.update.is_some())
+            .field("on_delete", &self.delete.is_some())
+            .field("panic_pause", &self.panic_pause)
+            .finish()
+    }
+}
+
 impl<K> Default for ResourceEventHandlerFuncs<K> {
     fn default() -> Self {
         Self {

@@ -172,6 +172,21 @@ pub struct InformerOptions<K> {
     pub relist_shares_unchanged: bool,
 }
 
+impl<K> fmt::Debug for InformerOptions<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut indexers: Vec<&str> = self.indexers.keys().map(String::as_str).collect();
+        indexers.sort_unstable();
+        f.debug_struct("InformerOptions")
+            .field("indexers", &indexers)
+            .field("default_resync", &self.default_resync)
+            .field("reflector", &self.reflector)
+            .field("fifo", &self.fifo)
+            .field("compact", &self.compact)
+            .field("relist_shares_unchanged", &self.relist_shares_unchanged)
+            .finish()
+    }
+}
+
 impl<K> Default for InformerOptions<K> {
     fn default() -> Self {
         Self {
@@ -891,7 +906,9 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
 /// It blocks: not on a runtime worker.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free pages of glibc's heaps.
+    #[allow(unsafe_code)]
+    // SAFETY: malloc_trim takes no pointers and only releases free pages
+    // of glibc's heaps; it is thread-safe and valid at any time.
     unsafe {
         libc::malloc_trim(0);
     }

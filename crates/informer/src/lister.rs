@@ -121,6 +121,14 @@ pub struct NamespaceLister<K> {
     namespace: String,
 }
 
+impl<K> std::fmt::Debug for NamespaceLister<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceLister")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<K: Resource + Send + Sync + 'static> NamespaceLister<K> {
     /// The objects of the namespace whose labels match `selector`. Uses the
     /// namespace index when the cache has one.

@@ -36,6 +36,7 @@ pub struct WidgetSpec {
     size: i32,
 }
 
+/// The status subresource of a `Widget`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct WidgetStatus {
     ready: bool,

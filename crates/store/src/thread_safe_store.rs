@@ -122,6 +122,18 @@ impl<K> Swapped<'_, K> {
     }
 }
 
+impl<K> std::fmt::Debug for ThreadSafeStore<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.inner.read();
+        let indexes: Vec<&str> = inner.indexers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("ThreadSafeStore")
+            .field("len", &inner.items.len())
+            .field("indexes", &indexes)
+            .field("compact", &self.compact.is_some())
+            .finish()
+    }
+}
+
 impl<K> std::fmt::Debug for Swapped<'_, K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Swapped")

@@ -3,6 +3,7 @@
 //! As client-go's `default_rate_limiters.go`: per-item exponential backoff,
 //! per-item fast/slow, an overall token bucket, and the max of several.
 
+use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -156,6 +157,16 @@ pub struct ItemExponentialFailureRateLimiter<T> {
     failures: Failures<T>,
 }
 
+impl<T: QueueItem> fmt::Debug for ItemExponentialFailureRateLimiter<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ItemExponentialFailureRateLimiter")
+            .field("base", &self.base)
+            .field("max", &self.max)
+            .field("tracked", &self.failures.len())
+            .finish()
+    }
+}
+
 impl<T: QueueItem> ItemExponentialFailureRateLimiter<T> {
     /// Backoff from `base`, doubling per failure, never above `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
@@ -207,6 +218,17 @@ pub struct ItemFastSlowRateLimiter<T> {
     slow: Duration,
     max_fast_attempts: u32,
     failures: Failures<T>,
+}
+
+impl<T: QueueItem> fmt::Debug for ItemFastSlowRateLimiter<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ItemFastSlowRateLimiter")
+            .field("fast", &self.fast)
+            .field("slow", &self.slow)
+            .field("max_fast_attempts", &self.max_fast_attempts)
+            .field("tracked", &self.failures.len())
+            .finish()
+    }
 }
 
 impl<T: QueueItem> ItemFastSlowRateLimiter<T> {
@@ -261,9 +283,20 @@ impl Clock for PinnedClock {
 /// then, so a burst of failures is spread out at `qps` instead of being
 /// retried all at once. It tracks no item, so `num_requeues` is always 0.
 pub struct BucketRateLimiter {
+    /// The rate and burst, kept for `Debug`.
+    quota: Quota,
     limiter: Governor<NotKeyed, InMemoryState, PinnedClock>,
     now: Arc<Mutex<Instant>>,
     reserve: Mutex<()>,
+}
+
+impl fmt::Debug for BucketRateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BucketRateLimiter")
+            .field("burst", &self.quota.burst_size())
+            .field("period", &self.quota.replenish_interval())
+            .finish_non_exhaustive()
+    }
 }
 
 impl BucketRateLimiter {
@@ -279,6 +312,7 @@ impl BucketRateLimiter {
             .allow_burst(burst);
         let now = Arc::new(Mutex::new(Instant::now()));
         Ok(Self {
+            quota,
             limiter: Governor::direct_with_clock(quota, PinnedClock(Arc::clone(&now))),
             now,
             reserve: Mutex::new(()),
@@ -318,6 +352,14 @@ impl<T> RateLimiter<T> for BucketRateLimiter {
 /// highest requeue count: client-go's `MaxOfRateLimiter`.
 pub struct MaxOfRateLimiter<T> {
     limiters: Vec<Box<dyn RateLimiter<T>>>,
+}
+
+impl<T> fmt::Debug for MaxOfRateLimiter<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MaxOfRateLimiter")
+            .field("limiters", &self.limiters.len())
+            .finish()
+    }
 }
 
 impl<T> MaxOfRateLimiter<T> {

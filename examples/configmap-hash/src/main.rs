@@ -109,12 +109,11 @@ async fn main() -> anyhow::Result<()> {
     let controller = manager
         .controller::<Deployment>(MANAGER)
         .watches(configmaps, move |cm| {
-            by_configmap
-                .index_keys(
-                    "configmap",
-                    &format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any()),
-                )
-                .unwrap_or_default()
+            let value = format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
+            let keys = by_configmap
+                .index_keys("configmap", &value)
+                .unwrap_or_default();
+            keys.iter().filter_map(|key| key.parse().ok()).collect()
         })
         .writes::<Deployment>(&["patch"])
         .options(manager.controller_options().read_your_writes(wait)) // bench knob

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kinformer_informer::{
     InformerScope, SharedIndexInformer, SharedInformerFactory, is_cluster_scoped,
 };
-use kinformer_store::Object;
+use kinformer_store::{Object, ObjectKey};
 use kube_client::Resource;
 use serde::de::DeserializeOwned;
 
@@ -43,6 +43,19 @@ pub struct ControllerBuilder<'f, K> {
     managed: Option<(Arc<Metrics>, Option<Arc<LeaderElector>>)>,
     /// What the reconciler writes (see [`writes`](Self::writes)).
     writes: Permissions,
+}
+
+impl<K> std::fmt::Debug for ControllerBuilder<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerBuilder")
+            .field("name", &self.name)
+            .field("options", &self.options)
+            .field("filters", &self.filters.len())
+            .field("wiring", &self.wiring.len())
+            .field("sharded", &self.ring.is_some())
+            .field("writes", &self.writes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<K> Controller<K>
@@ -117,8 +130,7 @@ where
     /// let controller = manager
     ///     .controller::<Secret>("secrets")
     ///     .watches(configmaps, |cm: &ConfigMap| {
-    ///         let key = ObjectKey::of(cm).map(ObjectKey::into_string);
-    ///         key.into_iter().collect()
+    ///         ObjectKey::of(cm).into_iter().collect()
     ///     })
     ///     .reconcile(Arc::new(()), |_secret, _ctx| async { Ok(Action::Done) })?;
     /// # Ok(()) }
@@ -126,7 +138,7 @@ where
     pub fn watches<C: Object + Clone>(
         mut self,
         informer: SharedIndexInformer<C>,
-        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
     ) -> Self {
         self.wiring
             .push(Box::new(move |c| c.watches(informer, mapper)));
@@ -341,7 +353,8 @@ where
         this.reconciler(FnReconciler { cache, f })
     }
 
-    /// Finishes the controller with a [`Reconciler`] that receives keys.
+    /// Finishes the controller with a [`Reconciler`] that receives
+    /// [`Request`](crate::Request)s: a key and why it was queued.
     ///
     /// ```no_run
     /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
@@ -349,12 +362,15 @@ where
     /// # use kinformer_controllers::Action;
     /// use futures::future::BoxFuture;
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kinformer_controllers::{ReconcileError, Reconciler};
+    /// use kinformer_controllers::{ReconcileError, Reconciler, Request};
     /// struct Log;
     /// impl Reconciler for Log {
-    ///     fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    ///     fn reconcile<'a>(
+    ///         &'a self,
+    ///         request: &'a Request,
+    ///     ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
     ///         Box::pin(async move {
-    ///             println!("{key}");
+    ///             println!("{} ({})", request.key, request.reason);
     ///             Ok(Action::Done)
     ///         })
     ///     }
@@ -441,7 +457,7 @@ mod tests {
         factory: &SharedInformerFactory,
         informers: &[Box<dyn Fn() -> bool>],
         controller: &Controller<ConfigMap>,
-    ) -> BTreeMap<String, Reason> {
+    ) -> BTreeMap<ObjectKey, Reason> {
         let shutdown = CancellationToken::new();
         factory.start(&shutdown);
         // The handlers run on threads of their own: give them real time,
@@ -459,7 +475,7 @@ mod tests {
         while !controller.queue().is_empty() {
             let key = controller.queue().get().await.expect("a key");
             let reason = controller.reasons().take(&key);
-            keys.insert(key.clone(), reason);
+            keys.insert(key.item().clone(), reason);
             drop(key);
         }
         shutdown.cancel();
@@ -469,7 +485,7 @@ mod tests {
     fn related(kind: &str, key: &str) -> Reason {
         Reason::Related {
             kind: kind.into(),
-            key: key.to_owned(),
+            key: key.parse().unwrap(),
         }
     }
 
@@ -569,7 +585,8 @@ mod tests {
         let controller = Controller::<ConfigMap>::builder("mapped", &factory)
             .watches(secrets, |s: &Secret| {
                 let name = s.metadata.name.clone().unwrap_or_default();
-                vec![format!("ns/for-{name}"), "ns/all".to_owned()]
+                let key = |name: &str| ObjectKey::namespaced("ns", name).unwrap();
+                vec![key(&format!("for-{name}")), key("all")]
             })
             .reconcile(Arc::new(()), done)
             .unwrap();

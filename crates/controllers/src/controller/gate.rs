@@ -32,6 +32,7 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use kinformer_store::ObjectKey;
 use kinformer_workqueue::Priority;
 use std::sync::Arc;
 
@@ -75,12 +76,12 @@ pub(crate) enum Outcome {
 /// One feature around the reconcile of a key: see the module docs.
 pub(crate) trait Gate: Send + Sync {
     /// Whether `key`, taken at `priority`, may be reconciled now.
-    fn admit(&self, key: &str, priority: Priority) -> Admission;
+    fn admit(&self, key: &ObjectKey, priority: Priority) -> Admission;
 
     /// `reconcile`, run as this gate needs (in a task-local scope, say).
     fn scope<'a>(
         &self,
-        _key: &str,
+        _key: &ObjectKey,
         reconcile: BoxFuture<'a, Reconciled>,
     ) -> BoxFuture<'a, Reconciled> {
         reconcile
@@ -88,12 +89,12 @@ pub(crate) trait Gate: Send + Sync {
 
     /// A future that resolves, with why, when the reconcile of `key` must
     /// end now; `None` if this gate never interrupts it.
-    fn interrupted(&self, _key: &str) -> Option<BoxFuture<'static, String>> {
+    fn interrupted(&self, _key: &ObjectKey) -> Option<BoxFuture<'static, String>> {
         None
     }
 
     /// What became of `key`, which this gate admitted.
-    fn settle(&self, _key: &str, _outcome: Outcome) {}
+    fn settle(&self, _key: &ObjectKey, _outcome: Outcome) {}
 
     /// How long an event's key waits before it is queued; `None`: at once.
     fn delay(&self) -> Option<Duration> {
@@ -107,7 +108,7 @@ pub(crate) trait Gate: Send + Sync {
 pub(crate) struct Leader(pub(crate) Arc<LeaderElector>);
 
 impl Gate for Leader {
-    fn admit(&self, _key: &str, _priority: Priority) -> Admission {
+    fn admit(&self, _key: &ObjectKey, _priority: Priority) -> Admission {
         match self.0.may_work() {
             true => Admission::Admit,
             false => Admission::Stop,
@@ -121,7 +122,7 @@ impl Gate for Leader {
 pub(crate) struct Debounce(pub(crate) Duration);
 
 impl Gate for Debounce {
-    fn admit(&self, _key: &str, _priority: Priority) -> Admission {
+    fn admit(&self, _key: &ObjectKey, _priority: Priority) -> Admission {
         Admission::Admit
     }
 
@@ -138,6 +139,9 @@ mod tests {
     fn debounce_delays_every_event_and_admits_every_key() {
         let gate = Debounce(Duration::from_millis(250));
         assert_eq!(gate.delay(), Some(Duration::from_millis(250)));
-        assert_eq!(gate.admit("ns/a", Priority::Low), Admission::Admit);
+        assert_eq!(
+            gate.admit(&"ns/a".parse().unwrap(), Priority::Low),
+            Admission::Admit
+        );
     }
 }

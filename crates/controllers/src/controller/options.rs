@@ -47,6 +47,39 @@ impl<K> Clone for Event<'_, K> {
 
 impl<K> Copy for Event<'_, K> {}
 
+impl<K> std::fmt::Debug for Event<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Self::Add(_) => "Add",
+            Self::Update { .. } => "Update",
+            Self::Delete(_) => "Delete",
+        };
+        f.debug_tuple(kind).finish_non_exhaustive()
+    }
+}
+
+impl<K> std::fmt::Debug for ControllerOptions<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerOptions")
+            .field("workers", &self.workers)
+            .field("max_retries", &self.max_retries)
+            .field("panic_policy", &self.panic_policy)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("lost_leadership_grace", &self.lost_leadership_grace)
+            .field("reconcile_timeout", &self.reconcile_timeout)
+            .field("leader_election", &self.leader_election.is_some())
+            .field("ring", &self.ring)
+            .field("metrics", &self.metrics.is_some())
+            .field("event_filter", &self.event_filter.is_some())
+            .field("priority_aging", &self.priority_aging)
+            .field("reconcile_initial_list", &self.reconcile_initial_list)
+            .field("read_your_writes", &self.read_your_writes)
+            .field("read_your_writes_bound", &self.read_your_writes_bound)
+            .field("debounce", &self.debounce)
+            .finish()
+    }
+}
+
 pub(crate) type EventFilter<K> = Arc<dyn Fn(Event<'_, K>) -> bool + Send + Sync>;
 
 /// How a [`Controller`] runs. Defaults: 2 workers, a failing key retried

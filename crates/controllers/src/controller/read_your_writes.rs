@@ -60,7 +60,7 @@ use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use kinformer_informer::{GroupResource, SharedIndexInformer};
-use kinformer_store::{Object, compare_resource_version, split_meta_namespace_key};
+use kinformer_store::{Object, ObjectKey, compare_resource_version, split_meta_namespace_key};
 use kinformer_workqueue::{Priority, RateLimitingQueue};
 use kube_client::Client;
 use kube_client::client::Body;
@@ -733,10 +733,10 @@ pub(crate) struct Consistency {
 struct Keys {
     /// Keys waiting for their informers (a waiter task each), at the
     /// highest priority they were taken at meanwhile.
-    parked: HashMap<String, Priority>,
+    parked: HashMap<ObjectKey, Priority>,
     /// Keys whose wait ended at the bound: reconciled once without looking,
     /// whatever was written since, so that no key waits bound after bound.
-    released: HashSet<String>,
+    released: HashSet<ObjectKey>,
 }
 
 /// Whether a key may be reconciled now.
@@ -779,10 +779,10 @@ impl Consistency {
     }
 
     /// The reconcile of `key` as writes are credited to it.
-    pub(crate) fn reconciling(&self, key: &str) -> Reconciling {
+    pub(crate) fn reconciling(&self, key: &ObjectKey) -> Reconciling {
         Reconciling {
             controller: Arc::clone(&self.controller),
-            key: key.into(),
+            key: key.as_str().into(),
         }
     }
 
@@ -792,9 +792,9 @@ impl Consistency {
     /// the bound.
     pub(crate) fn before_reconcile(
         self: &Arc<Self>,
-        key: &str,
+        key: &ObjectKey,
         priority: Priority,
-        queue: &RateLimitingQueue<String>,
+        queue: &RateLimitingQueue<ObjectKey>,
         reasons: &Arc<Reasons>,
         halt: &CancellationToken,
     ) -> Readiness {
@@ -816,14 +816,14 @@ impl Consistency {
         if pending.is_empty() {
             return Readiness::Ready;
         }
-        self.keys.lock().parked.insert(key.to_owned(), priority);
+        self.keys.lock().parked.insert(key.clone(), priority);
         debug!(behind = ?pending, bound = ?self.bound, "the cache is behind this manager's writes; reconciling once it has seen them");
         if let Some(m) = &self.metrics {
             m.stale_cache_wait(&self.controller);
         }
         let this = Arc::clone(self);
         let (key, queue, reasons, halt) = (
-            key.to_owned(),
+            key.clone(),
             queue.clone(),
             Arc::clone(reasons),
             halt.clone(),
@@ -856,7 +856,7 @@ impl Consistency {
                 }
                 match end {
                     WaitEnd::Seen => {
-                        debug!(key, ?waited, "the cache has seen this manager's writes");
+                        debug!(key = key.as_str(), ?waited, "the cache has seen this manager's writes");
                         reasons.now(&key, || Reason::CaughtUp);
                     }
                     WaitEnd::Bound | WaitEnd::Stopped => {
@@ -868,7 +868,7 @@ impl Consistency {
                             WaitEnd::Stopped => "an informer stopped",
                             _ => "the bound passed",
                         };
-                        warn!(key, ?behind, bound = ?this.bound, why, "the cache did not see this manager's writes; giving them up and reconciling from the cache as it is");
+                        warn!(key = key.as_str(), ?behind, bound = ?this.bound, why, "the cache did not see this manager's writes; giving them up and reconciling from the cache as it is");
                         this.tracker.give_up(&pending);
                         if let Some(m) = &this.metrics {
                             m.stale_sync_skip(&this.controller);
@@ -890,14 +890,14 @@ impl Consistency {
 pub(crate) struct ReadYourWrites {
     pub(crate) consistency: Arc<Consistency>,
     /// Where a parked key is queued again, with why.
-    pub(crate) queue: RateLimitingQueue<String>,
+    pub(crate) queue: RateLimitingQueue<ObjectKey>,
     pub(crate) reasons: Arc<Reasons>,
     /// Cancelled when no further key may be taken: parked keys stay parked.
     pub(crate) halt: CancellationToken,
 }
 
 impl Gate for ReadYourWrites {
-    fn admit(&self, key: &str, priority: Priority) -> Admission {
+    fn admit(&self, key: &ObjectKey, priority: Priority) -> Admission {
         let readiness = self.consistency.before_reconcile(
             key,
             priority,
@@ -913,7 +913,7 @@ impl Gate for ReadYourWrites {
 
     fn scope<'a>(
         &self,
-        key: &str,
+        key: &ObjectKey,
         reconcile: BoxFuture<'a, Reconciled>,
     ) -> BoxFuture<'a, Reconciled> {
         Box::pin(self.consistency.reconciling(key).scope(reconcile))
@@ -1281,7 +1281,7 @@ mod tests {
     /// read-your-writes on and `bound`, its queue and its reasons.
     struct Controlled {
         consistency: Arc<Consistency>,
-        queue: RateLimitingQueue<String>,
+        queue: RateLimitingQueue<ObjectKey>,
         reasons: Arc<Reasons>,
         halt: CancellationToken,
     }
@@ -1327,15 +1327,20 @@ mod tests {
         }
 
         fn before(&self, key: &str, priority: Priority) -> Readiness {
-            self.consistency
-                .before_reconcile(key, priority, &self.queue, &self.reasons, &self.halt)
+            self.consistency.before_reconcile(
+                &key.parse().unwrap(),
+                priority,
+                &self.queue,
+                &self.reasons,
+                &self.halt,
+            )
         }
 
         /// The next key its waiter queued, with its priority and reason.
         async fn requeued(&self) -> (String, Priority, Reason) {
             let taken = self.queue.get().await.unwrap();
-            let reason = self.reasons.take(&taken);
-            (taken.item().clone(), taken.priority(), reason)
+            let reason = self.reasons.take(taken.item());
+            (taken.item().to_string(), taken.priority(), reason)
         }
     }
 

@@ -16,11 +16,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use kinformer_store::ObjectKey;
 use parking_lot::Mutex;
 
-/// Why a key was queued.
+/// Why a key was queued: the `reason` of its reconcile's span, and of the
+/// [`Request`](crate::Request) a [`Reconciler`](crate::Reconciler) receives
+/// (kube-runtime's `ReconcileReason`). Its `Display` is the text logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reason {
+#[non_exhaustive]
+pub enum Reason {
     /// The object was added to the cache (listed or created).
     Added,
     /// The object changed.
@@ -29,8 +33,13 @@ pub(crate) enum Reason {
     Resynced,
     /// The object was deleted.
     Deleted,
-    /// An object the controller owns or watches changed: its kind and key.
-    Related { kind: Arc<str>, key: String },
+    /// An object the controller owns or watches changed.
+    Related {
+        /// Its kind (or type name).
+        kind: Arc<str>,
+        /// Its key.
+        key: ObjectKey,
+    },
     /// The reconcile asked for it (`Action::RequeueAfter`).
     Requeued,
     /// The last reconcile failed.
@@ -74,27 +83,27 @@ pub(crate) struct Reasons {
 
 #[derive(Debug, Default)]
 struct Inner {
-    now: HashMap<String, Reason>,
-    scheduled: HashMap<String, Reason>,
+    now: HashMap<ObjectKey, Reason>,
+    scheduled: HashMap<ObjectKey, Reason>,
 }
 
 impl Reasons {
     /// `key` is being added to the queue at once because of `reason`.
-    pub(crate) fn now(&self, key: &str, reason: impl FnOnce() -> Reason) {
+    pub(crate) fn now(&self, key: &ObjectKey, reason: impl FnOnce() -> Reason) {
         let mut inner = self.inner.lock();
         if !inner.now.contains_key(key) {
-            inner.now.insert(key.to_owned(), reason());
+            inner.now.insert(key.clone(), reason());
         }
     }
 
     /// `key` is being added to the queue later because of `reason` (a
     /// retry or a requeue); the latest schedule is kept.
-    pub(crate) fn scheduled(&self, key: &str, reason: Reason) {
-        self.inner.lock().scheduled.insert(key.to_owned(), reason);
+    pub(crate) fn scheduled(&self, key: &ObjectKey, reason: Reason) {
+        self.inner.lock().scheduled.insert(key.clone(), reason);
     }
 
     /// A worker took `key`: why it was queued.
-    pub(crate) fn take(&self, key: &str) -> Reason {
+    pub(crate) fn take(&self, key: &ObjectKey) -> Reason {
         let mut inner = self.inner.lock();
         inner
             .now
@@ -104,7 +113,7 @@ impl Reasons {
     }
 
     /// `key` will not be reconciled here: forget why it was queued.
-    pub(crate) fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &ObjectKey) {
         let mut inner = self.inner.lock();
         inner.now.remove(key);
         inner.scheduled.remove(key);
@@ -123,29 +132,33 @@ pub(crate) fn type_name<C>() -> Arc<str> {
 mod tests {
     use super::*;
 
+    fn k(key: &str) -> ObjectKey {
+        key.parse().unwrap()
+    }
+
     #[test]
     fn the_first_event_since_the_key_was_taken_is_its_reason() {
         let reasons = Reasons::default();
-        reasons.now("ns/a", || Reason::Added);
-        reasons.now("ns/a", || Reason::Updated);
-        assert_eq!(reasons.take("ns/a"), Reason::Added);
-        reasons.now("ns/a", || Reason::Deleted);
-        assert_eq!(reasons.take("ns/a"), Reason::Deleted);
-        assert_eq!(reasons.take("ns/a"), Reason::Unknown);
+        reasons.now(&k("ns/a"), || Reason::Added);
+        reasons.now(&k("ns/a"), || Reason::Updated);
+        assert_eq!(reasons.take(&k("ns/a")), Reason::Added);
+        reasons.now(&k("ns/a"), || Reason::Deleted);
+        assert_eq!(reasons.take(&k("ns/a")), Reason::Deleted);
+        assert_eq!(reasons.take(&k("ns/a")), Reason::Unknown);
     }
 
     #[test]
     fn a_retry_keeps_its_reason_when_an_event_comes_first() {
         let reasons = Reasons::default();
-        reasons.scheduled("ns/a", Reason::Retry);
+        reasons.scheduled(&k("ns/a"), Reason::Retry);
         // An event during the backoff reconciles the key early ...
-        reasons.now("ns/a", || Reason::Updated);
-        assert_eq!(reasons.take("ns/a"), Reason::Updated);
+        reasons.now(&k("ns/a"), || Reason::Updated);
+        assert_eq!(reasons.take(&k("ns/a")), Reason::Updated);
         // ... and the retry, when its time comes, is a retry.
-        assert_eq!(reasons.take("ns/a"), Reason::Retry);
-        reasons.scheduled("ns/b", Reason::Requeued);
-        reasons.forget("ns/b");
-        assert_eq!(reasons.take("ns/b"), Reason::Unknown);
+        assert_eq!(reasons.take(&k("ns/a")), Reason::Retry);
+        reasons.scheduled(&k("ns/b"), Reason::Requeued);
+        reasons.forget(&k("ns/b"));
+        assert_eq!(reasons.take(&k("ns/b")), Reason::Unknown);
     }
 
     #[test]

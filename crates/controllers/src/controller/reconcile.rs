@@ -4,13 +4,14 @@
 //! error's `source()` chain: [`is_not_found`], [`is_conflict`],
 //! [`is_forbidden`].
 
+use crate::reason::Reason;
 #[cfg(doc)]
 use crate::{Controller, ControllerError};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kinformer_store::{CacheReader, Object};
+use kinformer_store::{CacheReader, Object, ObjectKey};
 use kube_client::core::Status;
 
 /// `error` and its causes in one line, for logs (see
@@ -68,19 +69,57 @@ pub(crate) fn is_terminal(error: &(dyn std::error::Error + 'static)) -> bool {
         .any(|e| e.is::<TerminalError>())
 }
 
+/// What a worker asks a [`Reconciler`] to reconcile: which object, and why
+/// its key was queued (controller-runtime's `reconcile.Request`, with
+/// kube-runtime's reason beside it).
+///
+/// The queue folds the events of one key into one request, whatever their
+/// reasons: the first since the key was last taken is the one given. It is
+/// `#[non_exhaustive]` so that what identifies an object can grow (the
+/// cluster it lives in) without breaking a reconciler that reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Request {
+    /// The object's key.
+    pub key: ObjectKey,
+    /// Why it was queued.
+    pub reason: Reason,
+}
+
+impl Request {
+    /// A request for `key`, queued for `reason` (to call a reconciler in
+    /// a test, say).
+    pub fn new(key: ObjectKey, reason: Reason) -> Self {
+        Self { key, reason }
+    }
+}
+
+impl From<ObjectKey> for Request {
+    /// A request for `key`, its reason [`Reason::Unknown`].
+    fn from(key: ObjectKey) -> Self {
+        Self::new(key, Reason::Unknown)
+    }
+}
+
 /// Brings the world in line with the cached state of one object.
 ///
-/// `reconcile` receives a key (`namespace/name`) and must read the object
-/// from a Lister, not from the event: it is level-based, so it must do the
-/// right thing whatever happened before, including nothing.
+/// `reconcile` receives a [`Request`] naming the object and must read the
+/// object from a Lister, not from the event: it is level-based, so it must
+/// do the right thing whatever happened before, including nothing.
 pub trait Reconciler: Send + Sync + 'static {
-    /// Reconciles the object under `key`.
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>>;
+    /// Reconciles the object `request` names.
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>>;
 }
 
 impl<R: Reconciler + ?Sized> Reconciler for Arc<R> {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
-        (**self).reconcile(key)
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        (**self).reconcile(request)
     }
 }
 
@@ -91,8 +130,8 @@ pub enum Lookup<K> {
     Found(Arc<K>),
     /// No such object any more: it was deleted (run cleanup here).
     Gone {
-        /// Its `namespace/name` key.
-        key: String,
+        /// Its key.
+        key: ObjectKey,
     },
 }
 
@@ -104,17 +143,26 @@ pub struct FnReconciler<K, F> {
     pub(crate) f: F,
 }
 
+impl<K, F> std::fmt::Debug for FnReconciler<K, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FnReconciler").finish_non_exhaustive()
+    }
+}
+
 impl<K, F, Fut> Reconciler for FnReconciler<K, F>
 where
     K: Object,
     F: Fn(Lookup<K>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
 {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
-        let lookup = match self.cache.get_by_key(key) {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        let lookup = match self.cache.get_by_key(request.key.as_str()) {
             Some(obj) => Lookup::Found(obj),
             None => Lookup::Gone {
-                key: key.to_owned(),
+                key: request.key.clone(),
             },
         };
         Box::pin((self.f)(lookup))

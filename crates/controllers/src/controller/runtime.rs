@@ -44,8 +44,6 @@ use crate::worker::{Life, Policy, Worker};
 use crate::{ControllerError, LeaderElector};
 
 /// A named controller over one informer: see the module docs.
-///
-/// Must be created inside a Tokio runtime (its workqueue runs a timer task).
 #[must_use = "a controller does nothing until it is added to a Manager or run"]
 pub struct Controller<K> {
     name: String,
@@ -53,7 +51,7 @@ pub struct Controller<K> {
     /// Informers whose events enqueue keys (`owns`, `watches`): started if
     /// nobody did and synced before any worker starts.
     dependencies: Vec<Box<dyn Dependency>>,
-    queue: RateLimitingQueue<String>,
+    queue: RateLimitingQueue<ObjectKey>,
     reconciler: Arc<dyn Reconciler>,
     options: ControllerOptions<K>,
     fatal: Arc<Mutex<Option<ControllerError>>>,
@@ -69,6 +67,17 @@ pub struct Controller<K> {
     reads: Vec<Read>,
     /// How events queue keys.
     enqueue: Enqueue,
+}
+
+impl<K> std::fmt::Debug for Controller<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("name", &self.name)
+            .field("queued", &self.queue.len())
+            .field("dependencies", &self.dependencies.len())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<K: Object + Clone> Controller<K> {
@@ -134,7 +143,7 @@ impl<K: Object + Clone> Controller<K> {
         // A sharded controller records each key's slot before enqueueing it.
         let handler = ResourceEventHandlerFuncs::new()
             .on_add(move |obj: &Arc<K>, initial| {
-                let key = meta_namespace_key(obj.as_ref());
+                let key = ObjectKey::of(obj.as_ref());
                 let pass = pa(Event::Add(obj));
                 if let (Some(s), Ok(key)) = (&sa, &key) {
                     s.record(key, obj.as_ref(), pass);
@@ -150,7 +159,7 @@ impl<K: Object + Clone> Controller<K> {
                 }
             })
             .on_update(move |old: &Arc<K>, new: &Arc<K>| {
-                let key = meta_namespace_key(new.as_ref());
+                let key = ObjectKey::of(new.as_ref());
                 let pass = pu(Event::Update { old, new });
                 if let (Some(s), Ok(key)) = (&su, &key) {
                     s.record(key, new.as_ref(), pass);
@@ -167,14 +176,14 @@ impl<K: Object + Clone> Controller<K> {
                 }
             })
             .on_delete(move |obj: &ObjectOrTombstone<K>| {
-                let key = deletion_handling_meta_namespace_key(obj);
+                let key = deletion_handling_meta_namespace_key(obj).and_then(|k| k.parse());
                 let pass = pd(Event::Delete(obj));
                 if let (Some(s), Ok(key)) = (&sd, &key) {
                     s.record(key, obj.object().as_ref(), pass);
                     if !pass {
                         // Nothing will handle the key unless it is queued
                         // already; its object is no longer cached.
-                        s.forget_unless_queued(key);
+                        s.forget_unless_queued(key.as_str());
                     }
                 }
                 if pass {
@@ -221,15 +230,14 @@ impl<K: Object + Clone> Controller<K> {
 
     /// Also reconciles the keys `mapper` returns for every event of
     /// `informer` (an add, either side of an update, a delete): typically
-    /// owners found through a secondary index. Build a key with
-    /// [`ObjectKey`] (`ObjectKey::namespaced(ns, name)?.into_string()`)
-    /// rather than by hand: a cluster-scoped key is the name alone, not
-    /// `"/name"`. The informer is started if
-    /// nobody did, and synced before any worker starts.
+    /// owners found through a secondary index (`ObjectKey::namespaced(ns,
+    /// name)`, `ObjectKey::cluster(name)`, or an index's string key
+    /// parsed). The informer is started if nobody did, and synced before
+    /// any worker starts.
     pub fn watches<C: Object + Clone>(
         self,
         informer: SharedIndexInformer<C>,
-        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
     ) -> Result<Self, ControllerError> {
         self.watches_kind(
             informer,
@@ -244,7 +252,7 @@ impl<K: Object + Clone> Controller<K> {
     fn watches_kind<C: Object + Clone>(
         mut self,
         informer: SharedIndexInformer<C>,
-        mapper: impl Fn(&C) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
         kind: Arc<str>,
         relation: Relation,
     ) -> Result<Self, ControllerError> {
@@ -252,11 +260,14 @@ impl<K: Object + Clone> Controller<K> {
         let (ma, mu, md) = (Arc::clone(&mapper), Arc::clone(&mapper), mapper);
         let queue_for = |enqueue: Enqueue| {
             let kind = Arc::clone(&kind);
-            move |related: &C, keys: Vec<String>, priority: Priority| {
+            move |related: &C, keys: Vec<ObjectKey>, priority: Priority| {
                 for key in keys {
-                    let reason = || Reason::Related {
-                        kind: Arc::clone(&kind),
-                        key: meta_namespace_key(related).unwrap_or_default(),
+                    let reason = || match ObjectKey::of(related) {
+                        Ok(related) => Reason::Related {
+                            kind: Arc::clone(&kind),
+                            key: related,
+                        },
+                        Err(_) => Reason::Unknown,
                     };
                     enqueue.add(key, reason, priority);
                 }
@@ -337,11 +348,12 @@ impl<K: Object + Clone> Controller<K> {
         self.watches_kind(
             informer,
             move |child: &C| {
+                // An empty namespace is none, as `meta_namespace_key` reads it.
                 let namespace = child
                     .meta()
                     .namespace
                     .as_deref()
-                    .filter(|_| !cluster_scoped);
+                    .filter(|ns| !cluster_scoped && !ns.is_empty());
                 child
                     .meta()
                     .owner_references
@@ -350,7 +362,7 @@ impl<K: Object + Clone> Controller<K> {
                     .filter(|r| r.controller == Some(true) && r.kind == kind)
                     .filter(|r| api_group(&r.api_version) == group)
                     .filter_map(|r| match ObjectKey::new(namespace, &r.name) {
-                        Ok(key) => Some(key.into_string()),
+                        Ok(key) => Some(key),
                         Err(e) => {
                             warn!(error = %e, child = %meta_namespace_key(child).unwrap_or_default(), "ignoring an ownerReference whose name cannot be an object's");
                             None
@@ -370,7 +382,7 @@ impl<K: Object + Clone> Controller<K> {
     }
 
     /// The workqueue (for inspection and tests).
-    pub fn queue(&self) -> &RateLimitingQueue<String> {
+    pub fn queue(&self) -> &RateLimitingQueue<ObjectKey> {
         &self.queue
     }
 
@@ -958,14 +970,14 @@ async fn join_all(workers: &mut JoinSet<()>) {
 /// delay its gates ask for (debounce).
 #[derive(Clone)]
 struct Enqueue {
-    queue: RateLimitingQueue<String>,
+    queue: RateLimitingQueue<ObjectKey>,
     reasons: Arc<Reasons>,
     /// The gates that act when an event queues a key.
     gates: Arc<[Arc<dyn Gate>]>,
 }
 
 impl Enqueue {
-    fn add(&self, key: String, reason: impl FnOnce() -> Reason, priority: Priority) {
+    fn add(&self, key: ObjectKey, reason: impl FnOnce() -> Reason, priority: Priority) {
         self.reasons.now(&key, reason);
         match self.gates.iter().filter_map(|g| g.delay()).max() {
             // A key already waiting keeps its earlier time: the events of
@@ -977,13 +989,15 @@ impl Enqueue {
 
     fn add_result(
         &self,
-        key: Result<String, kinformer_store::KeyError>,
+        key: Result<ObjectKey, kinformer_store::KeyError>,
         reason: Reason,
         priority: Priority,
     ) {
         match key {
             Ok(key) => self.add(key, || reason, priority),
-            Err(e) => warn!(error = %e, "ignoring an object without a key"),
+            Err(e) => {
+                warn!(error = %e, "ignoring an object whose key is not a namespace and a name")
+            }
         }
     }
 }

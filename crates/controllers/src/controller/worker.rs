@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use kinformer_store::ObjectKey;
 use kinformer_workqueue::{Priority, RateLimitingQueue, Taken};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -18,15 +19,17 @@ use tracing::{Instrument, error, info_span, warn};
 use crate::gate::{Admission, Gate, Outcome, Reconciled};
 use crate::options::PanicPolicy;
 use crate::reason::{Reason, Reasons};
-use crate::reconcile::{Action, Reconciler, chain, denied_in_chain, is_terminal, panic_message};
+use crate::reconcile::{
+    Action, Reconciler, Request, chain, denied_in_chain, is_terminal, panic_message,
+};
 use crate::{ControllerError, Metrics};
 
 /// A key a worker holds: done when dropped.
-type Key = Taken<String, RateLimitingQueue<String>>;
+type Key = Taken<ObjectKey, RateLimitingQueue<ObjectKey>>;
 
 pub(crate) struct Worker {
     pub(crate) name: String,
-    pub(crate) queue: RateLimitingQueue<String>,
+    pub(crate) queue: RateLimitingQueue<ObjectKey>,
     pub(crate) reconciler: Arc<dyn Reconciler>,
     pub(crate) policy: Policy,
     pub(crate) metrics: Option<Arc<Metrics>>,
@@ -88,34 +91,35 @@ impl Worker {
             // included) names the controller, the object, why it was
             // queued, whether it is a retry and which reconcile it is, as
             // controller-runtime's and kube-runtime's do.
+            let request = Request::new(key.item().clone(), self.reasons.take(&key));
             let span = info_span!(
                 "reconcile",
                 controller = %self.name,
-                object = %*key,
-                reason = %self.reasons.take(&key),
+                object = %request.key,
+                reason = %request.reason,
                 retries = key.num_requeues(),
                 reconcile_id = %format_args!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             );
-            if !self.work(key).instrument(span).await {
+            if !self.work(key, request).instrument(span).await {
                 return;
             }
         }
     }
 
     /// Runs `key` through the gates and, if they all admit it, reconciles
-    /// it; whether the worker goes on.
-    async fn work(&self, key: Key) -> bool {
-        let name = key.item().clone();
+    /// it as `request`; whether the worker goes on.
+    async fn work(&self, key: Key, request: Request) -> bool {
+        let name = &request.key;
         // Settles the gates that admitted the key however this ends: a
         // panic past here (a user error's `Display`, a gate) or the task
         // aborted must not leave a slot entered.
         let mut settling = Settling {
             gates: &self.gates[..0],
-            key: &name,
+            key: name,
             outcome: Outcome::Aborted,
         };
         for (admitted, gate) in self.gates.iter().enumerate() {
-            match gate.admit(&name, key.priority()) {
+            match gate.admit(name, key.priority()) {
                 Admission::Admit => settling.gates = &self.gates[..=admitted],
                 Admission::Park => {
                     settling.settle(Outcome::Requeued);
@@ -126,7 +130,7 @@ impl Worker {
                     // own cache, or, for a slot not yet ready here, this
                     // replica once it is.
                     settling.settle(Outcome::Skipped);
-                    self.reasons.forget(&name);
+                    self.reasons.forget(name);
                     key.forget();
                     return true;
                 }
@@ -136,7 +140,7 @@ impl Worker {
                 }
             }
         }
-        let (outcome, next) = self.reconcile(&name, key.num_requeues()).await;
+        let (outcome, next) = self.reconcile(&request, key.num_requeues()).await;
         // The gates settle before the key is done: a slot is left before
         // the queue may hand the key out again.
         settling.settle(outcome);
@@ -149,14 +153,15 @@ impl Worker {
         outcome != Outcome::Aborted
     }
 
-    /// Reconciles `key` (after `retries` failures)
+    /// Reconciles `request` (after `retries` failures)
     /// within the gates' scopes and interruptions: what became of it, and
-    /// what the queue is to do with it.
-    async fn reconcile(&self, key: &str, retries: u32) -> (Outcome, Next) {
+    /// what the queue is to do with its key.
+    async fn reconcile(&self, request: &Request, retries: u32) -> (Outcome, Next) {
+        let key = &request.key;
         let started = Instant::now();
         // Inside the guard: a reconciler may panic before returning its future.
         let reconcile = AssertUnwindSafe(async {
-            let mut reconcile: BoxFuture<'_, _> = self.reconciler.reconcile(key);
+            let mut reconcile: BoxFuture<'_, _> = self.reconciler.reconcile(request);
             for gate in &self.gates {
                 reconcile = gate.scope(key, reconcile);
             }
@@ -177,7 +182,7 @@ impl Worker {
         let outcome = tokio::select! {
             biased;
             _ = self.life.abort.cancelled() => {
-                warn!(key, running = ?started.elapsed(), "reconcile aborted");
+                warn!(key = key.as_str(), running = ?started.elapsed(), "reconcile aborted");
                 return (Outcome::Aborted, Next::Done);
             }
             why = interrupted => {
@@ -185,7 +190,7 @@ impl Worker {
                 // this reconcile must not outlive that. Not retried here (the
                 // key stays pending, for this replica to take up again if
                 // it takes the slot back).
-                warn!(key, why, running = ?started.elapsed(), "reconcile interrupted");
+                warn!(key = key.as_str(), why, running = ?started.elapsed(), "reconcile interrupted");
                 self.record("error", started.elapsed().as_secs_f64());
                 return (Outcome::Interrupted, Next::Forget);
             }
@@ -199,7 +204,7 @@ impl Worker {
     /// the queue is to do with the key, by the controller's policy.
     fn judge(
         &self,
-        key: &str,
+        key: &ObjectKey,
         retries: u32,
         outcome: Option<std::thread::Result<Reconciled>>,
         seconds: f64,
@@ -236,7 +241,7 @@ impl Worker {
                     }
                 }
                 if is_terminal(e.as_ref()) {
-                    error!(key, error = %chain(e.as_ref()), "terminal reconcile error; not retrying");
+                    error!(key = key.as_str(), error = %chain(e.as_ref()), "terminal reconcile error; not retrying");
                     if let Some(m) = &self.metrics {
                         m.terminal_error(&self.name);
                     }
@@ -247,7 +252,7 @@ impl Worker {
             }
             Err(panic) => {
                 let message = panic_message(&panic);
-                error!(key, panic = %message, "reconcile panicked");
+                error!(key = key.as_str(), panic = %message, "reconcile panicked");
                 self.record("error", seconds);
                 if let Some(m) = &self.metrics {
                     m.reconcile_panic(&self.name);
@@ -255,7 +260,7 @@ impl Worker {
                 }
                 if self.policy.panic_policy == PanicPolicy::Crash {
                     *self.life.fatal.lock() = Some(ControllerError::ReconcilePanicked {
-                        key: key.to_owned(),
+                        key: key.clone(),
                         message,
                     });
                     self.life.stop.cancel();
@@ -274,13 +279,13 @@ impl Worker {
 
     /// A failed reconcile of `key`, after `retries` earlier failures: retried
     /// with backoff, or dropped once the policy's `max_retries` is reached.
-    fn retry_or_drop(&self, key: &str, retries: u32, error: String) -> (Outcome, Next) {
+    fn retry_or_drop(&self, key: &ObjectKey, retries: u32, error: String) -> (Outcome, Next) {
         if self.policy.max_retries.is_none_or(|max| retries < max) {
-            warn!(key, retries, error = %error, "reconcile failed; retrying with backoff");
+            warn!(key = key.as_str(), retries, error = %error, "reconcile failed; retrying with backoff");
             self.reasons.scheduled(key, Reason::Retry);
             (Outcome::Requeued, Next::Retry)
         } else {
-            error!(key, retries, error = %error, "dropping the key: it failed as many times as the controller's max_retries allows; it is reconciled again when its object next changes");
+            error!(key = key.as_str(), retries, error = %error, "dropping the key: it failed as many times as the controller's max_retries allows; it is reconciled again when its object next changes");
             if let Some(m) = &self.metrics {
                 m.dropped_key(&self.name);
             }
@@ -294,7 +299,7 @@ impl Worker {
 /// says otherwise.
 struct Settling<'a> {
     gates: &'a [Arc<dyn Gate>],
-    key: &'a str,
+    key: &'a ObjectKey,
     outcome: Outcome,
 }
 
@@ -333,11 +338,11 @@ mod tests {
     struct Recording(Mutex<Vec<(String, Outcome)>>);
 
     impl Gate for Recording {
-        fn admit(&self, _key: &str, _priority: Priority) -> Admission {
+        fn admit(&self, _key: &ObjectKey, _priority: Priority) -> Admission {
             Admission::Admit
         }
-        fn settle(&self, key: &str, outcome: Outcome) {
-            self.0.lock().push((key.to_owned(), outcome));
+        fn settle(&self, key: &ObjectKey, outcome: Outcome) {
+            self.0.lock().push((key.to_string(), outcome));
         }
     }
 
@@ -358,7 +363,7 @@ mod tests {
     impl Reconciler for Failing {
         fn reconcile<'a>(
             &'a self,
-            _key: &'a str,
+            _request: &'a Request,
         ) -> BoxFuture<'a, Result<Action, crate::ReconcileError>> {
             Box::pin(async { Err(PanicsWhenShown.into()) })
         }
@@ -390,11 +395,67 @@ mod tests {
                 abort: CancellationToken::new(),
             },
         });
-        queue.add("ns/a".to_owned());
+        queue.add("ns/a".parse().unwrap());
         let ended = tokio::spawn(Arc::clone(&worker).run()).await;
         assert!(ended.is_err_and(|e| e.is_panic()));
         assert_eq!(*gate.0.lock(), [("ns/a".to_owned(), Outcome::Aborted)]);
-        queue.add("ns/a".to_owned());
+        queue.add("ns/a".parse().unwrap());
         assert_eq!(queue.len(), 1, "the key was left processing");
+    }
+
+    /// Hands the reason of each request it reconciles to the test.
+    struct Reasoned(tokio::sync::mpsc::UnboundedSender<Reason>);
+
+    impl Reconciler for Reasoned {
+        fn reconcile<'a>(
+            &'a self,
+            request: &'a Request,
+        ) -> BoxFuture<'a, Result<Action, crate::ReconcileError>> {
+            let _ = self.0.send(request.reason.clone());
+            Box::pin(async { Ok(Action::Done) })
+        }
+    }
+
+    /// A key's reason is taken when a worker takes the key, whether or not
+    /// anything records the reconcile's span: with logging off, a reason
+    /// left behind would be the next reconcile's (and one more entry for
+    /// every key ever queued).
+    #[tokio::test]
+    async fn a_reason_is_taken_with_its_key_even_with_logging_off() {
+        let _off = tracing::dispatcher::set_default(&tracing::Dispatch::none());
+        let queue = RateLimitingQueue::new(default_controller_rate_limiter());
+        let reasons = Arc::new(Reasons::default());
+        let (sent, mut reconciled) = tokio::sync::mpsc::unbounded_channel();
+        let worker = Arc::new(Worker {
+            name: "test".to_owned(),
+            queue: queue.clone(),
+            reconciler: Arc::new(Reasoned(sent)),
+            policy: Policy {
+                max_retries: None,
+                panic_policy: PanicPolicy::Recover,
+                reconcile_timeout: None,
+            },
+            metrics: None,
+            reasons: Arc::clone(&reasons),
+            gates: Vec::new(),
+            life: Life {
+                fatal: Arc::default(),
+                stop: CancellationToken::new(),
+                halt: CancellationToken::new(),
+                abort: CancellationToken::new(),
+            },
+        });
+        let key: ObjectKey = "ns/a".parse().unwrap();
+        let halt = worker.life.halt.clone();
+        let running = tokio::spawn(Arc::clone(&worker).run());
+        reasons.now(&key, || Reason::Added);
+        queue.add(key.clone());
+        assert_eq!(reconciled.recv().await, Some(Reason::Added));
+        reasons.now(&key, || Reason::Updated);
+        queue.add(key.clone());
+        assert_eq!(reconciled.recv().await, Some(Reason::Updated));
+        halt.cancel();
+        running.await.unwrap();
+        assert_eq!(reasons.take(&key), Reason::Unknown, "a reason left behind");
     }
 }

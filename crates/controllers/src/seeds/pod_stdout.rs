@@ -14,9 +14,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kinformer_informer::Lister;
-use kinformer_store::split_meta_namespace_key;
 
-use crate::{Action, ReconcileError, Reconciler};
+use crate::{Action, ReconcileError, Reconciler, Request};
 
 /// Where pod-stdout writes its lines (stdout by default).
 pub type Output = Arc<dyn Fn(&str) + Send + Sync>;
@@ -41,17 +40,26 @@ impl PodStdout {
     }
 }
 
+impl std::fmt::Debug for PodStdout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodStdout").finish_non_exhaustive()
+    }
+}
+
 impl Reconciler for PodStdout {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         Box::pin(async move {
-            let (namespace, name) = split_meta_namespace_key(key)?;
-            match self.lister.get(key) {
+            let key = &request.key;
+            match self.lister.get(key.as_str()) {
                 Some(pod) => {
-                    let name = pod.metadata.name.as_deref().unwrap_or(name);
+                    let name = pod.metadata.name.as_deref().unwrap_or(key.name());
                     (self.output)(&format!("Sync/Add/Update for Pod {name}"));
                 }
                 None => {
-                    let ns = namespace.unwrap_or_default();
+                    let (ns, name) = (key.namespace().unwrap_or_default(), key.name());
                     (self.output)(&format!("Pod {ns}/{name} does not exist anymore"));
                 }
             }

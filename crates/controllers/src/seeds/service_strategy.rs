@@ -17,12 +17,11 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReferenc
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kinformer_informer::Lister;
-use kinformer_store::split_meta_namespace_key;
 use kube_client::Client;
 use kube_client::api::{Api, PostParams};
 use tracing::{info, warn};
 
-use crate::{Action, Event, ReconcileError, Reconciler};
+use crate::{Action, Event, ReconcileError, Reconciler, Request};
 
 /// The annotation naming a Service's strategy.
 pub const STRATEGY_ANNOTATION: &str = "kinformer.dev/strategy";
@@ -134,11 +133,21 @@ impl ServiceStrategy {
     }
 }
 
+impl std::fmt::Debug for ServiceStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceStrategy").finish_non_exhaustive()
+    }
+}
+
 impl Reconciler for ServiceStrategy {
-    fn reconcile<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+    fn reconcile<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         Box::pin(async move {
-            let (namespace, name) = split_meta_namespace_key(key)?;
-            let Some(svc) = self.lister.get(key) else {
+            let key = &request.key;
+            let (namespace, name) = (key.namespace(), key.name());
+            let Some(svc) = self.lister.get(key.as_str()) else {
                 return Ok(Action::Done);
             };
             let Some(strategy) = strategy_of(&svc) else {
@@ -175,10 +184,10 @@ impl Reconciler for ServiceStrategy {
             api.replace(name, &pp, &wanted)
                 .await
                 .map_err(|source| WriteError {
-                    key: key.to_owned(),
+                    key: key.clone(),
                     source,
                 })?;
-            info!(service = key, app = strategy, from = ?current, "set selector app");
+            info!(service = key.as_str(), app = strategy, from = ?current, "set selector app");
             Ok(Action::Done)
         })
     }
@@ -189,7 +198,7 @@ impl Reconciler for ServiceStrategy {
 #[derive(Debug, thiserror::Error)]
 #[error("writing Service {key}")]
 struct WriteError {
-    key: String,
+    key: kinformer_store::ObjectKey,
     source: kube_client::Error,
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kinformer_informer::SharedIndexInformer;
-use kinformer_store::Object;
+use kinformer_store::{Object, ObjectKey};
 use kinformer_workqueue::{Priority, RateLimitingQueue};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -34,7 +34,7 @@ use crate::{Ring, SlotGuard};
 /// forgets it only if the key is not queued.
 pub(crate) struct KeySlots {
     pub(crate) slots: u32,
-    pub(crate) map: Mutex<std::collections::HashMap<String, KeyRecord>>,
+    pub(crate) map: Mutex<std::collections::HashMap<ObjectKey, KeyRecord>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,10 +51,10 @@ pub(crate) struct KeyRecord {
 
 impl KeySlots {
     /// Records an event of `obj`; `enqueued` when its key is being enqueued.
-    pub(crate) fn record<K: Object>(&self, key: &str, obj: &K, enqueued: bool) {
+    pub(crate) fn record<K: Object>(&self, key: &ObjectKey, obj: &K, enqueued: bool) {
         let slot = slot_of_uid(obj.uid().unwrap_or_default(), self.slots);
         let mut map = self.map.lock();
-        let record = map.entry(key.to_owned()).or_insert(KeyRecord {
+        let record = map.entry(key.clone()).or_insert(KeyRecord {
             slot,
             generation: 0,
             queued: false,
@@ -117,7 +117,7 @@ impl KeySlots {
     /// the filter passed and no reconcile here settled since (queued or
     /// pending), and the others, whose events the filter turned down or
     /// were reconciled here already.
-    pub(crate) fn slot_keys(&self, slot: u32) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn slot_keys(&self, slot: u32) -> (Vec<ObjectKey>, Vec<ObjectKey>) {
         let (mut passed, mut others) = (Vec::new(), Vec::new());
         for (key, record) in self.map.lock().iter().filter(|(_, r)| r.slot == slot) {
             if record.queued || record.pending.is_some() {
@@ -130,7 +130,7 @@ impl KeySlots {
     }
 
     /// Marks `keys` queued: the caller enqueues them.
-    pub(crate) fn mark_queued(&self, keys: &[String]) {
+    pub(crate) fn mark_queued(&self, keys: &[ObjectKey]) {
         let mut map = self.map.lock();
         for key in keys {
             if let Some(record) = map.get_mut(key) {
@@ -171,7 +171,7 @@ pub(crate) async fn prime(
     ready: Arc<parking_lot::RwLock<std::collections::BTreeSet<u32>>>,
     queued: impl Fn() -> usize,
     wanted: impl Fn(&str) -> bool,
-    queue: RateLimitingQueue<String>,
+    queue: RateLimitingQueue<ObjectKey>,
     reasons: Arc<Reasons>,
 ) {
     let mut held = ring.subscribe();
@@ -209,7 +209,7 @@ pub(crate) async fn prime(
             // The filter is user code and may decode (a compact cache):
             // let other tasks run between batches.
             for batch in others.chunks(PRIME_BATCH) {
-                keys.extend(batch.iter().filter(|key| wanted(key)).cloned());
+                keys.extend(batch.iter().filter(|key| wanted(key.as_str())).cloned());
                 tokio::task::yield_now().await;
             }
             key_slots.mark_queued(&keys);
@@ -315,7 +315,8 @@ impl Sharding {
 /// the slot's Lease is lost; a key of a slot not (yet) worked here is
 /// skipped, and its record forgotten unless its object is cached.
 impl Gate for Sharding {
-    fn admit(&self, key: &str, _priority: Priority) -> Admission {
+    fn admit(&self, key: &ObjectKey, _priority: Priority) -> Admission {
+        let key = key.as_str();
         match self.enter(key) {
             Entry::Entered(guard, generation) => {
                 self.entered
@@ -336,8 +337,8 @@ impl Gate for Sharding {
     /// Resolves once the Lease of the key's slot is lost (or no longer
     /// safely held by our clock); never while it is held, handed over or
     /// not.
-    fn interrupted(&self, key: &str) -> Option<BoxFuture<'static, String>> {
-        let slot = self.entered.lock().get(key)?.0.slot();
+    fn interrupted(&self, key: &ObjectKey) -> Option<BoxFuture<'static, String>> {
+        let slot = self.entered.lock().get(key.as_str())?.0.slot();
         let elector = self.ring.slot_elector(slot);
         Some(Box::pin(async move {
             if let Some(elector) = elector {
@@ -349,7 +350,8 @@ impl Gate for Sharding {
 
     /// Leaves the slot (its handover may go on while the queue takes the
     /// key again), then records what became of the key.
-    fn settle(&self, key: &str, outcome: Outcome) {
+    fn settle(&self, key: &ObjectKey, outcome: Outcome) {
+        let key = key.as_str();
         let Some((guard, generation)) = self.entered.lock().remove(key) else {
             return;
         };
@@ -384,10 +386,10 @@ mod tests {
     #[test]
     fn an_event_the_filter_turned_down_during_a_reconcile_does_not_keep_the_key_pending() {
         let (slots, cm, slot) = key_slots_with_one_key();
-        slots.record("ns/a", &cm, true);
+        slots.record(&"ns/a".parse().unwrap(), &cm, true);
         let (_, generation) = slots.take("ns/a").unwrap();
         // A status write of the reconcile comes back, turned down.
-        slots.record("ns/a", &cm, false);
+        slots.record(&"ns/a".parse().unwrap(), &cm, false);
         slots.worked("ns/a", generation);
         let (passed, others) = slots.slot_keys(slot);
         assert!(passed.is_empty(), "{passed:?}");
@@ -397,9 +399,9 @@ mod tests {
     #[test]
     fn an_event_the_filter_passed_during_a_reconcile_keeps_the_key_pending() {
         let (slots, cm, slot) = key_slots_with_one_key();
-        slots.record("ns/a", &cm, true);
+        slots.record(&"ns/a".parse().unwrap(), &cm, true);
         let (_, generation) = slots.take("ns/a").unwrap();
-        slots.record("ns/a", &cm, true);
+        slots.record(&"ns/a".parse().unwrap(), &cm, true);
         slots.take("ns/a");
         slots.worked("ns/a", generation);
         let (passed, _) = slots.slot_keys(slot);

@@ -200,6 +200,14 @@ pub struct SlotGuard {
     slot: u32,
 }
 
+impl std::fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SlotGuard {
     /// The slot.
     pub fn slot(&self) -> u32 {

@@ -61,6 +61,20 @@ pub struct ApiListerWatcher<K> {
     _kind: PhantomData<fn() -> K>,
 }
 
+impl<K> Debug for ApiListerWatcher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiListerWatcher")
+            .field("url_path", &self.url_path)
+            .field("label_selector", &self.label_selector)
+            .field("field_selector", &self.field_selector)
+            .field("wire_format", &self.wire_format)
+            .field("drop_managed_fields", &self.drop_managed_fields)
+            .field("sharded", &self.shard.is_some())
+            .field("received", &self.received.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 impl<K> Clone for ApiListerWatcher<K> {
     fn clone(&self) -> Self {
         Self {

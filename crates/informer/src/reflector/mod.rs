@@ -306,6 +306,17 @@ pub struct Reflector<K> {
     description: String,
 }
 
+impl<K> std::fmt::Debug for Reflector<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reflector")
+            .field("what", &self.description)
+            .field("options", &self.options)
+            .field("resync", &self.resync.as_ref().map(|(period, _)| period))
+            .field("last_sync_resource_version", &*self.last_sync_rv.read())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the Reflector does next: one variant a state of the table in the
 /// module docs, each carried out by one call of `Reflector::step`.
 enum State<K> {

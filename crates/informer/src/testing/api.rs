@@ -86,6 +86,19 @@ pub struct FakeApiServer {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for FakeApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.state.lock();
+        let objects: usize = state.objects.values().map(BTreeMap::len).sum();
+        f.debug_struct("FakeApiServer")
+            .field("resource_version", &state.version)
+            .field("objects", &objects)
+            .field("watches", &state.watchers.len())
+            .field("requests", &state.requests.len())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     /// Requests received so far.

@@ -65,6 +65,20 @@ pub struct ScriptedListerWatcher<K> {
     namespace: Option<String>,
 }
 
+impl<K> std::fmt::Debug for ScriptedListerWatcher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let script = self.shared.script.lock();
+        f.debug_struct("ScriptedListerWatcher")
+            .field("resource", &self.resource)
+            .field("namespace", &self.namespace)
+            .field("lists_left", &script.lists.len())
+            .field("watches_left", &script.watches.len())
+            .field("list_requests", &script.list_requests.len())
+            .field("watch_requests", &script.watch_requests.len())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Shared<K> {
     script: Mutex<Script<K>>,
     /// Told when a live watch is opened.
@@ -313,6 +327,23 @@ pub struct ScriptedWatch<K> {
     end: End,
 }
 
+impl<K> std::fmt::Debug for ScriptedWatch<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.answer {
+            Ok(events) => f
+                .debug_struct("ScriptedWatch")
+                .field("events", &events.len())
+                .field("end", &self.end)
+                .finish(),
+            Err(refused) => f
+                .debug_struct("ScriptedWatch")
+                .field("refused", refused)
+                .finish(),
+        }
+    }
+}
+
+#[derive(Debug)]
 enum End {
     /// The server closes the watch this long after its events.
     Close(Duration),
@@ -402,6 +433,14 @@ impl<K: Send + 'static> ScriptedWatch<K> {
 /// gave the watch up): the test believed it open.
 pub struct LiveWatch<K> {
     sender: mpsc::UnboundedSender<Result<WatchEvent<K>, ListWatchError>>,
+}
+
+impl<K> std::fmt::Debug for LiveWatch<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveWatch")
+            .field("closed", &self.sender.is_closed())
+            .finish()
+    }
 }
 
 impl<K> LiveWatch<K> {
