@@ -5,11 +5,21 @@
 //! two callers asking for `DynamicObject`s of the same `ApiResource` get one
 //! informer and one watch; a typed informer and a dynamic one of the same
 //! kind are two (their caches hold different types).
+//!
+//! An informer asked for with `informer*`, `metadata` or `dynamic*` lives
+//! as long as the factory, as in client-go. One asked for with `share*`
+//! is counted ([`InformerShare`]): it is stopped, dropped from the factory
+//! and its cache emptied when the last share goes, and the next share
+//! makes a fresh one, which lists again. client-go and controller-runtime
+//! count no users (`RemoveInformer` stops an informer whoever still reads
+//! it); a share is what lets a part that comes and goes (a controller of
+//! a kind whose CRD may be deleted) free what it alone used.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::ops::Deref;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kinformer_fifo::FifoKind;
@@ -87,6 +97,8 @@ trait Startable: Send + Sync {
     fn store_resource_version(&self) -> Option<String>;
     /// What it lists and watches, and in which namespace (`None`: all).
     fn reads(&self) -> (Option<GroupResource>, Option<String>);
+    /// Stops it for good and empties its cache: its last share went.
+    fn release(&self);
 }
 
 impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
@@ -117,6 +129,10 @@ impl<K: Object + Clone> Startable for SharedIndexInformer<K> {
     }
     fn reads(&self) -> (Option<GroupResource>, Option<String>) {
         (self.resource(), self.namespace().map(str::to_owned))
+    }
+    fn release(&self) {
+        self.stop();
+        self.clear_cache();
     }
 }
 
@@ -218,6 +234,87 @@ struct Entry {
     /// Set for the one informer per group, version and resource of a named
     /// factory that reports metrics.
     metrics: Option<MetricsId>,
+    /// Asked for other than by a share: it lives as long as the factory.
+    pinned: bool,
+    /// What its live shares hold (dead when none is left).
+    shares: Weak<Shares>,
+    /// The generation of `shares`: the token of an older generation, dropped
+    /// late, releases nothing.
+    generation: u64,
+}
+
+type Informers = Arc<Mutex<HashMap<InformerKey, Entry>>>;
+
+/// What every share of one informer holds: when the last one drops, the
+/// informer is released, unless it is pinned or shared again meanwhile.
+struct Shares {
+    informers: Weak<Mutex<HashMap<InformerKey, Entry>>>,
+    key: InformerKey,
+    generation: u64,
+}
+
+impl Drop for Shares {
+    fn drop(&mut self) {
+        let Some(informers) = self.informers.upgrade() else {
+            return;
+        };
+        let released = {
+            let mut informers = informers.lock();
+            match informers.get(&self.key) {
+                Some(e) if !e.pinned && e.generation == self.generation => {
+                    informers.remove(&self.key)
+                }
+                _ => None,
+            }
+        };
+        // Outside the factory's lock: emptying a large cache takes a while.
+        if let Some(entry) = released {
+            tracing::debug!(informer = %entry.startable.describe(), "the last share of the informer went; stopped and emptied");
+            entry.startable.release();
+        }
+    }
+}
+
+/// A counted share of one of a factory's informers
+/// ([`SharedInformerFactory::share`]): the informer runs for as long as a
+/// share of it lives (or the factory itself holds it, when it was also
+/// asked for with [`informer`](SharedInformerFactory::informer)). When the
+/// last share is dropped, the informer is stopped, dropped from the
+/// factory and its cache emptied, so its memory is freed even while a
+/// Lister of it is still held; the next share lists afresh.
+///
+/// It dereferences to the informer. A clone is one more share. A clone of
+/// the informer taken out of it (`(*share).clone()`) is not: it sees the
+/// informer stop with the last share.
+pub struct InformerShare<K> {
+    informer: SharedIndexInformer<K>,
+    _shares: Arc<Shares>,
+}
+
+impl<K> Clone for InformerShare<K> {
+    fn clone(&self) -> Self {
+        Self {
+            informer: self.informer.clone(),
+            _shares: Arc::clone(&self._shares),
+        }
+    }
+}
+
+impl<K> Deref for InformerShare<K> {
+    type Target = SharedIndexInformer<K>;
+
+    fn deref(&self) -> &SharedIndexInformer<K> {
+        &self.informer
+    }
+}
+
+impl<K> Debug for InformerShare<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InformerShare")
+            .field("informer", &self.informer)
+            .field("shares", &Arc::strong_count(&self._shares))
+            .finish()
+    }
 }
 
 /// What makes two informers the same: the Rust type, the kind (its URL path:
@@ -248,7 +345,7 @@ pub struct SharedInformerFactory {
     name: Option<String>,
     /// Per type: the `Compact<K>` its informers keep their cache with.
     compact: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
-    informers: Arc<Mutex<HashMap<InformerKey, Entry>>>,
+    informers: Informers,
 }
 
 impl Debug for SharedInformerFactory {
@@ -453,17 +550,98 @@ impl SharedInformerFactory {
     where
         K: Resource + Object + Clone + DeserializeOwned + Debug,
     {
-        let key = InformerKey {
+        let key = Self::key::<K>(dyntype, scope);
+        let mut informers = self.informers.lock();
+        let informer = self.entry(&mut informers, dyntype, &key);
+        if let Some(entry) = informers.get_mut(&key) {
+            entry.pinned = true;
+        }
+        informer
+    }
+
+    /// A counted share of the informer for `K` in the factory's namespace
+    /// (in all, for a cluster-scoped `K`): see [`InformerShare`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: kinformer_informer::kube::Client) {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kinformer_informer::{CancellationToken, SharedInformerFactory};
+    ///
+    /// let factory = SharedInformerFactory::new(client);
+    /// let configmaps = factory.share::<ConfigMap>();
+    /// factory.start(&CancellationToken::new());
+    /// // ... read configmaps.lister() ...
+    /// drop(configmaps); // the last share: stopped, its cache emptied
+    /// # }
+    /// ```
+    pub fn share<K>(&self) -> InformerShare<K>
+    where
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+        K::DynamicType: Default,
+        K::Scope: 'static,
+    {
+        self.share_with(&K::DynamicType::default(), self.default_scope::<K>())
+    }
+
+    /// A counted share of the informer for `K` of the kind `dyntype` names
+    /// (a `DynamicObject`'s `ApiResource`), in `scope`: see
+    /// [`InformerShare`].
+    pub fn share_with<K>(&self, dyntype: &K::DynamicType, scope: InformerScope) -> InformerShare<K>
+    where
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+    {
+        let key = Self::key::<K>(dyntype, scope);
+        let mut informers = self.informers.lock();
+        let informer = self.entry(&mut informers, dyntype, &key);
+        let entry = informers
+            .get_mut(&key)
+            .expect("the entry was made under this lock");
+        let shares = match entry.shares.upgrade() {
+            Some(shares) => shares,
+            None => {
+                entry.generation += 1;
+                let shares = Arc::new(Shares {
+                    informers: Arc::downgrade(&self.informers),
+                    key,
+                    generation: entry.generation,
+                });
+                entry.shares = Arc::downgrade(&shares);
+                shares
+            }
+        };
+        InformerShare {
+            informer,
+            _shares: shares,
+        }
+    }
+
+    fn key<K: Resource + 'static>(dyntype: &K::DynamicType, scope: InformerScope) -> InformerKey {
+        InformerKey {
             type_id: TypeId::of::<K>(),
             url_path: K::url_path(dyntype, scope.namespace.as_deref()),
-            scope: scope.clone(),
-        };
-        let mut informers = self.informers.lock();
-        if let Some(entry) = informers.get(&key)
+            scope,
+        }
+    }
+
+    /// The informer under `key`, made (unpinned, unshared) if there is none.
+    // A scope's shard is told apart by identity (see `InformerScope`): its
+    // interior mutability does not change the key's hash.
+    #[allow(clippy::mutable_key_type)]
+    fn entry<K>(
+        &self,
+        informers: &mut HashMap<InformerKey, Entry>,
+        dyntype: &K::DynamicType,
+        key: &InformerKey,
+    ) -> SharedIndexInformer<K>
+    where
+        K: Resource + Object + Clone + DeserializeOwned + Debug,
+    {
+        if let Some(entry) = informers.get(key)
             && let Some(informer) = entry.any.downcast_ref::<SharedIndexInformer<K>>()
         {
             return informer.clone();
         }
+        let scope = &key.scope;
         let mut lw = ApiListerWatcher::<K>::new_with(
             self.client.clone(),
             scope.namespace.as_deref(),
@@ -512,11 +690,14 @@ impl SharedInformerFactory {
             (!taken).then_some(id)
         });
         informers.insert(
-            key,
+            key.clone(),
             Entry {
                 any: Box::new(informer.clone()),
                 startable: Arc::new(informer.clone()),
                 metrics,
+                pinned: false,
+                shares: Weak::new(),
+                generation: 0,
             },
         );
         informer

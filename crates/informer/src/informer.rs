@@ -325,6 +325,9 @@ struct Inner<K> {
     settings: Mutex<Settings<K>>,
     started: AtomicBool,
     stopped: AtomicBool,
+    /// Cancelled by [`SharedIndexInformer::stop`]: ends `run` as its own
+    /// shutdown token would.
+    halt: CancellationToken,
     last_sync_rv: Arc<RwLock<String>>,
     stats: Mutex<Option<Arc<ReflectorStats>>>,
     /// Set once the cache is no longer kept in step; `failure` says why.
@@ -408,6 +411,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 }),
                 started: AtomicBool::new(false),
                 stopped: AtomicBool::new(false),
+                halt: CancellationToken::new(),
                 last_sync_rv: Arc::new(RwLock::new(String::new())),
                 stats: Mutex::new(None),
                 failed: Arc::new(AtomicBool::new(false)),
@@ -762,6 +766,33 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.started.load(Ordering::SeqCst)
     }
 
+    /// Stops the informer for good, however it was started: `run` ends as
+    /// if its shutdown token had fired (the unit being applied is
+    /// finished, the handlers are stopped), and a `run` not yet called
+    /// returns at once. An informer does not start again (client-go's
+    /// neither); ask its factory for a fresh one. The cache keeps what it
+    /// holds: [`SharedInformerFactory::share`](crate::SharedInformerFactory::share) clears it when its last
+    /// share goes.
+    pub fn stop(&self) {
+        self.inner.halt.cancel();
+    }
+
+    /// Empties the cache of a stopped informer (its last share went), and
+    /// returns the freed memory to the system.
+    pub(crate) fn clear_cache(&self) {
+        if let Err(e) = self.inner.indexer.replace(Vec::new(), "") {
+            warn!(error = %e, what = %self.inner.description, "could not empty the cache of a released informer");
+        }
+        release_freed_memory();
+    }
+
+    /// Whether the informer has stopped: its `run` ended (by its shutdown
+    /// token, [`stop`](Self::stop) or a failure), or `stop` came before it
+    /// ran.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stopped.load(Ordering::SeqCst)
+    }
+
     /// Counters of the Reflector (once started).
     pub fn reflector_stats(&self) -> Option<Arc<ReflectorStats>> {
         self.inner.stats.lock().clone()
@@ -800,6 +831,21 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         if self.inner.started.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        if self.inner.halt.is_cancelled() {
+            self.inner.fifo.close();
+            self.inner.stop();
+            return Ok(());
+        }
+        // Ends on `shutdown` or on `stop`, whichever comes first.
+        let (shutdown, _linked) = {
+            let linked = self.inner.halt.child_token();
+            let cancel = linked.clone();
+            let link = tokio::spawn(async move {
+                shutdown.cancelled().await;
+                cancel.cancel();
+            });
+            (linked, AbortOnDrop(link))
+        };
         let reflector = {
             let settings = self.inner.settings.lock();
             let mut reflector = Reflector::new(

@@ -159,7 +159,8 @@ pub use kube_client as kube;
 pub use backoff::BackoffConfig;
 pub use error::{CatchUpError, Detail, InformerError, ListWatchError, error_chain};
 pub use factory::{
-    FactoryStats, InformerMetrics, InformerScope, SharedInformerFactory, is_cluster_scoped,
+    FactoryStats, InformerMetrics, InformerScope, InformerShare, SharedInformerFactory,
+    is_cluster_scoped,
 };
 pub use handler::{ResourceEventHandler, ResourceEventHandlerFuncs};
 pub use informer::{
