@@ -1139,21 +1139,36 @@ async fn leadership_hands_over_on_sigterm_on_a_cut_off_leader_and_survives_lease
     let stop_sampling = CancellationToken::new();
     let both = double_work(&leading, &waiting, &stop_sampling);
     for restore in [false, true] {
-        let backup = leases.get("handover").await.unwrap();
+        let mut backup = leases.get("handover").await.unwrap();
         leases
             .delete("handover", &DeleteParams::default())
             .await
             .unwrap();
         if restore {
-            let mut restored = backup.clone();
-            restored.metadata = kube_client::api::ObjectMeta {
-                name: backup.metadata.name.clone(),
-                ..Default::default()
-            };
-            leases
-                .create(&PostParams::default(), &restored)
-                .await
-                .unwrap();
+            // The leader may create the Lease anew between the delete and
+            // the restore (409 AlreadyExists): then this restore did not
+            // happen, so take a new backup and try again until it does.
+            let mut attempts = 0;
+            loop {
+                let mut restored = backup.clone();
+                restored.metadata = kube_client::api::ObjectMeta {
+                    name: backup.metadata.name.clone(),
+                    ..Default::default()
+                };
+                match leases.create(&PostParams::default(), &restored).await {
+                    Ok(_) => break,
+                    Err(kube_client::Error::Api(status)) if status.code == 409 => {
+                        attempts += 1;
+                        assert!(attempts < 20, "the Lease could not be restored: {status:?}");
+                        backup = leases.get("handover").await.unwrap();
+                        leases
+                            .delete("handover", &DeleteParams::default())
+                            .await
+                            .unwrap();
+                    }
+                    Err(e) => panic!("restoring the Lease: {e}"),
+                }
+            }
         }
         let before = reconciles_of(&log, 2);
         eventually("the leader renewed the Lease again and works", async || {
