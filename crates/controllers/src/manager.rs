@@ -403,6 +403,19 @@ impl<K: Object + Clone> ManagedController for Controller<K> {
 /// would never become ready. Its controllers still reconcile only from
 /// synced caches; a webhook handler reading such a cache may see it
 /// before it has synced.
+///
+/// Nor are the caches of resources the server does not serve (a custom
+/// resource whose CRD is not installed, or no longer serves the version):
+/// such an informer waits for its resource without a request loop, with
+/// one log line when it starts waiting and one when the resource is
+/// served, and `kinformer_informer_waiting_for_resource` at 1 on
+/// `/metrics`, naming it; the controllers that read it start their workers
+/// once it has synced, within seconds of the CRD being established. The
+/// process stays ready meanwhile, where controller-runtime fails and
+/// restarts it: readiness routes traffic, and an operator whose optional
+/// CRD is missing still serves its webhooks (unready, it would make the
+/// API server refuse every write they cover) and its other controllers.
+/// Alert on the gauge for a CRD that must be there.
 pub struct Manager {
     /// The client as given: the Manager's own requests (election, Events).
     client: Client,

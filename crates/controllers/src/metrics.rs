@@ -183,11 +183,16 @@ impl Collector for InformerCollector {
             return Ok(());
         }
         type Read = fn(&ReflectorStats) -> u64;
-        let counters: [(&str, &str, Read); 3] = [
+        let counters: [(&str, &str, Read); 4] = [
             (
                 "kinformer_informer_denied",
                 "Lists and watches the server refused for the credentials (401 or 403): the informer retries with back-off, and /readyz fails while it is refused",
                 |s| s.denied.load(Ordering::Relaxed),
+            ),
+            (
+                "kinformer_informer_not_served",
+                "Times the server was found not to serve the informer's resource (404: a CRD not installed, deleted, or no longer serving the version): each time the informer waits for it",
+                |s| s.not_served.load(Ordering::Relaxed),
             ),
             (
                 "kinformer_informer_undecodable_objects",
@@ -206,6 +211,17 @@ impl Collector for InformerCollector {
                 let labels = [("informer", informer.as_str())];
                 ConstCounter::new(read(stats)).encode(family.encode_family(&labels)?)?;
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "kinformer_informer_waiting_for_resource",
+            "1 while the server does not serve the informer's resource and the informer waits for it (its CRD installed, or serving the version again); 0 otherwise",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (informer, stats) in &informers {
+            let labels = [("informer", informer.as_str())];
+            let waiting = i64::from(stats.not_served_now().is_some());
+            ConstGauge::new(waiting).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -175,6 +175,14 @@ pub enum ListWatchError {
 }
 
 impl ListWatchError {
+    /// Whether the server answered 404 to a list or watch: asked for a
+    /// whole collection, that means it does not serve the resource (its
+    /// CustomResourceDefinition is not installed, or does not serve this
+    /// version). The Reflector then waits for it (see its module docs).
+    pub fn is_not_served(&self) -> bool {
+        matches!(self, Self::Api { code: 404, .. })
+    }
+
     /// Whether the error is 410 Gone.
     pub fn is_gone(&self) -> bool {
         matches!(self, Self::Gone(_))

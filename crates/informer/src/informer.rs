@@ -798,6 +798,15 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.stats.lock().clone()
     }
 
+    /// While the server does not serve this informer's resource (a custom
+    /// resource whose CRD is not installed, was deleted, or no longer
+    /// serves the version), its answer: the informer waits for the
+    /// resource (see [`Reflector`](crate::Reflector)), and has not synced
+    /// if it never listed. `None` otherwise.
+    pub fn not_served(&self) -> Option<String> {
+        self.reflector_stats()?.not_served_now()
+    }
+
     /// Units waiting in the queue between the Reflector and the cache (a
     /// RealFifo's changes, whole lists, resyncs and bookmarks; a
     /// DeltaFifo's keys), the one being applied included: 0 means every

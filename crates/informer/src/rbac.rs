@@ -55,8 +55,23 @@ impl Permissions {
     }
 
     /// What an informer over `resource` in `namespace` (`None`: every
-    /// namespace, or a cluster-scoped resource) needs: list and watch.
+    /// namespace, or a cluster-scoped resource) needs: list and watch; for
+    /// a custom resource, also list and watch of its
+    /// CustomResourceDefinition by name, which the informer reads while
+    /// the resource is not served, to start as soon as it is (see
+    /// [`ListerWatcher::until_served`](crate::ListerWatcher::until_served)).
     pub fn allow_reads(&mut self, namespace: Option<&str>, resource: &GroupResource) -> &mut Self {
+        if let Some(crd) =
+            crate::lister_watcher::served::crd_name(&resource.group, &resource.resource)
+        {
+            self.allow_named(
+                None,
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &[&crd],
+                &["list", "watch"],
+            );
+        }
         self.allow(
             namespace,
             &resource.group,

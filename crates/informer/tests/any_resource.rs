@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Reported, errors_seen, no_difference, wait_synced};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -316,21 +316,54 @@ fn gadget(name: &str) -> DynamicObject {
     .unwrap()
 }
 
+/// Requests kube-apiserver has counted for `resource` of `group` and
+/// `verb` (`apiserver_request_total`, every code), from its own metrics. It
+/// counts no request for a resource it does not serve (those go to its
+/// not-found handler, which no metric labels with the resource): the
+/// informer's own count of its lists and watches gives those.
+async fn server_requests(client: &Client, group: &str, resource: &str, verb: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let labels = [
+        format!("group=\"{group}\""),
+        format!("resource=\"{resource}\""),
+        format!("verb=\"{verb}\""),
+    ];
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| labels.iter().all(|label| l.contains(label.as_str())))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Lists and watches (streaming lists included) the informer has sent.
+fn requests_sent<K: kinformer_store::Object + Clone>(informer: &SharedIndexInformer<K>) -> u64 {
+    use std::sync::atomic::Ordering;
+    let stats = informer.reflector_stats().unwrap();
+    stats.list_calls.load(Ordering::Relaxed) + stats.watches.load(Ordering::Relaxed)
+}
+
+/// Reflector options whose backoff is a minute: within a test, only the
+/// informer's watch of the CRD can make it list again.
+fn waiting_only_for_the_crd() -> ReflectorOptions {
+    let mut reflector = ReflectorOptions::default();
+    reflector.backoff.initial = Duration::from_secs(60);
+    reflector.backoff.max = Duration::from_secs(60);
+    reflector
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_once_it_is_back() {
+async fn a_crd_deleted_under_a_watch_is_waited_for_quietly_and_followed_again_as_soon_as_it_is_back()
+ {
     let (_, client, ns) = setup("gadgets").await;
     install(&client, &gadget_crd()).await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("any.kinformer.dev", "v1", "Gadget"),
         "gadgets",
     );
-    // Plain lists, so that each retry is one request (a streaming list
-    // falls back to a list at once, which would make two).
-    let mut reflector = ReflectorOptions::default();
-    reflector.use_watch_list = false;
     let informer = SharedIndexInformer::new(
         ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
-        common::options().reflector(reflector),
+        common::options().reflector(waiting_only_for_the_crd()),
     );
     let errors = errors_seen(&informer);
     let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
@@ -345,64 +378,161 @@ async fn a_crd_deleted_under_a_watch_is_reported_backed_off_and_watched_again_on
     };
     wait_synced(&informer).await;
     assert_eq!(informer.indexer().len(), 1);
+    assert!(informer.not_served().is_none());
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd_lists_before = server_requests(
+        &client,
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "LIST",
+    )
+    .await;
     crds.delete("gadgets.any.kinformer.dev", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the CRD gone", async || {
-        crds.get_opt("gadgets.any.kinformer.dev")
-            .await
-            .unwrap()
-            .is_none()
+    eventually("the informer waiting for its resource", async || {
+        informer.not_served().is_some()
     })
     .await;
-    eventually("four failed requests", async || {
+    let sent_before = requests_sent(&informer);
+    let message = informer.not_served().unwrap();
+    assert!(
+        message.contains("gadgets") && message.contains("CustomResourceDefinition"),
+        "the error names what is not served: {message}"
+    );
+    // The CRD's objects went with it, one deletion each.
+    assert_eq!(informer.indexer().len(), 0);
+    // Reported once, not once per retry.
+    let not_found = || {
         errors
             .messages()
             .iter()
             .filter(|e| e.contains("404"))
             .count()
-            >= 4
-    })
-    .await;
-    {
-        let errors = errors.all();
-        let not_found: Vec<_> = errors.iter().filter(|(_, e)| e.contains("404")).collect();
-        let message = &not_found[0].1;
-        assert!(
-            message.contains("gadgets") && message.contains("CustomResourceDefinition"),
-            "the error names what is not served: {message}"
-        );
-        let attempts: Vec<Instant> = not_found.iter().map(|(at, _)| *at).collect();
-        // Backed off: every retry waited at least the initial 800 ms (a hot
-        // loop would retry within milliseconds), and the waits grow.
-        let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
-        assert!(gaps.len() >= 2, "{not_found:?}");
-        assert!(
-            gaps.iter().all(|g| *g >= Duration::from_millis(700)),
-            "retries without backoff: {gaps:?}"
-        );
-        assert!(gaps.last() > gaps.first(), "the backoff grows: {gaps:?}");
-    }
-    // The CRD's objects went with it.
-    assert_eq!(informer.indexer().len(), 0);
+    };
+    assert_eq!(not_found(), 1, "{:?}", errors.messages());
 
     install(&client, &gadget_crd()).await;
     gadgets
         .create(&PostParams::default(), &gadget("after"))
         .await
         .unwrap();
-    eventually("the informer watching again", async || {
+    // Within the test's 30 s, where the backoff is a minute: the CRD's
+    // watch said it is back.
+    eventually("the informer following the resource again", async || {
         informer
             .indexer()
             .get_by_key(&format!("{ns}/after"))
             .is_some()
     })
     .await;
+    assert!(informer.not_served().is_none());
+    assert_eq!(not_found(), 1, "{:?}", errors.messages());
+    // While it waited: no request for the resource but the list that found
+    // it back (the backoff is a minute), and one list of its CRD, whose
+    // watch said when (the server's count; the test's own installs GET it).
+    let sent = requests_sent(&informer) - sent_before;
+    assert_eq!(sent, 1, "lists and watches of gadgets sent while waiting");
+    let crd_lists = server_requests(
+        &client,
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "LIST",
+    )
+    .await
+        - crd_lists_before;
+    assert_eq!(crd_lists, 1, "lists of the CRD while waiting");
     assert!(informer.failure().is_none());
     shutdown.cancel();
     run.await.unwrap().unwrap();
+}
+
+fn sprocket_crd(versions: &[(&str, bool, bool)]) -> CustomResourceDefinition {
+    let versions: Vec<serde_json::Value> = versions
+        .iter()
+        .map(|(name, served, storage)| {
+            serde_json::json!({
+                "name": name, "served": served, "storage": storage,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sprockets.any.kinformer.dev"},
+        "spec": {
+            "group": "any.kinformer.dev",
+            "names": {"kind": "Sprocket", "plural": "sprockets", "singular": "sprocket", "listKind": "SprocketList"},
+            "scope": "Namespaced",
+            "versions": versions,
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_informer_started_before_its_crd_waits_and_syncs_once_the_crd_serves_its_version() {
+    let (_, client, ns) = setup("sprockets").await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("any.kinformer.dev", "v1", "Sprocket"),
+        "sprockets",
+    );
+    let informer = SharedIndexInformer::new(
+        ApiListerWatcher::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource),
+        common::options().reflector(waiting_only_for_the_crd()),
+    );
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (informer, shutdown) = (informer.clone(), shutdown.clone());
+        tokio::spawn(async move { informer.run(shutdown).await })
+    };
+    eventually("the informer waiting for its resource", async || {
+        informer.not_served().is_some()
+    })
+    .await;
+    assert!(!informer.has_synced());
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    // Installed serving only v2: v1 is still not served.
+    install(
+        &client,
+        &sprocket_crd(&[("v1", false, false), ("v2", true, true)]),
+    )
+    .await;
+    let v2 = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("any.kinformer.dev", "v2", "Sprocket"),
+        "sprockets",
+    );
+    let sprocket = |name: &str| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "any.kinformer.dev/v2", "kind": "Sprocket",
+            "metadata": {"name": name}
+        }))
+        .unwrap()
+    };
+    Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &v2)
+        .create(&PostParams::default(), &sprocket("one"))
+        .await
+        .unwrap();
+    assert!(!informer.has_synced() && informer.not_served().is_some());
+    // v1 served as well: listed within the test's 30 s (the backoff is a minute).
+    let mut crd = crds.get("sprockets.any.kinformer.dev").await.unwrap();
+    crd.spec.versions[0].served = true;
+    crds.replace("sprockets.any.kinformer.dev", &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    eventually("the informer synced", async || informer.has_synced()).await;
+    assert!(
+        informer
+            .indexer()
+            .get_by_key(&format!("{ns}/one"))
+            .is_some()
+    );
+    assert!(informer.not_served().is_none());
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    crds.delete("sprockets.any.kinformer.dev", &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 fn gizmo_crd() -> CustomResourceDefinition {

@@ -424,7 +424,10 @@ impl<K: Object + Clone> Controller<K> {
     /// resource and namespace), even after it synced (a controller over a
     /// cache the server no longer updates is not ready), and while one has
     /// not synced, unless `needs_us` says its listing needs this process
-    /// to be ready first (a custom resource whose conversion it serves).
+    /// to be ready first (a custom resource whose conversion it serves) or
+    /// the server does not serve its resource (a CRD not installed: see
+    /// the [`Manager`](crate::Manager)'s docs for why that leaves the
+    /// process ready).
     pub(crate) fn informers_check(
         &self,
         needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
@@ -438,7 +441,7 @@ impl<K: Object + Clone> Controller<K> {
                 .iter()
                 .filter_map(|(i, needs_us)| match i.denied() {
                     Some(denied) => Some(format!("{}: {denied}", i.what())),
-                    None => (!needs_us && !i.has_synced())
+                    None => (!needs_us && !i.has_synced() && i.not_served().is_none())
                         .then(|| format!("{}: not synced yet", i.what())),
                 })
                 .collect();
@@ -574,11 +577,14 @@ impl<K: Object + Clone> Controller<K> {
             informers = informers.len(),
             "waiting for the caches to sync"
         );
-        let synced: Vec<&dyn HasSynced> = informers.iter().map(|i| *i as &dyn HasSynced).collect();
-        if !wait_for_cache_sync(stop, &synced).await {
+        // Ready once each cache has synced or waits for a resource the
+        // server does not serve (a CRD not installed); the workers start
+        // once every one has synced.
+        let settled: Vec<Settled<'_>> = informers.iter().map(|i| Settled(*i)).collect();
+        let settled: Vec<&dyn HasSynced> = settled.iter().map(|s| s as &dyn HasSynced).collect();
+        if !wait_for_cache_sync(stop, &settled).await {
             return false;
         }
-        info!(cached = self.informer.indexer().len(), "cache synced");
         match managed {
             Some(m) => (m.synced)(),
             None => {
@@ -587,6 +593,22 @@ impl<K: Object + Clone> Controller<K> {
                 }
             }
         }
+        let synced: Vec<&dyn HasSynced> = informers.iter().map(|i| *i as &dyn HasSynced).collect();
+        if !synced.iter().all(|i| i.has_synced()) {
+            let waiting: Vec<String> = informers
+                .iter()
+                .filter(|i| !i.has_synced())
+                .map(|i| i.what())
+                .collect();
+            info!(
+                ?waiting,
+                "waiting for resources the server does not serve before starting the workers"
+            );
+        }
+        if !wait_for_cache_sync(stop, &synced).await {
+            return false;
+        }
+        info!(cached = self.informer.indexer().len(), "cache synced");
         true
     }
 
@@ -869,6 +891,8 @@ trait Dependency: HasSynced + Send + Sync {
     fn what(&self) -> String;
     /// The server's refusal of its list or watch, while it lasts.
     fn denied(&self) -> Option<String>;
+    /// The server's 404 while it does not serve the resource.
+    fn not_served(&self) -> Option<String>;
     fn boxed(&self) -> Box<dyn Dependency>;
     /// Starts it on `informer_stop` unless someone runs it already; if it
     /// fails, the controller stops with `InformerFailed`.
@@ -890,6 +914,9 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
     }
     fn denied(&self) -> Option<String> {
         self.reflector_stats()?.denied_now()
+    }
+    fn not_served(&self) -> Option<String> {
+        SharedIndexInformer::not_served(self)
     }
     fn boxed(&self) -> Box<dyn Dependency> {
         Box::new(self.clone())
@@ -918,6 +945,16 @@ impl<C: Object + Clone> Dependency for SharedIndexInformer<C> {
                 stop.cancel();
             }
         }));
+    }
+}
+
+/// An informer that has synced, or waits for a resource the server does
+/// not serve: as ready as it can be.
+struct Settled<'a>(&'a dyn Dependency);
+
+impl HasSynced for Settled<'_> {
+    fn has_synced(&self) -> bool {
+        self.0.has_synced() || self.0.not_served().is_some()
     }
 }
 

@@ -47,6 +47,7 @@ pub struct ApiListerWatcher<K> {
     pub(super) url_path: String,
     plural: String,
     group: String,
+    version: String,
     namespace: Option<String>,
     label_selector: Option<String>,
     field_selector: Option<String>,
@@ -82,6 +83,7 @@ impl<K> Clone for ApiListerWatcher<K> {
             url_path: self.url_path.clone(),
             plural: self.plural.clone(),
             group: self.group.clone(),
+            version: self.version.clone(),
             namespace: self.namespace.clone(),
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
@@ -142,6 +144,7 @@ where
             url_path: K::url_path(dyntype, namespace),
             plural: K::plural(dyntype).into_owned(),
             group: K::group(dyntype).into_owned(),
+            version: K::version(dyntype).into_owned(),
             namespace: namespace.map(str::to_owned),
             label_selector: None,
             field_selector: None,
@@ -489,6 +492,19 @@ where
 
     fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
+    }
+
+    /// For a custom resource, until its CRD is established and serves
+    /// the version listed (by listing and watching that one CRD); never for a built-in one.
+    fn until_served(&self) -> BoxFuture<'static, ()> {
+        match super::served::crd_name(&self.group, &self.plural) {
+            Some(crd) => Box::pin(super::served::crd_serves(
+                self.client.clone(),
+                crd,
+                self.version.clone(),
+            )),
+            None => Box::pin(std::future::pending()),
+        }
     }
 
     fn describe(&self) -> String {

@@ -19,10 +19,13 @@
 //!   that one bad object is named and skipped, and managedFields dropped
 //!   before decoding;
 //! - `sharding.rs`: [`ShardScope`], the shard a lister-watcher asks for and
-//!   how a change of it ends the watch.
+//!   how a change of it ends the watch;
+//! - `served.rs`: waiting for a custom resource that is not served, by
+//!   watching its CustomResourceDefinition.
 
 mod api;
 mod json;
+pub(crate) mod served;
 mod sharding;
 
 use std::time::Duration;
@@ -119,6 +122,14 @@ pub trait ListerWatcher<K>: Send + Sync + 'static {
     /// namespace, or a cluster-scoped kind, or it does not say).
     fn namespace(&self) -> Option<&str> {
         None
+    }
+    /// Resolves once the resource, found not served (a list or watch
+    /// answered 404), may be served again: the Reflector then lists at
+    /// once instead of at the end of its backoff. Never resolving, as by
+    /// default, leaves it to the backoff. [`ApiListerWatcher`] watches the
+    /// CustomResourceDefinition of a custom resource.
+    fn until_served(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
     }
 }
 

@@ -43,7 +43,22 @@
 //!   next watch starts after it, so an object that stays undecodable costs
 //!   one relist per change of it, not a relist loop.
 //! - A streaming list that fails falls back to list + watch for good, and
-//!   one without its end bookmark within `watch_list_timeout` fails.
+//!   one without its end bookmark within `watch_list_timeout` fails; one
+//!   refused because the resource is not served does not fall back.
+//! - A list or watch answered 404 (the server does not serve the
+//!   resource: a custom resource whose CRD is not installed yet, was
+//!   deleted, or no longer serves this version) is not retried as a
+//!   failure, where client-go relists and logs on every backoff for as long
+//!   as it lasts. The Reflector waits for the resource: one log line (the
+//!   error handler's) when it starts waiting, one when it is served again,
+//!   [`ReflectorStats::not_served_now`] meanwhile. It lists again when
+//!   [`ListerWatcher::until_served`] says the resource is served (for a
+//!   custom resource: its CRD established with this version served, seen
+//!   by watching that one CRD) or, should nothing say so, after the
+//!   backoff (800 ms doubling to 30 s, with jitter): a bounded number of
+//!   requests a minute, whatever the wait. The cache is left as it was
+//!   (a deleted CRD's objects were deleted, one event each, before it);
+//!   the next list replaces it.
 //! - [`ListWatchError::Rescoped`] (the shard of a
 //!   [`ShardScope`](crate::ShardScope) changed) relists at once, without a
 //!   backoff and without counting as an error.
@@ -112,6 +127,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kinformer_fifo::InformerQueue;
 use kinformer_store::Object;
 use parking_lot::RwLock;
@@ -266,6 +282,12 @@ pub struct ReflectorStats {
     pub denied: AtomicU64,
     /// The last such refusal, until a list or watch is served again.
     denied_now: parking_lot::Mutex<Option<String>>,
+    /// Times the resource was found not served (404 to a list or watch),
+    /// each a wait for it.
+    pub not_served: AtomicU64,
+    /// The 404 that began the current wait for the resource, until a list
+    /// is served again.
+    not_served_now: parking_lot::Mutex<Option<String>>,
 }
 
 impl ReflectorStats {
@@ -281,11 +303,23 @@ impl ReflectorStats {
         self.denied_now.lock().clone()
     }
 
-    /// A list or watch was served: a refusal is over.
+    /// The server's answer that began the current wait for the resource
+    /// (404 to a list or watch: it is not served), while no list has been
+    /// served since.
+    pub fn not_served_now(&self) -> Option<String> {
+        self.not_served_now.lock().clone()
+    }
+
+    /// A list or watch was served: a refusal, or a wait for the resource,
+    /// is over.
     fn served(&self) {
         let mut denied = self.denied_now.lock();
         if denied.is_some() {
             *denied = None;
+        }
+        drop(denied);
+        if self.not_served_now.lock().take().is_some() {
+            info!("the resource is served again; following it");
         }
     }
 }
@@ -330,6 +364,11 @@ enum State<K> {
     OpenWatch,
     /// Read the open watch until it ends.
     Watch(WatchStream<K>),
+    /// Wait until the resource is served (see the module docs), then list.
+    NotServed {
+        /// Why the list, for the log.
+        reason: String,
+    },
     /// Wait `delay`, then go to `next`.
     Backoff {
         delay: Duration,
@@ -344,6 +383,22 @@ struct Run {
     list: ListState,
     backoff: Backoff,
     internal_errors: InternalErrorRetry,
+    /// The lister-watcher's wait for the resource to be served.
+    until_served: UntilServed,
+}
+
+/// Where the wait of [`ListerWatcher::until_served`] is, within one wait
+/// for the resource.
+enum UntilServed {
+    /// Not begun.
+    Idle,
+    /// Under way (kept across backoff retries of the list).
+    Waiting(BoxFuture<'static, ()>),
+    /// It said the resource is served, and a list then found it was not
+    /// (yet): until the resource is listed, only the backoff says when to
+    /// try again, so that a wait that keeps answering at once makes no
+    /// request loop.
+    Spent,
 }
 
 impl Run {
@@ -356,6 +411,7 @@ impl Run {
             },
             backoff: Backoff::new(options.backoff),
             internal_errors: InternalErrorRetry::new(options.max_internal_error_retry_duration),
+            until_served: UntilServed::Idle,
         }
     }
 }
@@ -476,6 +532,7 @@ impl<K: Object + Clone> Reflector<K> {
                 }
                 Ok(None) => State::Stopped,
                 Err(e) if e.is_retryable_in_place() => self.rewatch(&e, run, "watch refused"),
+                Err(e) if e.is_not_served() => self.not_served(&e, "watch refused".to_owned()),
                 Err(e) => self.relist(e, run),
             },
             State::Watch(stream) => {
@@ -487,6 +544,7 @@ impl<K: Object + Clone> Reflector<K> {
                 _ = shutdown.cancelled() => State::Stopped,
                 _ = tokio::time::sleep(delay) => *next,
             },
+            State::NotServed { reason } => self.wait_served(reason, run, shutdown).await,
             State::Stopped => State::Stopped,
         }
     }
@@ -503,12 +561,15 @@ impl<K: Object + Clone> Reflector<K> {
             return match self.watch_list(shutdown, &reason).await {
                 Ok(Some(stream)) => {
                     run.internal_errors.reset();
+                    run.until_served = UntilServed::Idle;
                     self.stats.served();
                     State::Watch(stream)
                 }
                 Ok(None) => State::Stopped,
                 // The shard changed while streaming: stream the new one.
                 Err(e) if e.is_rescoped() => self.relist(e, run),
+                // Not served: nothing says the server cannot stream.
+                Err(e) if e.is_not_served() => self.not_served(&e, reason),
                 Err(e) => {
                     // As client-go, making progress beats waiting on a server
                     // or proxy that cannot stream; unlike it (which tries the
@@ -528,11 +589,60 @@ impl<K: Object + Clone> Reflector<K> {
         match listed {
             Ok(()) => {
                 run.internal_errors.reset();
+                run.until_served = UntilServed::Idle;
                 self.stats.served();
                 State::OpenWatch
             }
+            Err(e) if e.is_not_served() => self.not_served(&e, reason),
             Err(e) => self.relist(e, run),
         }
+    }
+
+    /// The server does not serve the resource (`e`, a 404): reported
+    /// once per wait, then waited for (see the module docs).
+    fn not_served(&self, e: &ListWatchError, reason: String) -> State<K> {
+        let first = self
+            .stats
+            .not_served_now
+            .lock()
+            .replace(e.to_string())
+            .is_none();
+        if first {
+            ReflectorStats::bump(&self.stats.not_served);
+            self.report(e);
+        }
+        State::NotServed { reason }
+    }
+
+    /// Waits until the lister-watcher says the resource is served, or the
+    /// backoff ends, then lists (see [`UntilServed`]).
+    async fn wait_served(
+        &self,
+        reason: String,
+        run: &mut Run,
+        shutdown: &CancellationToken,
+    ) -> State<K> {
+        let delay = run.backoff.next_delay();
+        if matches!(run.until_served, UntilServed::Idle) {
+            run.until_served = UntilServed::Waiting(self.lw.until_served());
+        }
+        let served = async {
+            match &mut run.until_served {
+                UntilServed::Waiting(served) => served.await,
+                _ => std::future::pending().await,
+            }
+        };
+        let woken = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return State::Stopped,
+            _ = served => true,
+            _ = tokio::time::sleep(delay) => false,
+        };
+        if woken {
+            debug!("the resource is served, says the lister-watcher; listing");
+            run.until_served = UntilServed::Spent;
+        }
+        State::List { reason }
     }
 
     /// What follows a watch's end: reopen it (at once, or after a backoff)
@@ -640,6 +750,10 @@ impl<K: Object + Clone> Reflector<K> {
 pub fn default_watch_error_handler(e: &ListWatchError) {
     match e {
         ListWatchError::Gone(_) => info!(error = %e, "watch closed: resource version expired"),
+        e if e.is_not_served() => warn!(
+            error = %e,
+            "the API server does not serve this resource (is its CustomResourceDefinition installed, with this version served?); waiting for it"
+        ),
         _ => warn!(error = %crate::error_chain(e), "list/watch failed"),
     }
 }

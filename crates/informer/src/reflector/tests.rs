@@ -68,6 +68,7 @@ fn shown(state: &State<ConfigMap>) -> String {
         State::Backoff { delay, next } => {
             format!("Backoff({}ms) -> {}", delay.as_millis(), shown(next))
         }
+        State::NotServed { .. } => "NotServed".to_owned(),
         State::Stopped => "Stopped".to_owned(),
     }
 }
@@ -520,4 +521,104 @@ fn without_a_window_an_internal_error_is_never_retried() {
     let mut retry = InternalErrorRetry::new(Duration::ZERO);
     retry.after(&internal());
     assert!(!retry.should_retry());
+}
+
+fn not_found() -> ListWatchError {
+    ListWatchError::Api {
+        code: 404,
+        reason: "NotFound".into(),
+        message: "the server could not find the requested resource".into(),
+        causes: Vec::new(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resource_not_served_is_reported_once_and_waited_for_until_a_list_is_served() {
+    let lw = Scripted::new();
+    // Streaming lists: a 404 says nothing about streaming.
+    lw.script_watch(ScriptedWatch::refused(not_found()))
+        .script_watch(ScriptedWatch::refused(not_found()))
+        .script_watch(ScriptedWatch::open(vec![
+            Ok(WatchEvent::Added(cm("a", 5))),
+            Ok(initial_events_end(10)),
+        ]));
+    let (r, _fifo) = reflector(&lw, ReflectorOptions::default());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "NotServed");
+    assert!(!run.list.watch_list_unsupported, "still streams");
+    assert!(r.stats.not_served_now().is_some());
+    // The scripted lister-watcher never says the resource is served: the
+    // backoff ends the wait.
+    let before = tokio::time::Instant::now();
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "List");
+    assert_eq!(before.elapsed(), Duration::from_millis(800));
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "NotServed");
+    assert_eq!(errors(&r), 1, "reported once a wait");
+    assert_eq!(r.stats.not_served.load(Ordering::Relaxed), 1);
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Watch");
+    assert!(r.stats.not_served_now().is_none(), "served again");
+    assert!(
+        lw.list_requests().is_empty(),
+        "never fell back to paged lists"
+    );
+}
+
+/// A lister-watcher that always says at once that the resource is served.
+struct SaysServed(Scripted);
+
+impl ListerWatcher<ConfigMap> for SaysServed {
+    fn list(
+        &self,
+        request: crate::lister_watcher::ListRequest,
+    ) -> BoxFuture<'_, Result<ListPage<ConfigMap>, ListWatchError>> {
+        self.0.list(request)
+    }
+    fn watch(
+        &self,
+        request: crate::lister_watcher::WatchRequest,
+    ) -> BoxFuture<'_, Result<WatchStream<ConfigMap>, ListWatchError>> {
+        self.0.watch(request)
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn until_served(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_the_resource_that_ends_at_once_in_vain_leaves_the_next_to_the_backoff() {
+    let lw = Scripted::new();
+    for _ in 0..3 {
+        lw.script_list(Err(not_found()));
+    }
+    let says_served: Arc<dyn ListerWatcher<ConfigMap>> = Arc::new(SaysServed(lw.clone()));
+    let r = Reflector::new(says_served, Arc::new(DeltaFifo::new()), paged());
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "NotServed");
+    let before = tokio::time::Instant::now();
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(before.elapsed(), Duration::ZERO, "woken at once");
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "NotServed", "not served after all");
+    let before = tokio::time::Instant::now();
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "List");
+    assert!(
+        before.elapsed() >= Duration::from_millis(800),
+        "a wait that said served in vain is not asked again: {:?}",
+        before.elapsed()
+    );
+    assert_eq!(lw.list_requests().len(), 2);
 }
