@@ -120,8 +120,8 @@ pub use kinformer_informer::error_chain;
 pub use kinformer_store::ObjectKey;
 pub use leader::{LeaderElectionConfig, LeaderElector};
 pub use manager::{
-    BindAddress, DEFAULT_SYNC_PERIOD, INFORMER_NAME, InvalidBindAddress, Manager, ManagerOptions,
-    RUNNABLE_STOP_WAIT, ToBindAddress, shutdown_on_signal,
+    BindAddress, DEFAULT_SYNC_PERIOD, INFORMER_NAME, InvalidBindAddress, Manager, ManagerHandle,
+    ManagerOptions, RUNNABLE_STOP_WAIT, ToBindAddress, shutdown_on_signal,
 };
 pub use membership::{RING_LABEL, ROLE_LABEL, RingMembership, member_lease_name};
 pub use metrics::{Check, CheckFailed, Metrics};

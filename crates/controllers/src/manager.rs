@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -28,7 +28,7 @@ use crate::leader::lease_lost;
 use crate::rbac::{self, Permissions};
 use crate::read_your_writes::{TrackerCollector, WriteTracker};
 use crate::reconcile::chain;
-use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed};
+use crate::runtime::{INFORMER_STOP_WAIT, InformerTasks, Managed, Share};
 use crate::{
     CheckFailed, Controller, ControllerBuilder, ControllerError, ControllerOptions, EventRecorder,
     LeaderElectionConfig, LeaderElector, Metrics, Runnable,
@@ -321,6 +321,7 @@ trait ManagedController: Send + Sync {
         &self,
         needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
     ) -> crate::Check;
+    fn take_shares(&mut self) -> Vec<Share>;
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
@@ -359,12 +360,80 @@ impl<K: Object + Clone> ManagedController for Controller<K> {
     ) -> crate::Check {
         Controller::informers_check(self, needs_us)
     }
+    fn take_shares(&mut self) -> Vec<Share> {
+        Controller::take_shares(self)
+    }
     fn run(
         self: Box<Self>,
         shutdown: CancellationToken,
         managed: Managed,
     ) -> BoxFuture<'static, Result<(), ControllerError>> {
         Box::pin(self.run_managed(shutdown, Some(managed)))
+    }
+}
+
+/// What a [`ManagerHandle`] asks of the running Manager.
+enum Command {
+    Add(
+        Box<dyn ManagedController>,
+        oneshot::Sender<Result<(), ControllerError>>,
+    ),
+    Remove(String, oneshot::Sender<Result<(), ControllerError>>),
+}
+
+/// Adds and removes controllers while their [`Manager`] runs (made by
+/// [`Manager::handle`]; clones ask the same Manager). What is asked before
+/// [`run`](Manager::run) is done once it has started.
+#[derive(Clone)]
+pub struct ManagerHandle {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl std::fmt::Debug for ManagerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagerHandle")
+            .field("manager_running", &!self.commands.is_closed())
+            .finish()
+    }
+}
+
+impl ManagerHandle {
+    /// Starts `controller` in the running Manager, as those given to
+    /// [`Manager::add`] start: made with [`Manager::controller`], it
+    /// follows the Manager's election and reports to its metrics. Returns
+    /// once it is started (its caches may not have synced yet: its
+    /// `informers of NAME` readiness check says when). Refused, with an
+    /// error naming why, if a controller of that name runs, if it was made
+    /// with other options than the Manager's, or if the Manager has
+    /// stopped.
+    pub async fn add<K: Object + Clone>(
+        &self,
+        controller: Controller<K>,
+    ) -> Result<(), ControllerError> {
+        self.ask(|reply| Command::Add(Box::new(controller), reply))
+            .await
+    }
+
+    /// Removes the controller named `name` from the running Manager: it
+    /// stops taking keys, its in-flight reconciles finish (within its
+    /// drain timeout), its event handlers are removed, and the informers
+    /// it alone read are stopped and their caches freed. The others run
+    /// on. Returns how it ended, or an error if no controller of that
+    /// name runs.
+    pub async fn remove(&self, name: &str) -> Result<(), ControllerError> {
+        let name = name.to_owned();
+        self.ask(|reply| Command::Remove(name, reply)).await
+    }
+
+    async fn ask(
+        &self,
+        command: impl FnOnce(oneshot::Sender<Result<(), ControllerError>>) -> Command,
+    ) -> Result<(), ControllerError> {
+        let stopped =
+            || ControllerError::InvalidOptions("the Manager is not running any more".to_owned());
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 
@@ -379,7 +448,8 @@ impl<K: Object + Clone> ManagedController for Controller<K> {
 /// election, the controllers (each starts the informers it reads, and
 /// waits for their caches and, if elected, for the lease), then the
 /// runnables ([`add_runnable`](Self::add_runnable); those that need the
-/// lease once this replica leads).
+/// lease once this replica leads). Controllers can be added and removed
+/// while it runs, through a [`handle`](Self::handle).
 ///
 /// How it stops, when the token given to [`run`](Self::run) fires (or any
 /// controller or runnable fails, which stops the others): every controller
@@ -437,6 +507,9 @@ pub struct Manager {
     /// Served on every replica, leader or not, from the start of
     /// [`run`](Self::run) to its end.
     webhooks: Option<Webhooks>,
+    /// What [`ManagerHandle`]s ask, read while it runs.
+    commands: mpsc::UnboundedSender<Command>,
+    asked: Option<mpsc::UnboundedReceiver<Command>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -498,7 +571,10 @@ impl Manager {
             });
         let tracker = Arc::new(WriteTracker::default());
         metrics.register_collector(TrackerCollector(Arc::clone(&tracker)));
+        let (commands, asked) = mpsc::unbounded_channel();
         Ok(Self {
+            commands,
+            asked: Some(asked),
             tracked: tracker.client(client.clone()),
             tracker,
             client,
@@ -600,6 +676,15 @@ impl Manager {
         self
     }
 
+    /// A handle that adds and removes controllers while the Manager runs
+    /// (see [`ManagerHandle`]): controller-runtime can add a controller
+    /// to a running manager but not remove one, and kube-runtime neither.
+    pub fn handle(&self) -> ManagerHandle {
+        ManagerHandle {
+            commands: self.commands.clone(),
+        }
+    }
+
     /// Adds a runnable of your own (controller-runtime's `mgr.Add`): started
     /// after the controllers (once this replica leads, unless it runs
     /// [`on_every_replica`](crate::FnRunnable::on_every_replica)), stopped
@@ -614,29 +699,8 @@ impl Manager {
     /// Manager's): the Manager's settings are not the controller's to
     /// replace.
     fn check_controllers(&self) -> Result<(), ControllerError> {
-        let how = "make it with Manager::controller (its options() keep the Manager's election \
-                   and metrics) or with Manager::controller_options";
         for c in &self.controllers {
-            let name = c.name();
-            let election = match &self.elector {
-                Some(e) if !c.uses_elector(e) => {
-                    Some("does not follow the Manager's leader election")
-                }
-                None if c.has_own_elector() => Some(
-                    "has a leader election of its own, which a Manager does not run (set ManagerOptions::leader_election)",
-                ),
-                _ => None,
-            };
-            if let Some(why) = election {
-                return Err(ControllerError::InvalidOptions(format!(
-                    "controller {name:?} {why}: {how}"
-                )));
-            }
-            if !c.uses_metrics(&self.metrics) {
-                return Err(ControllerError::InvalidOptions(format!(
-                    "controller {name:?} does not report to the Manager's metrics: {how}"
-                )));
-            }
+            check_controller(c.as_ref(), self.elector.as_ref(), &self.metrics)?;
         }
         Ok(())
     }
@@ -720,13 +784,8 @@ impl Manager {
         let informer_tasks = InformerTasks::default();
         let mut running = Running::default();
         let all_synced = Arc::new(watch::channel(false).0);
-        let total = self.start_controllers(
-            &mut running,
-            &stop,
-            &informer_stop,
-            &informer_tasks,
-            &all_synced,
-        );
+        let starter = self.starter(&stop, &informer_stop, &informer_tasks);
+        let total = self.start_controllers(&mut running, &starter, &all_synced);
         let runnables = self.start_runnables(&mut running, &stop, &all_synced);
         if webhooks.is_some() {
             // Each `informers of NAME` check now waits for its caches but
@@ -738,7 +797,11 @@ impl Manager {
         // Stopped in this order: the controllers and runnables (the first
         // to end ends them all), the election, the informers, the Events
         // not yet written, the webhook server, the admin server.
-        let (first_error, stuck) = running.until_ended(&stop, &self.metrics).await;
+        let mut asked = self
+            .asked
+            .take()
+            .expect("a Manager runs once: run takes it");
+        let (first_error, stuck, shares) = running.until_ended(&starter, &mut asked).await;
         // Only now may a standby lead: every controller's reconciles have ended.
         if let (Some(elector), Some(task)) = (&self.elector, election) {
             if stuck {
@@ -755,6 +818,8 @@ impl Manager {
             webhook_stop.cancel();
             let _ = webhooks.await;
         }
+        // Only now are the caches let go: webhooks read them to the end.
+        drop(shares);
         first_error.map_or(Ok(()), Err)
     }
 
@@ -780,17 +845,13 @@ impl Manager {
         })
     }
 
-    /// Starts every controller (each starts its informers) on `stop`, with
-    /// its `informers of NAME` readiness check, `all_synced` set once every
-    /// one's caches have synced: how many.
-    fn start_controllers(
-        &mut self,
-        running: &mut Running,
+    /// What starting a controller of this Manager takes, on `stop`.
+    fn starter(
+        &self,
         stop: &CancellationToken,
         informer_stop: &CancellationToken,
         informer_tasks: &InformerTasks,
-        all_synced: &Arc<watch::Sender<bool>>,
-    ) -> usize {
+    ) -> Starter {
         // Caches of what the webhooks convert: not waited for by `/readyz`.
         let converted: std::collections::HashSet<GroupResource> = self
             .webhooks
@@ -798,39 +859,44 @@ impl Manager {
             .flat_map(Webhooks::converted)
             .map(|(group, resource)| GroupResource::new(group, resource))
             .collect();
-        let needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync> =
-            Arc::new(move |resource| converted.contains(resource));
+        Starter {
+            metrics: Arc::clone(&self.metrics),
+            elector: self.elector.clone(),
+            tracker: Arc::clone(&self.tracker),
+            informer_stop: informer_stop.clone(),
+            informer_tasks: informer_tasks.clone(),
+            needs_us: Arc::new(move |resource| converted.contains(resource)),
+            stop: stop.clone(),
+        }
+    }
+
+    /// Starts every controller (each starts its informers) with its
+    /// `informers of NAME` readiness check: the Manager is ready once
+    /// every one is (its caches synced, or waiting for a resource not
+    /// served), and `all_synced` is set, for the runnables, once every
+    /// one's caches have synced. How many.
+    fn start_controllers(
+        &mut self,
+        running: &mut Running,
+        starter: &Starter,
+        all_synced: &Arc<watch::Sender<bool>>,
+    ) -> usize {
         let total = self.controllers.len();
-        let synced = Arc::new(AtomicUsize::new(0));
-        let all_synced = Arc::clone(all_synced);
+        let (ready, synced) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         for controller in std::mem::take(&mut self.controllers) {
-            let name = controller.name().to_owned();
-            let check = controller.informers_check(Arc::clone(&needs_us));
-            self.metrics
-                .add_ready_check(&format!("informers of {name}"), move || check());
-            let external_election = self
-                .elector
-                .as_ref()
-                .is_some_and(|e| controller.uses_elector(e));
-            let (synced, metrics) = (Arc::clone(&synced), Arc::clone(&self.metrics));
-            let all_synced = Arc::clone(&all_synced);
-            let managed = Managed {
-                informer_stop: informer_stop.clone(),
-                informer_tasks: informer_tasks.clone(),
-                external_election,
-                tracker: Some(Arc::clone(&self.tracker)),
-                synced: Box::new(move || {
-                    if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
-                        metrics.set_ready(true);
-                        all_synced.send_replace(true);
-                    }
-                }),
-            };
-            running.spawn(
-                name,
-                Part::Controller,
-                controller.run(stop.clone(), managed),
-            );
+            let (ready, metrics) = (Arc::clone(&ready), Arc::clone(&self.metrics));
+            let ready = Box::new(move || {
+                if ready.fetch_add(1, Ordering::SeqCst) + 1 == total {
+                    metrics.set_ready(true);
+                }
+            });
+            let (synced, all_synced) = (Arc::clone(&synced), Arc::clone(all_synced));
+            let synced = Box::new(move || {
+                if synced.fetch_add(1, Ordering::SeqCst) + 1 == total {
+                    all_synced.send_replace(true);
+                }
+            });
+            starter.start(running, controller, (ready, synced));
         }
         if total == 0 {
             // Nothing to sync: ready as soon as the checks pass.
@@ -948,12 +1014,141 @@ impl Manager {
     }
 }
 
+/// Refuses a controller that would run outside the Manager's election
+/// (`elector`) or unseen by its `metrics`.
+fn check_controller(
+    c: &dyn ManagedController,
+    elector: Option<&Arc<LeaderElector>>,
+    metrics: &Arc<Metrics>,
+) -> Result<(), ControllerError> {
+    let how = "make it with Manager::controller (its options() keep the Manager's election \
+               and metrics) or with Manager::controller_options";
+    let name = c.name();
+    let election = match elector {
+        Some(e) if !c.uses_elector(e) => Some("does not follow the Manager's leader election"),
+        None if c.has_own_elector() => Some(
+            "has a leader election of its own, which a Manager does not run (set ManagerOptions::leader_election)",
+        ),
+        _ => None,
+    };
+    if let Some(why) = election {
+        return Err(ControllerError::InvalidOptions(format!(
+            "controller {name:?} {why}: {how}"
+        )));
+    }
+    if !c.uses_metrics(metrics) {
+        return Err(ControllerError::InvalidOptions(format!(
+            "controller {name:?} does not report to the Manager's metrics: {how}"
+        )));
+    }
+    Ok(())
+}
+
+/// The name of a controller's readiness check over its informers.
+fn informers_check_name(controller: &str) -> String {
+    format!("informers of {controller}")
+}
+
+/// Called once when a controller reaches a point of its start.
+type Signal = Box<dyn Fn() + Send + Sync>;
+
+/// What starting one controller of a running Manager takes.
+struct Starter {
+    metrics: Arc<Metrics>,
+    elector: Option<Arc<LeaderElector>>,
+    tracker: Arc<WriteTracker>,
+    informer_stop: CancellationToken,
+    informer_tasks: InformerTasks,
+    /// Whether listing a resource needs this process ready first (a
+    /// conversion its webhooks serve).
+    needs_us: Arc<dyn Fn(&GroupResource) -> bool + Send + Sync>,
+    /// The Manager's stop: each controller runs on a child of it.
+    stop: CancellationToken,
+}
+
+impl Starter {
+    /// Starts `controller` with its readiness check; `ready` is called
+    /// once each of its caches has synced or waits for a resource not
+    /// served, `synced` once all have synced.
+    fn start(
+        &self,
+        running: &mut Running,
+        mut controller: Box<dyn ManagedController>,
+        (ready, synced): (Signal, Signal),
+    ) {
+        let name = controller.name().to_owned();
+        let check = controller.informers_check(Arc::clone(&self.needs_us));
+        self.metrics
+            .add_ready_check(&informers_check_name(&name), move || check());
+        let external_election = self
+            .elector
+            .as_ref()
+            .is_some_and(|e| controller.uses_elector(e));
+        let managed = Managed {
+            informer_stop: self.informer_stop.clone(),
+            informer_tasks: self.informer_tasks.clone(),
+            external_election,
+            tracker: Some(Arc::clone(&self.tracker)),
+            ready,
+            synced,
+        };
+        let shares = controller.take_shares();
+        let stop = self.stop.child_token();
+        let run = controller.run(stop.clone(), managed);
+        running.spawn(name.clone(), Part::Controller, run);
+        running.controllers.push(RunningController {
+            name,
+            stop,
+            shares,
+            removed: None,
+        });
+    }
+
+    /// Adds `controller` to the running Manager, if it may run in it.
+    fn add(
+        &self,
+        running: &mut Running,
+        controller: Box<dyn ManagedController>,
+    ) -> Result<(), ControllerError> {
+        if self.stop.is_cancelled() {
+            return Err(ControllerError::InvalidOptions(
+                "the Manager is stopping".to_owned(),
+            ));
+        }
+        let name = controller.name().to_owned();
+        if running.controllers.iter().any(|c| c.name == name) {
+            return Err(ControllerError::InvalidOptions(format!(
+                "a controller named {name:?} runs already"
+            )));
+        }
+        check_controller(controller.as_ref(), self.elector.as_ref(), &self.metrics)?;
+        info!(controller = %name, "adding a controller");
+        // The Manager's readiness and its runnables do not wait for it: its
+        // `informers of NAME` check says when it is ready.
+        self.start(running, controller, (Box::new(|| {}), Box::new(|| {})));
+        Ok(())
+    }
+}
+
+/// A controller a Manager runs.
+struct RunningController {
+    name: String,
+    /// Stops it alone.
+    stop: CancellationToken,
+    /// Its informer shares, let go once it has ended and is removed, or
+    /// once the Manager has stopped.
+    shares: Vec<Share>,
+    /// Who asked for its removal, told how it ended.
+    removed: Option<oneshot::Sender<Result<(), ControllerError>>>,
+}
+
 /// What a Manager runs until it stops: its controllers and the user's
 /// runnables, each task named.
 #[derive(Default)]
 struct Running {
     tasks: JoinSet<(String, Part, Result<(), ControllerError>)>,
     names: std::collections::HashMap<tokio::task::Id, (String, Part)>,
+    controllers: Vec<RunningController>,
 }
 
 /// Which kind of part a task runs.
@@ -978,19 +1173,39 @@ impl Running {
         self.names.insert(id, (name, part));
     }
 
-    /// Waits until every part has ended, stopping them all (`stop`) when
-    /// the first controller ends or any part fails; a runnable that
-    /// finished without an error leaves the others running, and the
-    /// Manager runs until `stop` even with nothing left. The first error,
-    /// and whether some controller's workers were left stuck.
+    /// Waits until every part has ended, stopping them all (the
+    /// starter's `stop`) when the first controller ends or any part fails;
+    /// a runnable that finished without an error, or a controller removed
+    /// through a [`ManagerHandle`], leaves the others running, and the
+    /// Manager runs until `stop` even with nothing left. Meanwhile it does
+    /// what handles ask (`asked`). The first error, whether some
+    /// controller's workers were left stuck, and the informer shares of
+    /// the controllers, to let go once nothing reads the caches.
     async fn until_ended(
         mut self,
-        stop: &CancellationToken,
-        metrics: &Metrics,
-    ) -> (Option<ControllerError>, bool) {
+        starter: &Starter,
+        asked: &mut mpsc::UnboundedReceiver<Command>,
+    ) -> (Option<ControllerError>, bool, Vec<Share>) {
+        let (stop, metrics) = (&starter.stop, &starter.metrics);
         let mut first_error = None;
         let mut stuck = false;
-        while let Some(joined) = self.tasks.join_next_with_id().await {
+        let mut asking = true;
+        loop {
+            let joined = tokio::select! {
+                joined = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => joined,
+                command = asked.recv(), if asking => {
+                    match command {
+                        Some(command) => self.obey(command, starter),
+                        None => asking = false,
+                    }
+                    continue;
+                }
+                _ = stop.cancelled(), if self.tasks.is_empty() => {
+                    metrics.set_stopping();
+                    break;
+                }
+            };
+            let Some(joined) = joined else { continue };
             let (name, part, result) = match joined {
                 Ok((_, ended)) => ended,
                 Err(source) => {
@@ -1018,35 +1233,112 @@ impl Running {
                 info!(runnable = %name, "runnable finished");
                 continue;
             }
-            // Whatever ended one controller ends them all.
-            stop.cancel();
-            metrics.set_stopping();
-            match (part, result) {
-                (Part::Controller, Ok(())) => info!(controller = %name, "controller stopped"),
-                (Part::Runnable, Ok(())) => info!(runnable = %name, "runnable stopped"),
-                (part, Err(e)) => {
-                    match part {
-                        Part::Controller => {
-                            error!(controller = %name, error = %chain(&e), "controller failed; stopping the others")
-                        }
-                        Part::Runnable => {
-                            error!(runnable = %name, error = %chain(&e), "runnable failed; stopping the others")
-                        }
-                    }
-                    stuck |= matches!(
-                        e,
-                        ControllerError::WorkersStuck { .. }
-                            | ControllerError::RunnableStuck { .. }
-                    );
-                    first_error.get_or_insert(e);
+            if part == Part::Controller {
+                let result = match self.removed(&name, result, metrics) {
+                    Ok(()) => continue,
+                    Err(result) => result,
+                };
+                if let Err(e) = &result {
+                    stuck |= matches!(e, ControllerError::WorkersStuck { .. });
                 }
+                self.stop_all(stop, metrics, &name, part, result, &mut first_error);
+            } else {
+                if let Err(e) = &result {
+                    stuck |= matches!(e, ControllerError::RunnableStuck { .. });
+                }
+                self.stop_all(stop, metrics, &name, part, result, &mut first_error);
             }
         }
-        if !stop.is_cancelled() {
-            stop.cancelled().await;
-            metrics.set_stopping();
+        let shares = self
+            .controllers
+            .into_iter()
+            .flat_map(|c| c.shares)
+            .collect();
+        (first_error, stuck, shares)
+    }
+
+    /// Does what a handle asks.
+    fn obey(&mut self, command: Command, starter: &Starter) {
+        match command {
+            Command::Add(controller, reply) => {
+                let _ = reply.send(starter.add(self, controller));
+            }
+            Command::Remove(name, reply) => {
+                let Some(c) = self
+                    .controllers
+                    .iter_mut()
+                    .find(|c| c.name == name && c.removed.is_none())
+                else {
+                    let _ = reply.send(Err(ControllerError::InvalidOptions(format!(
+                        "no controller named {name:?} runs in the Manager"
+                    ))));
+                    return;
+                };
+                info!(controller = %name, "removing a controller");
+                c.removed = Some(reply);
+                c.stop.cancel();
+            }
         }
-        (first_error, stuck)
+    }
+
+    /// The controller `name` ended with `result`: if it was removed, it is
+    /// let go (its readiness check, its shares) and told to who asked
+    /// (`Ok`); otherwise `result` is given back, to stop the others.
+    fn removed(
+        &mut self,
+        name: &str,
+        result: Result<(), ControllerError>,
+        metrics: &Metrics,
+    ) -> Result<(), Result<(), ControllerError>> {
+        let Some(at) = self
+            .controllers
+            .iter()
+            .position(|c| c.name == name && c.removed.is_some())
+        else {
+            return Err(result);
+        };
+        let started = self.controllers.remove(at);
+        metrics.remove_ready_check(&informers_check_name(name));
+        match &result {
+            Ok(()) => info!(controller = %name, "controller removed"),
+            Err(e) => {
+                warn!(controller = %name, error = %chain(e), "controller removed; it ended with an error")
+            }
+        }
+        // Its informers, unless others read them, stop and free their caches.
+        drop(started.shares);
+        if let Some(reply) = started.removed {
+            let _ = reply.send(result);
+        }
+        Ok(())
+    }
+
+    /// A part ended with `result` (not a removal): every other part is
+    /// told to stop, and an error kept if it is the first.
+    fn stop_all(
+        &self,
+        stop: &CancellationToken,
+        metrics: &Metrics,
+        name: &str,
+        part: Part,
+        result: Result<(), ControllerError>,
+        first_error: &mut Option<ControllerError>,
+    ) {
+        // Whatever ended one controller ends them all.
+        stop.cancel();
+        metrics.set_stopping();
+        match (part, result) {
+            (Part::Controller, Ok(())) => info!(controller = %name, "controller stopped"),
+            (Part::Runnable, Ok(())) => info!(runnable = %name, "runnable stopped"),
+            (Part::Controller, Err(e)) => {
+                error!(controller = %name, error = %chain(&e), "controller failed; stopping the others");
+                first_error.get_or_insert(e);
+            }
+            (Part::Runnable, Err(e)) => {
+                error!(runnable = %name, error = %chain(&e), "runnable failed; stopping the others");
+                first_error.get_or_insert(e);
+            }
+        }
     }
 }
 

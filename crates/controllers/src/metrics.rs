@@ -615,6 +615,12 @@ impl Metrics {
             .push((name.to_owned(), Arc::new(check)));
     }
 
+    /// Removes the readiness checks named `name` (a controller removed
+    /// from a running Manager).
+    pub(crate) fn remove_ready_check(&self, name: &str) {
+        self.ready_checks.lock().retain(|(n, _)| n != name);
+    }
+
     /// The workqueue metrics provider for queues of this registry.
     pub fn workqueue_provider(self: &Arc<Self>) -> Arc<dyn MetricsProvider> {
         Arc::new(WorkqueueMetrics(Arc::clone(self)))

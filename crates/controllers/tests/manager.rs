@@ -765,3 +765,112 @@ async fn a_runnable_that_finishes_leaves_the_manager_running_and_one_that_fails_
         other => panic!("expected the sweep's failure, got {other:?}"),
     }
 }
+
+/// Controllers added and removed while the Manager runs: two share the
+/// ConfigMap informer; the first removed is never called again while the
+/// other goes on; the second removed stops the informer and frees its
+/// cache; one added later runs; bad requests are refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_are_added_and_removed_while_the_manager_runs() {
+    let (client, ns) = setup("manager-runtime").await;
+    let factory = SharedInformerFactory::new(client.clone())
+        .namespace(&ns)
+        .name("manager-runtime");
+    let mut manager =
+        Manager::with_factory(factory, client.clone(), ManagerOptions::new()).unwrap();
+    let seen = Seen::default();
+    let on_configmaps = |name: &'static str, manager: &Manager| {
+        let mut builder = manager.controller::<ConfigMap>(name);
+        // A clone of the shared informer, which pins nothing.
+        let informer = builder.informer();
+        let controller = builder
+            .reconcile(Arc::clone(&seen), move |cm, seen| async move {
+                seen.lock().push(format!("{name}:{}", names(&cm)));
+                Ok(Action::Done)
+            })
+            .unwrap();
+        (controller, informer)
+    };
+    let (first, informer) = on_configmaps("first", &manager);
+    let (second, _) = on_configmaps("second", &manager);
+    let later = manager
+        .controller::<Secret>("later")
+        .reconcile(Arc::clone(&seen), |s, seen| async move {
+            seen.lock().push(format!("later:{}", names(&s)));
+            Ok(Action::Done)
+        })
+        .unwrap();
+    manager.add(first).add(second);
+    let handle = manager.handle();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+
+    let (cms, secrets): (Api<ConfigMap>, Api<Secret>) = (
+        Api::namespaced(client.clone(), &ns),
+        Api::namespaced(client.clone(), &ns),
+    );
+    let pp = PostParams::default();
+    cms.create(&pp, &config_map("a")).await.unwrap();
+    eventually("both reconciling a", async || {
+        let seen = seen.lock();
+        seen.contains(&"first:a".to_owned()) && seen.contains(&"second:a".to_owned())
+    })
+    .await;
+
+    let refused = handle.remove("nope").await.unwrap_err().to_string();
+    assert!(refused.contains("\"nope\""), "{refused}");
+    assert_eq!(informer.event_handlers(), 2);
+    handle.remove("first").await.unwrap();
+    // Removed: its handler is gone before `remove` returns.
+    assert_eq!(informer.event_handlers(), 1);
+    cms.create(&pp, &config_map("b")).await.unwrap();
+    eventually("the other reconciling b", async || {
+        seen.lock().contains(&"second:b".to_owned())
+    })
+    .await;
+    assert!(
+        !seen.lock().contains(&"first:b".to_owned()),
+        "{:?}",
+        seen.lock()
+    );
+    assert!(!informer.is_stopped(), "still read by the other");
+    assert_eq!(informer.indexer().len(), 2);
+
+    handle.remove("second").await.unwrap();
+    eventually(
+        "the informer no controller reads stopped, its cache freed",
+        async || informer.is_stopped() && informer.indexer().is_empty(),
+    )
+    .await;
+
+    handle.add(later).await.unwrap();
+    secrets.create(&pp, &secret("s")).await.unwrap();
+    eventually("the controller added later reconciling", async || {
+        seen.lock().contains(&"later:s".to_owned())
+    })
+    .await;
+    let again = manager_controller_named_later(&client, &ns);
+    let refused = handle.add(again).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("\"later\"") && refused.contains("runs already"),
+        "{refused}"
+    );
+
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    let stopped = handle.remove("later").await.unwrap_err().to_string();
+    assert!(stopped.contains("not running"), "{stopped}");
+}
+
+/// A controller named `later` of another Manager: its name is what counts.
+fn manager_controller_named_later(
+    client: &Client,
+    ns: &str,
+) -> kinformer_controllers::Controller<Secret> {
+    let factory = SharedInformerFactory::new(client.clone()).namespace(ns);
+    let other = Manager::with_factory(factory, client.clone(), ManagerOptions::new()).unwrap();
+    other
+        .controller::<Secret>("later")
+        .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
+        .unwrap()
+}

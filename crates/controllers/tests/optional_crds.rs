@@ -13,15 +13,14 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions};
 use kinformer_envtest::TestEnv;
+use kube_client::Client;
 use kube_client::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use kube_client::config::{KubeConfigOptions, Kubeconfig};
 use kube_client::core::{NamespaceResourceScope, Resource};
-use kube_client::{Client, Config};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use common::{config_map, eventually, http_get};
+use common::{client_from, config_map, eventually, http_get};
 
 const CRD: &str = "tools.optional.kinformer.dev";
 
@@ -112,14 +111,6 @@ fn manager(client: &Client, options: ManagerOptions, seen: &Arc<Mutex<Vec<String
         .unwrap();
     manager.add(tools).add(configmaps);
     manager
-}
-
-async fn client_from(kubeconfig: &std::path::Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
 }
 
 /// Whether RBAC lets `user` `verb` the CRD named [`CRD`], as the API

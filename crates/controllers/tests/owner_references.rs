@@ -12,13 +12,12 @@ use kinformer_controllers::kube::{Resource, ResourceExt};
 use kinformer_controllers::{Action, Lookup, Manager, ManagerOptions, ReconcileError, apply};
 use kinformer_envtest::TestEnv;
 use kinformer_informer::{CancellationToken, SharedInformerFactory};
+use kube_client::Client;
 use kube_client::api::{Api, PostParams};
-use kube_client::config::{KubeConfigOptions, Kubeconfig};
-use kube_client::{Client, Config};
 use parking_lot::Mutex;
 
 mod common;
-use common::config_map;
+use common::{client_from, config_map};
 
 /// The last error a reconcile returned, for the failure message.
 type LastError = Arc<Mutex<Option<String>>>;
@@ -67,15 +66,6 @@ fn manager(client: &Client, ns: &str, last_error: &LastError) -> Manager {
         .unwrap();
     manager.add(controller);
     manager
-}
-
-/// A client acting with `kubeconfig`.
-async fn client_from(kubeconfig: &std::path::Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
 }
 
 /// Whether the Secret `name` is owned by the ConfigMap of uid `owner`,

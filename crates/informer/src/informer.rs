@@ -816,6 +816,11 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         self.inner.fifo.len()
     }
 
+    /// How many event handlers are registered (added and not removed).
+    pub fn event_handlers(&self) -> usize {
+        self.inner.processor.listeners.read().len()
+    }
+
     /// Notifications buffered for all handlers together. At 0, what the
     /// handlers did for every notification so far is visible to the caller.
     pub fn pending_notifications(&self) -> usize {

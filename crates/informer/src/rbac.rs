@@ -55,15 +55,18 @@ impl Permissions {
     }
 
     /// What an informer over `resource` in `namespace` (`None`: every
-    /// namespace, or a cluster-scoped resource) needs: list and watch; for
-    /// a custom resource, also list and watch of its
+    /// namespace, or a cluster-scoped resource) needs: list and watch. For
+    /// a custom resource read cluster-wide, also list and watch of its
     /// CustomResourceDefinition by name, which the informer reads while
     /// the resource is not served, to start as soon as it is (see
     /// [`ListerWatcher::until_served`](crate::ListerWatcher::until_served)).
+    /// Not for one read in a namespace: CRDs are cluster-scoped, and
+    /// that rule would need a ClusterRole where the rest fits in a Role
+    /// (a namespace's admin can bind those); such an informer finds its
+    /// resource on its backoff instead, within a minute.
     pub fn allow_reads(&mut self, namespace: Option<&str>, resource: &GroupResource) -> &mut Self {
-        if let Some(crd) =
-            crate::lister_watcher::served::crd_name(&resource.group, &resource.resource)
-        {
+        let crd = crate::lister_watcher::served::crd_name(&resource.group, &resource.resource);
+        if let (None, Some(crd)) = (namespace, crd) {
             self.allow_named(
                 None,
                 "apiextensions.k8s.io",
@@ -410,5 +413,34 @@ mod tests {
             ["list", "watch"].into()
         );
         assert_eq!(p.namespaces().collect::<Vec<_>>(), ["web"]);
+        assert!(
+            p.verbs(None, "apiextensions.k8s.io", "customresourcedefinitions")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_custom_resource_read_cluster_wide_may_read_its_crd_by_name_and_no_other() {
+        let widgets = GroupResource::new("example.com", "widgets");
+        let mut p = Permissions::new();
+        p.allow_reads(Some("web"), &widgets);
+        assert_eq!(p.namespaces().collect::<Vec<_>>(), ["web"]);
+        assert!(
+            !p.is_cluster_wide(),
+            "a namespaced read needs no ClusterRole"
+        );
+        p.allow_reads(None, &widgets);
+        p.allow_reads(None, &GroupResource::new("apps", "deployments"));
+        let rules = serde_json::to_string(&p.policy_rules(None)).unwrap();
+        assert!(
+            rules.contains(r#""resourceNames":["widgets.example.com"]"#)
+                && rules.contains("customresourcedefinitions"),
+            "{rules}"
+        );
+        assert_eq!(
+            rules.matches("customresourcedefinitions").count(),
+            1,
+            "{rules}"
+        );
     }
 }

@@ -1763,3 +1763,57 @@ async fn a_compact_cache_keeps_an_object_a_relist_queued_behind_another_brings_b
     assert_eq!(cached_rv(&h.informer, "ns/k").as_deref(), Some("1"));
     h.shutdown.cancel();
 }
+
+#[tokio::test]
+async fn no_resync_is_delivered_while_the_resource_is_not_served() {
+    let not_found = || ListWatchError::Api {
+        code: 404,
+        reason: "NotFound".into(),
+        message: "the server could not find the requested resource".into(),
+        causes: Vec::new(),
+    };
+    let mut lists = vec![page(vec![cm("a", 1)], 1)];
+    lists.extend((0..400).map(|_| Err(not_found())));
+    let lw = scripted(lists).comes_and_goes();
+    let h = Harness {
+        informer: SharedIndexInformer::new(
+            lw.clone(),
+            common::options().reflector(fast_reflector()),
+        ),
+        lw,
+        shutdown: CancellationToken::new(),
+    };
+    // Served for a while (resyncs delivered), then a watch refused 404.
+    h.lw.script_watch(ScriptedWatch::closed_after(
+        Vec::new(),
+        Duration::from_millis(2500),
+    ))
+    .script_watch(ScriptedWatch::refused(not_found()));
+    let log = Log::default();
+    h.informer
+        .add_event_handler_with_resync(log.handler(), Duration::from_secs(1))
+        .unwrap();
+    h.start();
+    assert_eq!(
+        log.wait_for(2).await[..2],
+        ["add a 1 initial", "update a 1->1 same"],
+        "resyncs are delivered while served"
+    );
+    for _ in 0..500 {
+        if h.informer.not_served().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        h.informer.not_served().is_some(),
+        "waiting for the resource"
+    );
+    let before = log.0.lock().len();
+    // Three resync periods while not served: none delivered.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(h.informer.not_served().is_some());
+    assert_eq!(log.0.lock()[before..], [] as [String; 0]);
+    assert!(h.informer.failure().is_none());
+    h.shutdown.cancel();
+}

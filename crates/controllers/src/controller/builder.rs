@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::options::EventFilter;
 use crate::rbac::Permissions;
+use crate::runtime::Share;
 use crate::{
     Action, Controller, ControllerError, ControllerOptions, Event, FnReconciler, LeaderElector,
     Lookup, Metrics, ReconcileError, Reconciler, Ring,
@@ -32,8 +33,10 @@ pub struct ControllerBuilder<'f, K> {
     name: String,
     factory: &'f SharedInformerFactory,
     /// The primary informer, made when first needed: the factory's
-    /// informer of `K`, or its sharded one after `sharded`.
-    informer: Option<SharedIndexInformer<K>>,
+    /// informer of `K`, or its sharded one after `sharded`; and its share.
+    informer: Option<(SharedIndexInformer<K>, Share)>,
+    /// The shares of the informers of `owns`.
+    shares: Vec<Share>,
     options: ControllerOptions<K>,
     filters: Vec<EventFilter<K>>,
     wiring: Vec<Wiring<K>>,
@@ -70,6 +73,7 @@ where
             name: name.to_owned(),
             factory,
             informer: None,
+            shares: Vec::new(),
             options: ControllerOptions::new(),
             filters: Vec::new(),
             wiring: Vec::new(),
@@ -111,7 +115,9 @@ where
         C::DynamicType: Default,
         C::Scope: 'static,
     {
-        let informer = self.factory.informer::<C>();
+        let share = self.factory.share::<C>();
+        let informer = (*share).clone();
+        self.shares.push(Box::new(share));
         self.wiring.push(Box::new(move |c| c.owns(informer)));
         self
     }
@@ -195,7 +201,8 @@ where
         if let Some(ns) = self.factory.namespace_for::<K>() {
             scope = scope.namespace(ns);
         }
-        self.informer = Some(self.factory.informer_with(&dt, scope));
+        let share = self.factory.share_with::<K>(&dt, scope);
+        self.informer = Some(((*share).clone(), Box::new(share)));
         self.ring = Some(ring);
         self
     }
@@ -251,9 +258,12 @@ where
 
     /// The primary informer, for a Lister the reconciler reads: the
     /// factory's informer of `K`, or the sharded one after
-    /// [`sharded`](Self::sharded). Made when first asked for, so call
-    /// `sharded` first: an informer asked for before it stays in the
-    /// factory, unstarted.
+    /// [`sharded`](Self::sharded) (call `sharded` first). The controller
+    /// holds a share of it ([`SharedInformerFactory::share`]), as of each
+    /// informer of [`owns`](Self::owns): once no controller or other
+    /// share holds it, it is stopped and its cache freed (a Manager lets
+    /// go of a controller's shares when the controller is removed or the
+    /// Manager has stopped).
     ///
     /// ```no_run
     /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {
@@ -269,9 +279,12 @@ where
     /// # Ok(()) }
     /// ```
     pub fn informer(&mut self) -> SharedIndexInformer<K> {
-        self.informer
-            .get_or_insert_with(|| self.factory.informer::<K>())
-            .clone()
+        let factory = self.factory;
+        let (informer, _) = self.informer.get_or_insert_with(|| {
+            let share = factory.share::<K>();
+            ((*share).clone(), Box::new(share))
+        });
+        informer.clone()
     }
 
     /// How the controller runs (workers, retries, timeouts, leader
@@ -396,6 +409,12 @@ where
         let mut controller = Controller::new(&self.name, informer, reconciler, self.options)?;
         controller.writes = self.writes;
         controller.cluster_scoped = is_cluster_scoped::<K>();
+        if let Some((_, share)) = self.informer.take() {
+            controller.hold(share);
+        }
+        for share in self.shares {
+            controller.hold(share);
+        }
         for wire in self.wiring {
             controller = wire(controller)?;
         }

@@ -67,6 +67,31 @@ pub struct Controller<K> {
     reads: Vec<Read>,
     /// How events queue keys.
     enqueue: Enqueue,
+    /// Removes its event handlers from the informers it reads, once its
+    /// run has ended: a controller that is gone is never called again.
+    detach: Vec<Box<dyn FnOnce() + Send + Sync>>,
+    /// The factory's informer shares its builder took, kept while it
+    /// lives (a [`Manager`](crate::Manager) takes them over: see
+    /// [`take_shares`](Self::take_shares)).
+    shares: Vec<Share>,
+}
+
+/// A share of a factory's informer
+/// ([`InformerShare`](kinformer_informer::InformerShare)), of any kind:
+/// the informer runs while one lives.
+pub(crate) type Share = Box<dyn std::any::Any + Send + Sync>;
+
+/// Removes the handler of `registration` from `informer` when called.
+fn detacher<C: Object + Clone>(
+    informer: &SharedIndexInformer<C>,
+    registration: kinformer_informer::ResourceEventHandlerRegistration,
+) -> Box<dyn FnOnce() + Send + Sync> {
+    let informer = informer.clone();
+    Box::new(move || {
+        if let Err(e) = informer.remove_event_handler(&registration) {
+            warn!(error = %e, "could not remove an event handler");
+        }
+    })
 }
 
 impl<K> std::fmt::Debug for Controller<K> {
@@ -190,7 +215,7 @@ impl<K: Object + Clone> Controller<K> {
                     ed.add_result(key, Reason::Deleted, Priority::High);
                 }
             });
-        informer.add_event_handler(handler)?;
+        let detach = vec![detacher(&informer, informer.add_event_handler(handler)?)];
         let reads = Read::new(Arc::new(informer.clone()), Relation::Primary)
             .into_iter()
             .collect();
@@ -208,7 +233,23 @@ impl<K: Object + Clone> Controller<K> {
             key_slots,
             reasons,
             enqueue,
+            detach,
+            shares: Vec::new(),
         })
+    }
+
+    /// Keeps `share` (a factory's informer share) while the controller
+    /// lives, or until a Manager takes it over.
+    pub(crate) fn hold(&mut self, share: Share) {
+        self.shares.push(share);
+    }
+
+    /// The informer shares it holds, for the Manager to keep until the
+    /// controller is removed or the Manager has stopped: a controller's own
+    /// end must not free the caches that webhooks may still read while
+    /// the Manager stops.
+    pub(crate) fn take_shares(&mut self) -> Vec<Share> {
+        std::mem::take(&mut self.shares)
     }
 
     /// A controller whose reconcile is the async closure `f`: it receives
@@ -305,7 +346,8 @@ impl<K: Object + Clone> Controller<K> {
                 let obj = obj.object();
                 qd(obj, md(obj), Priority::High);
             });
-        informer.add_event_handler(handler)?;
+        let registration = informer.add_event_handler(handler)?;
+        self.detach.push(detacher(&informer, registration));
         self.reads
             .extend(Read::new(Arc::new(informer.clone()), relation));
         self.dependencies.push(Box::new(informer));
@@ -475,10 +517,14 @@ impl<K: Object + Clone> Controller<K> {
     /// Runs as [`run`](Self::run) does, or as one of a [`Manager`](crate::Manager)'s
     /// controllers when `managed` is given.
     pub(crate) async fn run_managed(
-        self,
+        mut self,
         shutdown: CancellationToken,
         managed: Option<Managed>,
     ) -> Result<(), ControllerError> {
+        // Whatever the end: its handlers gone, then its shares (those a
+        // Manager has not taken) let go.
+        let detach = std::mem::take(&mut self.detach);
+        let shares = std::mem::take(&mut self.shares);
         let span = info_span!("controller", name = %self.name);
         // A sharded controller takes part in its ring from the start (its
         // cache is empty until it holds slots) until its workers have ended;
@@ -506,6 +552,10 @@ impl<K: Object + Clone> Controller<K> {
         }
         // Stopped when run_inner returned (its drop guard).
         own_tasks.join(INFORMER_STOP_WAIT).await;
+        for detach in detach {
+            detach();
+        }
+        drop(shares);
         result
     }
 
@@ -586,7 +636,7 @@ impl<K: Object + Clone> Controller<K> {
             return false;
         }
         match managed {
-            Some(m) => (m.synced)(),
+            Some(m) => (m.ready)(),
             None => {
                 if let Some(m) = &self.options.metrics {
                     m.set_ready(true);
@@ -609,6 +659,9 @@ impl<K: Object + Clone> Controller<K> {
             return false;
         }
         info!(cached = self.informer.indexer().len(), "cache synced");
+        if let Some(m) = managed {
+            (m.synced)();
+        }
         true
     }
 
@@ -849,6 +902,9 @@ pub(crate) struct Managed {
     pub(crate) informer_stop: CancellationToken,
     /// The controller's elector is the Manager's, which runs and releases it.
     pub(crate) external_election: bool,
+    /// Called once each of the controller's caches has synced or waits
+    /// for a resource the server does not serve: it is as ready as it can be.
+    pub(crate) ready: Box<dyn Fn() + Send + Sync>,
     /// Called once the controller's caches have synced.
     pub(crate) synced: Box<dyn Fn() + Send + Sync>,
     /// Where the controller puts the informer tasks it starts, for the

@@ -107,3 +107,14 @@ pub async fn client_allowed_only(
     config.auth_info.impersonate = Some(user.to_owned());
     Client::try_from(config).unwrap()
 }
+
+/// A client acting with `kubeconfig`.
+pub async fn client_from(kubeconfig: &std::path::Path) -> Client {
+    use kube_client::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).unwrap();
+    let config =
+        kube_client::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+    Client::try_from(config).unwrap()
+}

@@ -495,16 +495,15 @@ where
     }
 
     /// For a custom resource, until its CRD is established and serves
-    /// the version listed (by listing and watching that one CRD); never for a built-in one.
-    fn until_served(&self) -> BoxFuture<'static, ()> {
-        match super::served::crd_name(&self.group, &self.plural) {
-            Some(crd) => Box::pin(super::served::crd_serves(
-                self.client.clone(),
-                crd,
-                self.version.clone(),
-            )),
-            None => Box::pin(std::future::pending()),
-        }
+    /// the version listed (by listing and watching that one CRD); `None`
+    /// for a built-in one.
+    fn until_served(&self) -> Option<BoxFuture<'static, ()>> {
+        let crd = super::served::crd_name(&self.group, &self.plural)?;
+        Some(Box::pin(super::served::crd_serves(
+            self.client.clone(),
+            crd,
+            self.version.clone(),
+        )))
     }
 
     fn describe(&self) -> String {

@@ -123,13 +123,17 @@ pub trait ListerWatcher<K>: Send + Sync + 'static {
     fn namespace(&self) -> Option<&str> {
         None
     }
-    /// Resolves once the resource, found not served (a list or watch
-    /// answered 404), may be served again: the Reflector then lists at
-    /// once instead of at the end of its backoff. Never resolving, as by
-    /// default, leaves it to the backoff. [`ApiListerWatcher`] watches the
-    /// CustomResourceDefinition of a custom resource.
-    fn until_served(&self) -> BoxFuture<'static, ()> {
-        Box::pin(std::future::pending())
+    /// For a resource that may come and go (a custom resource, whose CRD
+    /// may be installed or deleted at any time): a future that resolves
+    /// once the resource, found not served (a list or watch answered 404),
+    /// may be served again. The Reflector then waits for it instead of
+    /// failing (see its module docs), and lists at once when the future
+    /// resolves rather than at the end of its backoff. `None`, the
+    /// default: a 404 is a failure like any other. [`ApiListerWatcher`]
+    /// gives one for custom resources, which lists and watches their
+    /// CustomResourceDefinition.
+    fn until_served(&self) -> Option<BoxFuture<'static, ()>> {
+        None
     }
 }
 

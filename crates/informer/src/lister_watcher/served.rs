@@ -20,17 +20,21 @@ use tracing::{debug, info};
 /// resource may still live under `k8s.io` (Gateway API's
 /// `gateway.networking.k8s.io`), so the rest are taken for custom.
 const BUILT_IN_GROUPS: &[&str] = &[
+    "admission.k8s.io",
     "admissionregistration.k8s.io",
     "apiextensions.k8s.io",
     "apiregistration.k8s.io",
     "authentication.k8s.io",
+    "apidiscovery.k8s.io",
     "authorization.k8s.io",
     "certificates.k8s.io",
     "coordination.k8s.io",
     "discovery.k8s.io",
     "events.k8s.io",
     "flowcontrol.apiserver.k8s.io",
+    "imagepolicy.k8s.io",
     "internal.apiserver.k8s.io",
+    "lifecycle.k8s.io",
     "networking.k8s.io",
     "node.k8s.io",
     "rbac.authorization.k8s.io",
@@ -51,57 +55,78 @@ pub(crate) fn crd_name(group: &str, resource: &str) -> Option<String> {
 /// reopened after a list): a few requests an hour per waiting informer.
 const WATCH_TIMEOUT_SECS: u32 = 290;
 
-/// The shortest time between two lists of the CRD, so that a watch the
-/// server ends at once makes no request loop.
+/// The shortest time between two lists of the CRD, doubled after each
+/// round that ends in an error (up to [`MAX_ROUND`]), so that a watch the
+/// server ends at once, or a server that fails, makes no request loop.
 const MIN_ROUND: Duration = Duration::from_secs(5);
+const MAX_ROUND: Duration = Duration::from_secs(80);
 
 /// Resolves once the CRD `name` is established and serves `version`.
-/// Never, should the CRD not be readable (403, say): the Reflector's
-/// backoff then finds the resource, later. One list, then one watch every
-/// few minutes, while it waits.
+/// Never, should the CRD not be readable or watchable (401, 403): the
+/// Reflector's backoff then finds the resource, later. One list, then
+/// one watch every few minutes, while it waits.
 pub(crate) async fn crd_serves(client: Client, name: String, version: String) {
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     let selector = format!("metadata.name={name}");
+    let mut pause = MIN_ROUND;
+    let refused = |e: &kube_client::Error| matches!(e, kube_client::Error::Api(status) if status.code == 401 || status.code == 403);
     loop {
         let round = Instant::now();
-        let list = match crds.list(&ListParams::default().fields(&selector)).await {
-            Ok(list) => list,
-            Err(e) => {
+        let failed = match crds.list(&ListParams::default().fields(&selector)).await {
+            Err(e) if refused(&e) => {
                 info!(crd = %name, error = %e, "cannot read the CustomResourceDefinition; finding the resource by listing it after a backoff");
                 return std::future::pending().await;
             }
-        };
-        if list.items.iter().any(|crd| serves(crd, &version)) {
-            return;
-        }
-        let from = list.metadata.resource_version.unwrap_or_default();
-        let params = WatchParams::default()
-            .fields(&selector)
-            .timeout(WATCH_TIMEOUT_SECS);
-        match crds.watch(&params, &from).await {
-            Ok(events) => {
-                let mut events = std::pin::pin!(events);
-                loop {
-                    match events.try_next().await {
-                        Ok(Some(WatchEvent::Added(crd) | WatchEvent::Modified(crd)))
-                            if serves(&crd, &version) =>
-                        {
-                            return;
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) => break,
-                        Err(e) => {
-                            debug!(crd = %name, error = %e, "the CustomResourceDefinition's watch failed; listing it again");
-                            break;
+            Err(e) => {
+                debug!(crd = %name, error = %e, "listing the CustomResourceDefinition failed");
+                true
+            }
+            Ok(list) if list.items.iter().any(|crd| serves(crd, &version)) => return,
+            Ok(list) => {
+                let from = list.metadata.resource_version.unwrap_or_default();
+                let params = WatchParams::default()
+                    .fields(&selector)
+                    .timeout(WATCH_TIMEOUT_SECS);
+                match crds.watch(&params, &from).await {
+                    Err(e) if refused(&e) => {
+                        info!(crd = %name, error = %e, "cannot watch the CustomResourceDefinition; finding the resource by listing it after a backoff");
+                        return std::future::pending().await;
+                    }
+                    Err(e) => {
+                        debug!(crd = %name, error = %e, "cannot watch the CustomResourceDefinition");
+                        true
+                    }
+                    Ok(events) => {
+                        let mut events = std::pin::pin!(events);
+                        loop {
+                            match events.try_next().await {
+                                Ok(Some(WatchEvent::Added(crd) | WatchEvent::Modified(crd)))
+                                    if serves(&crd, &version) =>
+                                {
+                                    return;
+                                }
+                                Ok(Some(WatchEvent::Error(e))) => {
+                                    debug!(crd = %name, error = %e, "the CustomResourceDefinition's watch ended");
+                                    break true;
+                                }
+                                Ok(Some(_)) => {}
+                                Ok(None) => break false,
+                                Err(e) => {
+                                    debug!(crd = %name, error = %e, "the CustomResourceDefinition's watch failed");
+                                    break true;
+                                }
+                            }
                         }
                     }
                 }
             }
-            Err(e) => {
-                debug!(crd = %name, error = %e, "cannot watch the CustomResourceDefinition; listing it again");
-            }
-        }
-        tokio::time::sleep_until(round + MIN_ROUND).await;
+        };
+        pause = if failed {
+            (pause * 2).min(MAX_ROUND)
+        } else {
+            MIN_ROUND
+        };
+        tokio::time::sleep_until(round + pause).await;
     }
 }
 

@@ -58,7 +58,9 @@
 //!   backoff (800 ms doubling to 30 s, with jitter): a bounded number of
 //!   requests a minute, whatever the wait. The cache is left as it was
 //!   (a deleted CRD's objects were deleted, one event each, before it);
-//!   the next list replaces it.
+//!   the next list replaces it. No resync is queued while it waits: the
+//!   objects cached may no longer be the server's (a version no longer
+//!   served), and handlers would act on them.
 //! - [`ListWatchError::Rescoped`] (the shard of a
 //!   [`ShardScope`](crate::ShardScope) changed) relists at once, without a
 //!   backoff and without counting as an error.
@@ -338,6 +340,9 @@ pub struct Reflector<K> {
     last_sync_rv: Arc<RwLock<String>>,
     stats: Arc<ReflectorStats>,
     description: String,
+    /// Whether the lister-watcher can wait for its resource when it is
+    /// not served ([`ListerWatcher::until_served`]).
+    waits_for_resource: bool,
 }
 
 impl<K> std::fmt::Debug for Reflector<K> {
@@ -388,18 +393,28 @@ struct Run {
 }
 
 /// Where the wait of [`ListerWatcher::until_served`] is, within one wait
-/// for the resource.
+/// for the resource (from a 404 until a watch opens).
 enum UntilServed {
     /// Not begun.
     Idle,
     /// Under way (kept across backoff retries of the list).
     Waiting(BoxFuture<'static, ()>),
-    /// It said the resource is served, and a list then found it was not
-    /// (yet): until the resource is listed, only the backoff says when to
-    /// try again, so that a wait that keeps answering at once makes no
-    /// request loop.
-    Spent,
+    /// It said the resource is served, and the resource has been tried
+    /// this many times since without a watch opening: a few quick tries
+    /// (the server's handler may trail the CRD it watched), then the 404s
+    /// are failures again (see [`WAKE_TRIES`]).
+    Woken(u32),
 }
+
+/// How many times the resource is tried, [`WAKE_RETRY`] apart, once the
+/// lister-watcher says it is served, before a 404 counts as a failure
+/// again (reported each time, retried after the backoff): what says it is
+/// served and the server disagree (a namespaced informer over a
+/// cluster-scoped CRD, a proxy), and waiting would hide it.
+const WAKE_TRIES: u32 = 3;
+
+/// The pause between those tries.
+const WAKE_RETRY: Duration = Duration::from_secs(1);
 
 impl Run {
     fn new(options: &ReflectorOptions) -> Self {
@@ -425,7 +440,9 @@ impl<K: Object + Clone> Reflector<K> {
         options: ReflectorOptions,
     ) -> Self {
         let description = lw.describe();
+        let waits_for_resource = lw.until_served().is_some();
         Self {
+            waits_for_resource,
             lw,
             fifo: fifo.into(),
             options,
@@ -482,6 +499,7 @@ impl<K: Object + Clone> Reflector<K> {
             let resync_task = self.resync.clone().map(|(period, should)| {
                 let fifo = self.fifo.clone();
                 let shutdown = shutdown.clone();
+                let stats = Arc::clone(&self.stats);
                 AbortOnDrop(tokio::spawn(async move {
                     let mut tick = tokio::time::interval_at(Instant::now() + period, period);
                     loop {
@@ -490,7 +508,12 @@ impl<K: Object + Clone> Reflector<K> {
                             _ = shutdown.cancelled() => return,
                             _ = tick.tick() => {}
                         }
-                        if should() {
+                        // Not while the resource is not served: the cache
+                        // may no longer be what the server holds (a version
+                        // no longer served), and handlers would act on it.
+                        if stats.not_served_now().is_some() {
+                            debug!("no resync while the resource is not served");
+                        } else if should() {
                             debug!("resync");
                             if let Err(e) = fifo.resync() {
                                 warn!(error = %crate::error_chain(&e), "resync failed");
@@ -527,12 +550,15 @@ impl<K: Object + Clone> Reflector<K> {
             State::List { reason } => self.list_step(reason, run, shutdown).await,
             State::OpenWatch => match self.open_watch(shutdown).await {
                 Ok(Some(stream)) => {
+                    run.until_served = UntilServed::Idle;
                     self.stats.served();
                     State::Watch(stream)
                 }
                 Ok(None) => State::Stopped,
                 Err(e) if e.is_retryable_in_place() => self.rewatch(&e, run, "watch refused"),
-                Err(e) if e.is_not_served() => self.not_served(&e, "watch refused".to_owned()),
+                Err(e) if self.is_not_served(&e) => {
+                    self.not_served(e, run, "watch refused".to_owned())
+                }
                 Err(e) => self.relist(e, run),
             },
             State::Watch(stream) => {
@@ -569,7 +595,7 @@ impl<K: Object + Clone> Reflector<K> {
                 // The shard changed while streaming: stream the new one.
                 Err(e) if e.is_rescoped() => self.relist(e, run),
                 // Not served: nothing says the server cannot stream.
-                Err(e) if e.is_not_served() => self.not_served(&e, reason),
+                Err(e) if self.is_not_served(&e) => self.not_served(e, run, reason),
                 Err(e) => {
                     // As client-go, making progress beats waiting on a server
                     // or proxy that cannot stream; unlike it (which tries the
@@ -588,19 +614,37 @@ impl<K: Object + Clone> Reflector<K> {
         };
         match listed {
             Ok(()) => {
+                // The wait for the resource ends when its watch opens: a
+                // list served and a watch answered 404 stay one wait.
                 run.internal_errors.reset();
-                run.until_served = UntilServed::Idle;
                 self.stats.served();
                 State::OpenWatch
             }
-            Err(e) if e.is_not_served() => self.not_served(&e, reason),
+            Err(e) if self.is_not_served(&e) => self.not_served(e, run, reason),
             Err(e) => self.relist(e, run),
         }
     }
 
+    /// Whether `e` says the resource is not served and the lister-watcher
+    /// can wait for it ([`ListerWatcher::until_served`]); any other 404
+    /// is a failure like the rest.
+    fn is_not_served(&self, e: &ListWatchError) -> bool {
+        e.is_not_served() && self.waits_for_resource
+    }
+
     /// The server does not serve the resource (`e`, a 404): reported
-    /// once per wait, then waited for (see the module docs).
-    fn not_served(&self, e: &ListWatchError, reason: String) -> State<K> {
+    /// once per wait, then waited for (see the module docs); a failure
+    /// once the lister-watcher said it is served and [`WAKE_TRIES`] tries
+    /// found otherwise.
+    fn not_served(&self, e: ListWatchError, run: &mut Run, reason: String) -> State<K> {
+        if let UntilServed::Woken(tries) = run.until_served
+            && tries >= WAKE_TRIES
+        {
+            if self.stats.not_served_now.lock().take().is_some() {
+                warn!(error = %e, tries, "said to be served, the resource is still answered 404: a failure, not a wait");
+            }
+            return self.relist(e, run);
+        }
         let first = self
             .stats
             .not_served_now
@@ -609,22 +653,33 @@ impl<K: Object + Clone> Reflector<K> {
             .is_none();
         if first {
             ReflectorStats::bump(&self.stats.not_served);
-            self.report(e);
+            self.report(&e);
         }
         State::NotServed { reason }
     }
 
     /// Waits until the lister-watcher says the resource is served, or the
-    /// backoff ends, then lists (see [`UntilServed`]).
+    /// backoff ends, then lists; once it has said so, lists again after
+    /// [`WAKE_RETRY`] (see [`UntilServed`]).
     async fn wait_served(
         &self,
         reason: String,
         run: &mut Run,
         shutdown: &CancellationToken,
     ) -> State<K> {
+        if let UntilServed::Woken(tries) = &mut run.until_served {
+            *tries += 1;
+            return tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => State::Stopped,
+                _ = tokio::time::sleep(WAKE_RETRY) => State::List { reason },
+            };
+        }
         let delay = run.backoff.next_delay();
         if matches!(run.until_served, UntilServed::Idle) {
-            run.until_served = UntilServed::Waiting(self.lw.until_served());
+            let served = self.lw.until_served();
+            run.until_served =
+                UntilServed::Waiting(served.unwrap_or_else(|| Box::pin(std::future::pending())));
         }
         let served = async {
             match &mut run.until_served {
@@ -640,7 +695,7 @@ impl<K: Object + Clone> Reflector<K> {
         };
         if woken {
             debug!("the resource is served, says the lister-watcher; listing");
-            run.until_served = UntilServed::Spent;
+            run.until_served = UntilServed::Woken(1);
         }
         State::List { reason }
     }
@@ -724,6 +779,10 @@ impl<K: Object + Clone> Reflector<K> {
 
     fn report(&self, e: &ListWatchError) {
         ReflectorStats::bump(&self.stats.errors);
+        if !e.is_not_served() {
+            // Not a wait for the resource any more, but a failure.
+            self.stats.not_served_now.lock().take();
+        }
         if let ListWatchError::Api {
             code: 401 | 403, ..
         } = e

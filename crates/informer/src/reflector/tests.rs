@@ -41,15 +41,8 @@ fn reflector(
     options: ReflectorOptions,
 ) -> (Reflector<ConfigMap>, Arc<DeltaFifo<ConfigMap>>) {
     let fifo = Arc::new(DeltaFifo::new());
-    let options = ReflectorOptions {
-        backoff: BackoffConfig {
-            jitter: 0.0,
-            ..options.backoff
-        },
-        ..options
-    };
     let lw: Arc<dyn ListerWatcher<ConfigMap>> = Arc::new(lw.clone());
-    (Reflector::new(lw, Arc::clone(&fifo), options), fifo)
+    (Reflector::new(lw, Arc::clone(&fifo), exact(options)), fifo)
 }
 
 fn paged() -> ReflectorOptions {
@@ -534,7 +527,7 @@ fn not_found() -> ListWatchError {
 
 #[tokio::test(start_paused = true)]
 async fn a_resource_not_served_is_reported_once_and_waited_for_until_a_list_is_served() {
-    let lw = Scripted::new();
+    let lw = Scripted::new().comes_and_goes();
     // Streaming lists: a 404 says nothing about streaming.
     lw.script_watch(ScriptedWatch::refused(not_found()))
         .script_watch(ScriptedWatch::refused(not_found()))
@@ -570,6 +563,17 @@ async fn a_resource_not_served_is_reported_once_and_waited_for_until_a_list_is_s
     );
 }
 
+/// `options` with the backoff's jitter off, so that delays are exact.
+fn exact(options: ReflectorOptions) -> ReflectorOptions {
+    ReflectorOptions {
+        backoff: BackoffConfig {
+            jitter: 0.0,
+            ..options.backoff
+        },
+        ..options
+    }
+}
+
 /// A lister-watcher that always says at once that the resource is served.
 struct SaysServed(Scripted);
 
@@ -589,36 +593,98 @@ impl ListerWatcher<ConfigMap> for SaysServed {
     fn describe(&self) -> String {
         self.0.describe()
     }
-    fn until_served(&self) -> BoxFuture<'static, ()> {
-        Box::pin(std::future::ready(()))
+    fn until_served(&self) -> Option<BoxFuture<'static, ()>> {
+        Some(Box::pin(std::future::ready(())))
     }
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_wait_for_the_resource_that_ends_at_once_in_vain_leaves_the_next_to_the_backoff() {
+async fn a_resource_said_served_is_tried_a_few_times_then_its_404s_are_failures_again() {
     let lw = Scripted::new();
-    for _ in 0..3 {
+    for _ in 0..6 {
         lw.script_list(Err(not_found()));
     }
     let says_served: Arc<dyn ListerWatcher<ConfigMap>> = Arc::new(SaysServed(lw.clone()));
-    let r = Reflector::new(says_served, Arc::new(DeltaFifo::new()), paged());
+    let r = Reflector::new(says_served, Arc::new(DeltaFifo::new()), exact(paged()));
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let (mut state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
+    assert_eq!(shown, "NotServed");
+    let before = tokio::time::Instant::now();
+    let (next, _) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(before.elapsed(), Duration::ZERO, "woken at once");
+    state = next;
+    // Tried WAKE_TRIES times in all, WAKE_RETRY apart.
+    for _ in 1..WAKE_TRIES {
+        let (next, shown) = step(&r, state, &mut run, &shutdown).await;
+        assert_eq!(shown, "NotServed");
+        let before = tokio::time::Instant::now();
+        let (next, shown) = step(&r, next, &mut run, &shutdown).await;
+        assert_eq!((shown.as_str(), before.elapsed()), ("List", WAKE_RETRY));
+        state = next;
+    }
+    assert_eq!(errors(&r), 1, "one report for the wait");
+    // Still 404: a failure, reported, and retried after the backoff (the
+    // first wait took its first delay).
+    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(1600ms) -> List");
+    assert_eq!(errors(&r), 2);
+    assert!(r.stats.not_served_now().is_none(), "not a wait any more");
+    let (state, _) = step(&r, state, &mut run, &shutdown).await;
+    let (_, shown) = step(&r, state, &mut run, &shutdown).await;
+    assert_eq!(shown, "Backoff(3200ms) -> List");
+    assert_eq!(errors(&r), 3);
+    assert_eq!(lw.list_requests().len(), WAKE_TRIES as usize + 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_404_is_a_failure_for_a_resource_that_cannot_come_and_go() {
+    let lw = Scripted::new();
+    lw.script_list(Err(not_found()))
+        .script_list(Err(not_found()));
+    let (r, _fifo) = reflector(&lw, paged());
     let mut run = Run::new(&r.options);
     let shutdown = CancellationToken::new();
 
     let (state, shown) = step(&r, list_state(), &mut run, &shutdown).await;
-    assert_eq!(shown, "NotServed");
-    let before = tokio::time::Instant::now();
+    assert_eq!(shown, "Backoff(800ms) -> List");
     let (state, _) = step(&r, state, &mut run, &shutdown).await;
-    assert_eq!(before.elapsed(), Duration::ZERO, "woken at once");
-    let (state, shown) = step(&r, state, &mut run, &shutdown).await;
-    assert_eq!(shown, "NotServed", "not served after all");
-    let before = tokio::time::Instant::now();
     let (_, shown) = step(&r, state, &mut run, &shutdown).await;
-    assert_eq!(shown, "List");
+    assert_eq!(shown, "Backoff(1600ms) -> List");
+    assert_eq!(errors(&r), 2, "each reported");
+    assert!(r.stats.not_served_now().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_list_served_then_a_watch_answered_404_is_one_wait_not_a_loop() {
+    let lw = Scripted::new();
+    for _ in 0..WAKE_TRIES + 1 {
+        lw.script_list(Ok(page(10, vec![cm("a", 5)])));
+        lw.script_watch(ScriptedWatch::refused(not_found()));
+    }
+    let says_served: Arc<dyn ListerWatcher<ConfigMap>> = Arc::new(SaysServed(lw.clone()));
+    let r = Reflector::new(says_served, Arc::new(DeltaFifo::new()), exact(paged()));
+    let mut run = Run::new(&r.options);
+    let shutdown = CancellationToken::new();
+
+    let mut state = list_state();
+    let mut shown_all: Vec<String> = Vec::new();
+    let start = tokio::time::Instant::now();
+    while lw.watch_requests().len() < (WAKE_TRIES + 1) as usize {
+        let (next, shown) = step(&r, state, &mut run, &shutdown).await;
+        shown_all.push(shown);
+        state = next;
+    }
+    // Each wake costs a pause, and the last 404 is a failure with a backoff.
     assert!(
-        before.elapsed() >= Duration::from_millis(800),
-        "a wait that said served in vain is not asked again: {:?}",
-        before.elapsed()
+        start.elapsed() >= WAKE_RETRY * (WAKE_TRIES - 1),
+        "{:?}: {shown_all:?}",
+        start.elapsed()
     );
-    assert_eq!(lw.list_requests().len(), 2);
+    assert_eq!(
+        shown_all.last().map(String::as_str),
+        Some("Backoff(1600ms) -> List"),
+        "{shown_all:?}"
+    );
 }

@@ -63,6 +63,8 @@ pub struct ScriptedListerWatcher<K> {
     shared: Arc<Shared<K>>,
     resource: Option<GroupResource>,
     namespace: Option<String>,
+    /// Whether its resource may come and go ([`Self::comes_and_goes`]).
+    comes_and_goes: bool,
 }
 
 impl<K> std::fmt::Debug for ScriptedListerWatcher<K> {
@@ -104,6 +106,7 @@ impl<K> Clone for ScriptedListerWatcher<K> {
             shared: Arc::clone(&self.shared),
             resource: self.resource.clone(),
             namespace: self.namespace.clone(),
+            comes_and_goes: self.comes_and_goes,
         }
     }
 }
@@ -133,7 +136,18 @@ impl<K: Send + 'static> ScriptedListerWatcher<K> {
             }),
             resource: None,
             namespace: None,
+            comes_and_goes: false,
         }
+    }
+
+    /// Says its resource may come and go, as a custom resource does
+    /// ([`ListerWatcher::until_served`]), as do its clones made after: a
+    /// 404 is then waited for, each wait ended by the Reflector's backoff
+    /// (nothing here says when the resource is back).
+    #[must_use]
+    pub fn comes_and_goes(mut self) -> Self {
+        self.comes_and_goes = true;
+        self
     }
 
     /// Says it lists `resource` ([`ListerWatcher::resource`]; none by
@@ -317,6 +331,11 @@ impl<K: Send + 'static> ListerWatcher<K> for ScriptedListerWatcher<K> {
 
     fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
+    }
+
+    fn until_served(&self) -> Option<BoxFuture<'static, ()>> {
+        self.comes_and_goes
+            .then(|| Box::pin(std::future::pending()) as BoxFuture<'static, ()>)
     }
 }
 
