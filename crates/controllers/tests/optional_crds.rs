@@ -221,6 +221,7 @@ async fn a_controller_waits_for_its_crd_ready_and_follows_it_through_deletion_an
 
     install(&crds).await;
     let tools: Api<Tool> = Api::namespaced(admin.clone(), &ns);
+    let established = std::time::Instant::now();
     tools
         .create(&PostParams::default(), &tool("one"))
         .await
@@ -229,6 +230,11 @@ async fn a_controller_waits_for_its_crd_ready_and_follows_it_through_deletion_an
         seen.lock().contains(&"tool:one".to_owned())
     })
     .await;
+    // Told, not asserted (a time): within the test's 30 s whatever it is.
+    eprintln!(
+        "optional CRD: established to the first reconcile in {:?}",
+        established.elapsed()
+    );
     assert!(waiting_gauge(addr).await.ends_with(" 0"));
 
     // Deleted: its objects go first (a reconcile each), then it waits again.

@@ -130,8 +130,13 @@ pub(crate) async fn crd_serves(client: Client, name: String, version: String) {
     }
 }
 
-/// Whether `crd` is established and serves `version`.
+/// Whether `crd` is established and serves `version`, and is not being
+/// deleted (a terminating CRD stays established while its objects go,
+/// and its resource is not served for long).
 fn serves(crd: &CustomResourceDefinition, version: &str) -> bool {
+    if crd.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
     let established = crd.status.as_ref().is_some_and(|status| {
         status
             .conditions
@@ -189,5 +194,9 @@ mod tests {
         assert!(!serves(&crd("True", &[("v1", false), ("v2", true)]), "v1"));
         assert!(serves(&crd("True", &[("v1", false), ("v2", true)]), "v2"));
         assert!(!serves(&crd("True", &[("v2", true)]), "v1"));
+        let mut terminating = crd("True", &[("v1", true)]);
+        terminating.metadata.deletion_timestamp =
+            Some(serde_json::from_value(serde_json::json!("2026-12-07T00:00:00Z")).unwrap());
+        assert!(!serves(&terminating, "v1"), "a CRD being deleted");
     }
 }
