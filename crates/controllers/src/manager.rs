@@ -402,7 +402,9 @@ impl ManagerHandle {
     /// [`Manager::add`] start: made with [`Manager::controller`], it
     /// follows the Manager's election and reports to its metrics. Returns
     /// once it is started (its caches may not have synced yet: its
-    /// `informers of NAME` readiness check says when). Refused, with an
+    /// `informers of NAME` readiness check says when, and `/readyz` fails
+    /// until then, as for a controller given to [`Manager::add`]; the
+    /// Manager's runnables do not wait for it). Refused, with an
     /// error naming why, if a controller of that name runs, if it was made
     /// with other options than the Manager's, or if the Manager has
     /// stopped.
@@ -1052,6 +1054,36 @@ fn informers_check_name(controller: &str) -> String {
 /// Called once when a controller reaches a point of its start.
 type Signal = Box<dyn Fn() + Send + Sync>;
 
+/// A [`Signal`] that acts once, whoever fires it: the controller when it
+/// gets there, or the Manager when it removes the controller before (a
+/// removed controller must not hold the Manager's readiness or its
+/// runnables back for good).
+struct Once {
+    fired: AtomicBool,
+    signal: Signal,
+}
+
+impl Once {
+    fn new(signal: Signal) -> Arc<Self> {
+        Arc::new(Self {
+            fired: AtomicBool::new(false),
+            signal,
+        })
+    }
+
+    fn fire(&self) {
+        if !self.fired.swap(true, Ordering::SeqCst) {
+            (self.signal)();
+        }
+    }
+
+    /// The signal for the controller to fire.
+    fn for_controller(self: &Arc<Self>) -> Signal {
+        let once = Arc::clone(self);
+        Box::new(move || once.fire())
+    }
+}
+
 /// What starting one controller of a running Manager takes.
 struct Starter {
     metrics: Arc<Metrics>,
@@ -1084,22 +1116,25 @@ impl Starter {
             .elector
             .as_ref()
             .is_some_and(|e| controller.uses_elector(e));
+        let signals = [Once::new(ready), Once::new(synced)];
         let managed = Managed {
             informer_stop: self.informer_stop.clone(),
             informer_tasks: self.informer_tasks.clone(),
             external_election,
             tracker: Some(Arc::clone(&self.tracker)),
-            ready,
-            synced,
+            ready: signals[0].for_controller(),
+            synced: signals[1].for_controller(),
         };
         let shares = controller.take_shares();
         let stop = self.stop.child_token();
         let run = controller.run(stop.clone(), managed);
-        running.spawn(name.clone(), Part::Controller, run);
+        let task = running.spawn(name.clone(), Part::Controller, run);
         running.controllers.push(RunningController {
+            task,
             name,
             stop,
             shares,
+            signals,
             removed: None,
         });
     }
@@ -1132,7 +1167,12 @@ impl Starter {
 
 /// A controller a Manager runs.
 struct RunningController {
+    /// Its task: what tells it apart from another of the same name.
+    task: tokio::task::Id,
     name: String,
+    /// Its `ready` and `synced` signals, fired by the Manager if it is
+    /// removed before it fired them.
+    signals: [Arc<Once>; 2],
     /// Stops it alone.
     stop: CancellationToken,
     /// Its informer shares, let go once it has ended and is removed, or
@@ -1164,13 +1204,14 @@ impl Running {
         name: String,
         part: Part,
         run: BoxFuture<'static, Result<(), ControllerError>>,
-    ) {
+    ) -> tokio::task::Id {
         let task = name.clone();
         let id = self
             .tasks
             .spawn(async move { (task, part, run.await) })
             .id();
         self.names.insert(id, (name, part));
+        id
     }
 
     /// Waits until every part has ended, stopping them all (the
@@ -1190,8 +1231,16 @@ impl Running {
         let mut first_error = None;
         let mut stuck = false;
         let mut asking = true;
+        let mut stopping = false;
         loop {
             let joined = tokio::select! {
+                // `/healthz` and `/readyz` answer 503 from the start of the
+                // stop, while the controllers drain.
+                _ = stop.cancelled(), if !stopping && !self.tasks.is_empty() => {
+                    stopping = true;
+                    metrics.set_stopping();
+                    continue;
+                }
                 joined = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => joined,
                 command = asked.recv(), if asking => {
                     match command {
@@ -1206,14 +1255,15 @@ impl Running {
                 }
             };
             let Some(joined) = joined else { continue };
+            let task = match &joined {
+                Ok((id, _)) => *id,
+                Err(e) => e.id(),
+            };
+            let named = self.names.remove(&task);
             let (name, part, result) = match joined {
                 Ok((_, ended)) => ended,
                 Err(source) => {
-                    let (name, part) = self
-                        .names
-                        .get(&source.id())
-                        .cloned()
-                        .unwrap_or((String::new(), Part::Controller));
+                    let (name, part) = named.unwrap_or((String::new(), Part::Controller));
                     // A runnable's panic is the runnable's; a controller's
                     // task catches its reconciles' panics.
                     let result = match part {
@@ -1234,7 +1284,7 @@ impl Running {
                 continue;
             }
             if part == Part::Controller {
-                let result = match self.removed(&name, result, metrics) {
+                let result = match self.removed(task, &name, result, metrics) {
                     Ok(()) => continue,
                     Err(result) => result,
                 };
@@ -1286,6 +1336,7 @@ impl Running {
     /// (`Ok`); otherwise `result` is given back, to stop the others.
     fn removed(
         &mut self,
+        task: tokio::task::Id,
         name: &str,
         result: Result<(), ControllerError>,
         metrics: &Metrics,
@@ -1293,12 +1344,19 @@ impl Running {
         let Some(at) = self
             .controllers
             .iter()
-            .position(|c| c.name == name && c.removed.is_some())
+            .position(|c| c.task == task && c.removed.is_some())
         else {
             return Err(result);
         };
         let started = self.controllers.remove(at);
-        metrics.remove_ready_check(&informers_check_name(name));
+        // Removed before it was ready or synced: the Manager's readiness
+        // and its runnables wait for it no more.
+        for signal in &started.signals {
+            signal.fire();
+        }
+        if !self.controllers.iter().any(|c| c.name == name) {
+            metrics.remove_ready_check(&informers_check_name(name));
+        }
         match &result {
             Ok(()) => info!(controller = %name, "controller removed"),
             Err(e) => {

@@ -793,6 +793,8 @@ async fn controllers_are_added_and_removed_while_the_manager_runs() {
     };
     let (first, informer) = on_configmaps("first", &manager);
     let (second, _) = on_configmaps("second", &manager);
+    let (duplicate, _) = on_configmaps("second", &manager);
+    assert_eq!(informer.event_handlers(), 3);
     let later = manager
         .controller::<Secret>("later")
         .reconcile(Arc::clone(&seen), |s, seen| async move {
@@ -819,6 +821,10 @@ async fn controllers_are_added_and_removed_while_the_manager_runs() {
 
     let refused = handle.remove("nope").await.unwrap_err().to_string();
     assert!(refused.contains("\"nope\""), "{refused}");
+    // Refused, and dropped: its handler goes with it.
+    let refused = handle.add(duplicate).await.unwrap_err().to_string();
+    assert!(refused.contains("runs already"), "{refused}");
+    assert_eq!(informer.event_handlers(), 2);
     assert_eq!(informer.event_handlers(), 2);
     handle.remove("first").await.unwrap();
     // Removed: its handler is gone before `remove` returns.
@@ -873,4 +879,70 @@ fn manager_controller_named_later(
         .controller::<Secret>("later")
         .reconcile(Arc::new(()), |_, _| async { Ok(Action::Done) })
         .unwrap()
+}
+
+/// A controller removed before its caches synced (its list refused, 403)
+/// no longer holds the Manager's readiness or its runnables back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_removed_before_it_synced_holds_nothing_back() {
+    let (admin, ns) = setup("manager-removed-early").await;
+    let user = format!("configmaps-only-{ns}");
+    let client = common::client_allowed_only(
+        &admin,
+        &ns,
+        ("cms", &user),
+        ("", "configmaps"),
+        &["list", "watch"],
+    )
+    .await;
+    let factory = SharedInformerFactory::new(client.clone()).namespace(&ns);
+    let addr = free_addr();
+    let options = ManagerOptions::new()
+        .metrics_bind_address(addr)
+        .health_probe_bind_address(addr);
+    let mut manager = Manager::with_factory(factory, client, options).unwrap();
+    let done = |_: Lookup<ConfigMap>, _: Arc<()>| async { Ok(Action::Done) };
+    let cms = manager
+        .controller::<ConfigMap>("cms")
+        .reconcile(Arc::new(()), done)
+        .unwrap();
+    let secrets = manager
+        .controller::<Secret>("secrets")
+        .reconcile(Arc::new(()), |_, _: Arc<()>| async { Ok(Action::Done) })
+        .unwrap();
+    let (ran, mut started) = tokio::sync::watch::channel(false);
+    manager.add(cms).add(secrets).add_runnable(runnable(
+        "after-the-caches",
+        move |stop| async move {
+            ran.send_replace(true);
+            stop.cancelled().await;
+            Ok(())
+        },
+    ));
+    let handle = manager.handle();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+    eventually("the admin server up", async || {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    eventually("the Secrets list refused", async || {
+        http_get(addr, "/readyz")
+            .await
+            .contains("informers of secrets failed")
+    })
+    .await;
+    assert!(
+        !*started.borrow(),
+        "the runnable started before the caches synced"
+    );
+
+    handle.remove("secrets").await.unwrap();
+    eventually("ready without it", async || {
+        http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200")
+    })
+    .await;
+    started.wait_for(|ran| *ran).await.unwrap();
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -263,7 +263,12 @@ where
     /// informer of [`owns`](Self::owns): once no controller or other
     /// share holds it, it is stopped and its cache freed (a Manager lets
     /// go of a controller's shares when the controller is removed or the
-    /// Manager has stopped).
+    /// Manager has stopped). The informer returned is not a share: a
+    /// Lister of it read by something that outlives this controller (a
+    /// webhook handler, another controller) should come from a share of
+    /// its own ([`SharedInformerFactory::share`], kept as long as it
+    /// reads), or from [`SharedInformerFactory::informer`], which the
+    /// factory keeps for good.
     ///
     /// ```no_run
     /// # async fn demo(manager: &kinformer_controllers::Manager) -> Result<(), kinformer_controllers::ControllerError> {

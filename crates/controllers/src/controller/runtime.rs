@@ -67,9 +67,14 @@ pub struct Controller<K> {
     reads: Vec<Read>,
     /// How events queue keys.
     enqueue: Enqueue,
-    /// Removes its event handlers from the informers it reads, once its
-    /// run has ended: a controller that is gone is never called again.
-    detach: Vec<Box<dyn FnOnce() + Send + Sync>>,
+    /// Removes its event handlers from the informers it reads once its
+    /// run has ended, or once it is dropped unrun: a controller that is
+    /// gone is never called again.
+    detach: Detach,
+    /// Whether it marks its metrics' process as stopping when it stops:
+    /// on its own, yes; a Manager's controller, no (the Manager does, when
+    /// it stops: one controller removed is not the process stopping).
+    reports_stopping: bool,
     /// The factory's informer shares its builder took, kept while it
     /// lives (a [`Manager`](crate::Manager) takes them over: see
     /// [`take_shares`](Self::take_shares)).
@@ -80,6 +85,20 @@ pub struct Controller<K> {
 /// ([`InformerShare`](kinformer_informer::InformerShare)), of any kind:
 /// the informer runs while one lives.
 pub(crate) type Share = Box<dyn std::any::Any + Send + Sync>;
+
+/// Removes a controller's event handlers when dropped: at the end of its
+/// run however it ends (a panic, its future dropped), or with the
+/// controller if it never ran (refused by a Manager, never added).
+#[derive(Default)]
+struct Detach(Vec<Box<dyn FnOnce() + Send + Sync>>);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        for detach in self.0.drain(..) {
+            detach();
+        }
+    }
+}
 
 /// Removes the handler of `registration` from `informer` when called.
 fn detacher<C: Object + Clone>(
@@ -215,7 +234,10 @@ impl<K: Object + Clone> Controller<K> {
                     ed.add_result(key, Reason::Deleted, Priority::High);
                 }
             });
-        let detach = vec![detacher(&informer, informer.add_event_handler(handler)?)];
+        let detach = Detach(vec![detacher(
+            &informer,
+            informer.add_event_handler(handler)?,
+        )]);
         let reads = Read::new(Arc::new(informer.clone()), Relation::Primary)
             .into_iter()
             .collect();
@@ -234,6 +256,7 @@ impl<K: Object + Clone> Controller<K> {
             reasons,
             enqueue,
             detach,
+            reports_stopping: true,
             shares: Vec::new(),
         })
     }
@@ -347,7 +370,7 @@ impl<K: Object + Clone> Controller<K> {
                 qd(obj, md(obj), Priority::High);
             });
         let registration = informer.add_event_handler(handler)?;
-        self.detach.push(detacher(&informer, registration));
+        self.detach.0.push(detacher(&informer, registration));
         self.reads
             .extend(Read::new(Arc::new(informer.clone()), relation));
         self.dependencies.push(Box::new(informer));
@@ -525,6 +548,7 @@ impl<K: Object + Clone> Controller<K> {
         // Manager has not taken) let go.
         let detach = std::mem::take(&mut self.detach);
         let shares = std::mem::take(&mut self.shares);
+        self.reports_stopping = managed.is_none();
         let span = info_span!("controller", name = %self.name);
         // A sharded controller takes part in its ring from the start (its
         // cache is empty until it holds slots) until its workers have ended;
@@ -552,9 +576,7 @@ impl<K: Object + Clone> Controller<K> {
         }
         // Stopped when run_inner returned (its drop guard).
         own_tasks.join(INFORMER_STOP_WAIT).await;
-        for detach in detach {
-            detach();
-        }
+        drop(detach);
         drop(shares);
         result
     }
@@ -798,7 +820,12 @@ impl<K: Object + Clone> Controller<K> {
             _ = stop.cancelled() => false,
             _ = lost_leadership(leadership) => true,
         };
-        if let Some(m) = &self.options.metrics {
+        if let Some(m) = self
+            .options
+            .metrics
+            .as_ref()
+            .filter(|_| self.reports_stopping)
+        {
             m.set_stopping();
         }
         // A Crash panic or a failed informer: nothing more is worked, as
@@ -889,7 +916,12 @@ impl<K: Object + Clone> Controller<K> {
     /// Stops the queue and fails the probes: the controller is ending.
     fn stopping(&self) {
         self.queue.shut_down();
-        if let Some(m) = &self.options.metrics {
+        if let Some(m) = self
+            .options
+            .metrics
+            .as_ref()
+            .filter(|_| self.reports_stopping)
+        {
             m.set_stopping();
         }
     }
