@@ -1283,21 +1283,18 @@ impl Running {
                 info!(runnable = %name, "runnable finished");
                 continue;
             }
-            if part == Part::Controller {
-                let result = match self.removed(task, &name, result, metrics) {
+            let result = match part {
+                Part::Controller => match self.removed(task, &name, result, metrics) {
                     Ok(()) => continue,
                     Err(result) => result,
-                };
-                if let Err(e) = &result {
-                    stuck |= matches!(e, ControllerError::WorkersStuck { .. });
-                }
-                self.stop_all(stop, metrics, &name, part, result, &mut first_error);
-            } else {
-                if let Err(e) = &result {
-                    stuck |= matches!(e, ControllerError::RunnableStuck { .. });
-                }
-                self.stop_all(stop, metrics, &name, part, result, &mut first_error);
-            }
+                },
+                Part::Runnable => result,
+            };
+            stuck |= matches!(
+                result,
+                Err(ControllerError::WorkersStuck { .. } | ControllerError::RunnableStuck { .. })
+            );
+            self.stop_all(stop, metrics, &name, part, result, &mut first_error);
         }
         let shares = self
             .controllers

@@ -116,19 +116,10 @@ fn manager(client: &Client, options: ManagerOptions, seen: &Arc<Mutex<Vec<String
 /// Whether RBAC lets `user` `verb` the CRD named [`CRD`], as the API
 /// server's authorizer says.
 async fn may_read_the_crd(admin: &Client, user: &str, verb: &str) -> bool {
-    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
-        "spec": {"user": user, "resourceAttributes": {
-            "verb": verb, "group": "apiextensions.k8s.io",
-            "resource": "customresourcedefinitions", "name": CRD}}
-    }))
-    .unwrap();
-    Api::<SubjectAccessReview>::all(admin.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .unwrap()
-        .status
-        .is_some_and(|s| s.allowed)
+    let attributes = serde_json::json!({
+        "verb": verb, "group": "apiextensions.k8s.io",
+        "resource": "customresourcedefinitions", "name": CRD});
+    common::allowed(admin, user, attributes).await
 }
 
 /// Creates the CRD and waits until it is Established.

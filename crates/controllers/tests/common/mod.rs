@@ -53,11 +53,18 @@ pub async fn may(
     (group, resource): (&str, &str),
     verb: &str,
 ) -> bool {
+    let attributes = serde_json::json!({
+        "namespace": ns, "verb": verb, "group": group, "resource": resource});
+    allowed(admin, user, attributes).await
+}
+
+/// Whether RBAC lets `user` do what `attributes` (a SubjectAccessReview's
+/// `resourceAttributes`) say, as the API server's authorizer says now.
+pub async fn allowed(admin: &Client, user: &str, attributes: serde_json::Value) -> bool {
     use k8s_openapi::api::authorization::v1::SubjectAccessReview;
     use kube_client::api::{Api, PostParams};
     let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
-        "spec": {"user": user, "resourceAttributes": {
-            "namespace": ns, "verb": verb, "group": group, "resource": resource}}
+        "spec": {"user": user, "resourceAttributes": attributes}
     }))
     .unwrap();
     Api::<SubjectAccessReview>::all(admin.clone())
