@@ -6,11 +6,13 @@
 //! to docs/benchmarks.md (between markers) and docs/benchmarks.svg.
 
 mod controllers;
+mod crds;
 mod programs;
 mod stale_reads;
 mod webhooks;
 
 pub use controllers::run as run_controllers;
+pub use crds::run as run_crds;
 pub use stale_reads::run_alone as run_stale_reads;
 pub use webhooks::run_alone as run_webhooks;
 

@@ -55,6 +55,9 @@ enum Task {
         /// Only the webhook rows: the Website example's validating, defaulting and conversion webhooks in kinformer, controller-runtime and kube-runtime, called by the same API server (create latency p50/p99, a 10 000-object list converted; about 10 minutes; --quick: 2).
         #[arg(long, conflicts_with_all = ["sharding", "defaults", "controllers", "stale_reads"])]
         webhooks: bool,
+        /// Only the optional-CRD row: a Manager's RSS waiting for its CRD, caching 10 000 custom resources and after the CRD is deleted, and the time from the CRD established to the first reconcile (about 3 minutes; --quick: 1).
+        #[arg(long, conflicts_with_all = ["sharding", "defaults", "controllers", "stale_reads", "webhooks"])]
+        crds: bool,
     },
     /// Churn with a fault every 30 s, checking the informer never drifts; writes docs/reliability.md.
     Soak {
@@ -134,12 +137,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             controllers,
             stale_reads,
             webhooks,
+            crds,
         } => {
             let root = workspace_root();
             if sharding {
                 runtime()?.block_on(bench::run_sharding(quick, &root))?;
             } else if defaults {
                 runtime()?.block_on(bench::run_defaults(quick, &root))?;
+            } else if crds {
+                runtime()?.block_on(bench::run_crds(quick, &root))?;
             } else if webhooks {
                 runtime()?.block_on(bench::run_webhooks(quick, &root))?;
             } else if stale_reads {

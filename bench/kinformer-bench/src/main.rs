@@ -70,6 +70,11 @@
 //!   write time stamped by the writer in the `bench/sent-ns` annotation;
 //!   split where the Reflector decoded each update (its transform sees it
 //!   then): write to decoded, and decoded to handler.
+//! - `crd-lifecycle KUBECONFIG NAMESPACE COUNT`: a Manager whose controller
+//!   follows a CRD installed, filled with COUNT objects and deleted while it
+//!   runs: RSS at each stage, time to the first reconcile (see its module).
+
+mod crd_lifecycle;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -206,6 +211,11 @@ fn main() -> Result<()> {
             arg(2)?.parse()?,
             !args[3..].iter().any(|a| a == "keep-managed-fields"),
         ),
+        Some("crd-lifecycle") => rt.block_on(crd_lifecycle::crd_lifecycle(
+            &arg(1)?,
+            &arg(2)?,
+            arg(3)?.parse()?,
+        )),
         Some("metadata-decode") => rt.block_on(metadata_decode(&arg(1)?, &arg(2)?)),
         other => bail!("unknown scenario {other:?}; see the module docs"),
     }?;

@@ -343,6 +343,9 @@ struct Inner<K> {
     release_after_list: bool,
     /// Lists applied by the time freed memory was last released.
     released_at: AtomicU64,
+    /// Waits for the resource begun by the time freed memory was last
+    /// released (see [`Inner::release_due`]).
+    released_waits: AtomicU64,
     /// Which of a dropped `run` and its apply thread stops the informer.
     handover: Mutex<Handover>,
     /// Keys a relist kept at an older version (see [`Stale`]).
@@ -421,6 +424,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                 applied: tokio::sync::Notify::new(),
                 release_after_list,
                 released_at: AtomicU64::new(0),
+                released_waits: AtomicU64::new(0),
                 handover: Mutex::default(),
                 stale: Mutex::default(),
             }),
@@ -883,7 +887,8 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         let reflector_stats = reflector.stats();
         *self.inner.stats.lock() = Some(Arc::clone(&reflector_stats));
         // Freed memory is released after each pop and every second: the
-        // queue may have drained before the Reflector counted the list.
+        // queue may have drained before the Reflector counted the list or
+        // the wait (see `Inner::release_due`).
         let mut release_tick = tokio::time::interval(Duration::from_secs(1));
         release_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Declared before the guard, so dropped after it: either way the
@@ -920,8 +925,8 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     _ = shutdown.cancelled() => break End::Shutdown,
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
                     _ = apply.ended() => break End::Applied,
-                    _ = release_tick.tick(), if inner.release_after_list => {
-                        if inner.list_applied_since_release(&reflector_stats) {
+                    _ = release_tick.tick() => {
+                        if inner.release_due(&reflector_stats) {
                             tokio::task::spawn_blocking(release_freed_memory);
                         }
                     }
@@ -1065,23 +1070,36 @@ fn unit_name<K>(unit: &Popped<'_, K>) -> String {
 }
 
 impl<K> Inner<K> {
-    /// Whether a list was applied since freed memory was last released,
-    /// and nothing is queued; if so, counts it released. Always false
-    /// unless the cache releases after a list.
-    fn list_applied_since_release(&self, stats: &ReflectorStats) -> bool {
-        if !self.release_after_list {
+    /// Whether freed memory is to be returned to the system now, nothing
+    /// being queued: a list was applied since it was last released (a
+    /// compact cache, whose decoded list is garbage once encoded), or the
+    /// Reflector began waiting for its resource since (a CRD deleted: its
+    /// objects were deleted from the cache first, each freed, and glibc
+    /// would keep the memory of all of them). If so, counts it released.
+    fn release_due(&self, stats: &ReflectorStats) -> bool {
+        if !self.fifo.is_empty() {
             return false;
         }
-        // Lists are counted after their replace: an empty queue then
-        // means every listed object has been applied.
-        let lists = stats.lists_completed.load(Ordering::SeqCst);
-        let released = self.released_at.load(Ordering::SeqCst);
-        lists > released
-            && self.fifo.is_empty()
-            && self
-                .released_at
-                .compare_exchange(released, lists, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
+        // Lists are counted after their replace, and waits after the watch
+        // that delivered the deletions ended: an empty queue then means
+        // everything before them has been applied.
+        let due = |done: &AtomicU64, now: u64| {
+            let released = done.load(Ordering::SeqCst);
+            now > released
+                && done
+                    .compare_exchange(released, now, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+        };
+        let listed = self.release_after_list
+            && due(
+                &self.released_at,
+                stats.lists_completed.load(Ordering::SeqCst),
+            );
+        let waited = due(
+            &self.released_waits,
+            stats.not_served.load(Ordering::SeqCst),
+        );
+        listed || waited
     }
 
     /// Whether the queue applies changes in watch order and relists at once.
@@ -1298,5 +1316,28 @@ impl<K: Object> Inner<K> {
         if !stale.keys.is_empty() {
             stale.keys.remove(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::ScriptedListerWatcher;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn freed_memory_is_released_once_per_wait_for_the_resource() {
+        let informer: SharedIndexInformer<ConfigMap> =
+            SharedIndexInformer::new(ScriptedListerWatcher::new(), InformerOptions::new());
+        let stats = ReflectorStats::default();
+        // Not a compact cache: a list is no reason.
+        stats.lists_completed.fetch_add(1, Ordering::SeqCst);
+        assert!(!informer.inner.release_due(&stats));
+        // A wait for the resource begun (its CRD deleted): once.
+        stats.not_served.fetch_add(1, Ordering::SeqCst);
+        assert!(informer.inner.release_due(&stats));
+        assert!(!informer.inner.release_due(&stats));
+        stats.not_served.fetch_add(1, Ordering::SeqCst);
+        assert!(informer.inner.release_due(&stats));
     }
 }

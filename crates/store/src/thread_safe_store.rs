@@ -43,6 +43,46 @@ use crate::{
 type Hasher = foldhash::fast::RandomState;
 type Map<K, V> = HashMap<K, V, Hasher>;
 type KeySet = HashSet<Arc<str>, Hasher>;
+/// A map or set holding fewer than an eighth of what it has room for is
+/// shrunk to twice its size (above [`SHRINK_FLOOR`]), so that a cache
+/// emptied by deletions (its CRD deleted, a namespace gone) returns the
+/// memory of its table: a hash table never shrinks by itself (nor does
+/// Go's map, under client-go). Amortized: a shrunk table must lose three
+/// quarters of its entries again before the next rehash.
+const SHRINK_FLOOR: usize = 1024;
+
+/// Anything [`shrink_if_sparse`] can shrink.
+trait Sparse {
+    fn len_and_capacity(&self) -> (usize, usize);
+    fn shrink_to(&mut self, min: usize);
+}
+
+impl<K: Eq + std::hash::Hash, V> Sparse for Map<K, V> {
+    fn len_and_capacity(&self) -> (usize, usize) {
+        (self.len(), self.capacity())
+    }
+    fn shrink_to(&mut self, min: usize) {
+        HashMap::shrink_to(self, min);
+    }
+}
+
+impl Sparse for KeySet {
+    fn len_and_capacity(&self) -> (usize, usize) {
+        (self.len(), self.capacity())
+    }
+    fn shrink_to(&mut self, min: usize) {
+        HashSet::shrink_to(self, min);
+    }
+}
+
+/// See [`SHRINK_FLOOR`].
+fn shrink_if_sparse(table: &mut impl Sparse) {
+    let (len, capacity) = table.len_and_capacity();
+    if capacity > SHRINK_FLOOR && len < capacity / 8 {
+        table.shrink_to((len * 2).max(SHRINK_FLOOR / 2));
+    }
+}
+
 /// The values of each index for one object, in `Inner::indexers` order.
 type IndexValues = Box<[Box<[Arc<str>]>]>;
 
@@ -408,6 +448,7 @@ impl<K> ThreadSafeStore<K> {
     /// Takes `key`'s entry out of the items, its indexes and the decoded cache.
     fn take(&self, inner: &mut Inner<K>, key: &str) -> Option<(Arc<str>, Entry<K>)> {
         let (key, entry) = inner.items.remove_entry(key)?;
+        shrink_if_sparse(&mut inner.items);
         inner.unindex(&key, &entry.index_values);
         if let Some(compact) = &self.compact {
             compact.removed(&key);
@@ -814,9 +855,61 @@ impl<K> Inner<K> {
                     // cannot grow the index without bound.
                     if set.is_empty() {
                         index.remove(value);
+                    } else {
+                        shrink_if_sparse(set);
                     }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace_indexers;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn config_map(name: &str) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("ns".to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        })
+    }
+
+    /// The room of the items table and of the namespace index's one set.
+    fn capacities(store: &ThreadSafeStore<ConfigMap>) -> (usize, usize) {
+        let inner = store.inner.read();
+        let set = inner.indices[0].get("ns").map_or(0, HashSet::capacity);
+        (inner.items.capacity(), set)
+    }
+
+    #[test]
+    fn a_store_emptied_by_deletions_gives_back_its_tables_room() {
+        let store = ThreadSafeStore::with_indexers(namespace_indexers());
+        let keys: Vec<String> = (0..10_000).map(|i| format!("ns/cm-{i}")).collect();
+        for key in &keys {
+            store.add(key, config_map(key)).unwrap();
+        }
+        let (items, set) = capacities(&store);
+        assert!(items >= 10_000 && set >= 10_000, "{items} {set}");
+        for key in &keys[10..] {
+            assert!(store.remove(key));
+        }
+        let (items, set) = capacities(&store);
+        assert!(
+            items <= 2 * SHRINK_FLOOR,
+            "items table kept room for {items}"
+        );
+        assert!(set <= 2 * SHRINK_FLOOR, "index set kept room for {set}");
+        // What is left is all there, and indexed.
+        assert_eq!(store.len(), 10);
+        assert_eq!(store.index_keys("namespace", "ns").unwrap().len(), 10);
+        assert!(keys[..10].iter().all(|k| store.contains_key(k)));
     }
 }

@@ -220,7 +220,7 @@ fn apply_until_stopped<K: Object>(
             inner.processor.flush();
             unflushed = 0;
         }
-        if inner.list_applied_since_release(stats) {
+        if inner.release_due(stats) {
             release_freed_memory();
         }
     }
