@@ -309,13 +309,18 @@ async fn envtest_up(kubeconfig: Option<PathBuf>) -> Result<ExitCode> {
         );
     }
     println!(
-        "envtest ready in {:.1} s: kube-apiserver {} at {} (pid {}), etcd at http://127.0.0.1:{} (pid {}); Ctrl-C to stop",
+        "envtest ready in {:.1} s: kube-apiserver {} at {} (pid {}), etcd at http://127.0.0.1:{} (pid {}), {}; Ctrl-C to stop",
         started.elapsed().as_secs_f64(),
         KUBERNETES_VERSION,
         env.server_url(),
         api_pid.unwrap_or_default(),
         env.etcd_port(),
         etcd_pid.unwrap_or_default(),
+        if env.has_controller_manager() {
+            "kube-controller-manager (garbage collector, namespace controller)"
+        } else {
+            "no kube-controller-manager (nothing collects garbage or removes deleted namespaces)"
+        },
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;

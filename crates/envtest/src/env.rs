@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube_client::api::{Api, ObjectMeta, PostParams};
 use kube_client::config::{KubeConfigOptions, Kubeconfig};
@@ -28,6 +29,7 @@ pub struct TestEnvOptions {
     ready_timeout: Duration,
     apiserver_args: Vec<String>,
     feature_gates: Vec<(String, bool)>,
+    controller_manager: bool,
 }
 
 impl Default for TestEnvOptions {
@@ -37,6 +39,7 @@ impl Default for TestEnvOptions {
             ready_timeout: Duration::from_secs(90),
             apiserver_args: Vec::new(),
             feature_gates: Vec::new(),
+            controller_manager: true,
         }
     }
 }
@@ -86,6 +89,16 @@ impl TestEnvOptions {
         self
     }
 
+    /// No kube-controller-manager: nothing collects garbage and a deleted
+    /// namespace stays Terminating (controller-runtime's envtest), for a
+    /// test that must see objects whose owners are gone, or a bench that
+    /// wants the server alone.
+    #[must_use]
+    pub fn without_controller_manager(mut self) -> Self {
+        self.controller_manager = false;
+        self
+    }
+
     /// Server-side sharded list and watch (`ShardedListAndWatch`, KEP-5866,
     /// alpha and off by default in v1.37): `shardSelector` is applied and
     /// echoed in `ListMeta.shardInfo`.
@@ -96,7 +109,22 @@ impl TestEnvOptions {
 }
 
 /// A running control plane: etcd and kube-apiserver on free loopback ports,
-/// with an admin kubeconfig.
+/// with an admin kubeconfig, and kube-controller-manager running only the
+/// garbage collector and the namespace controller.
+///
+/// Those two, because a controller's tests need them and nothing else
+/// here would do their work: owned objects are collected when their owner
+/// goes (background and foreground deletion, `blockOwnerDeletion`), and a
+/// deleted namespace is emptied and removed, so a test can delete what it
+/// made. Not the others: with no kubelet nor nodes, the workload
+/// controllers would make Pods nothing runs, and the ServiceAccount and
+/// root-CA publishers would add a `default` ServiceAccount and a
+/// `kube-root-ca.crt` ConfigMap to every namespace, objects a test does
+/// not expect among its own. The garbage collector learns new kinds (a
+/// CRD installed by a test) when it reads discovery again, every 30 s, so
+/// children of a custom resource may wait that long to be collected.
+/// [`TestEnvOptions::without_controller_manager`] leaves it out; so does a
+/// binary directory without it (setup-envtest's).
 ///
 /// The server authorizes by RBAC and admits with its default plugins,
 /// less `ServiceAccount` (no controller manager makes each namespace's
@@ -109,7 +137,9 @@ impl TestEnvOptions {
 /// and removes their directory. Child processes also die with the process
 /// that started them, however it ends.
 pub struct TestEnv {
-    // Field order is drop order: the server before its store, files last.
+    // Field order is drop order: the controllers, then the server before
+    // its store, files last.
+    controller_manager: Option<Process>,
     apiserver: Option<Process>,
     etcd: Option<Process>,
     apiserver_cmd: Vec<String>,
@@ -232,7 +262,7 @@ impl TestEnv {
     /// reference in a `static` (a `OnceCell`); a `static` holding the
     /// `TestEnv` itself is never dropped, so its directory would stay.
     pub fn into_static(self) -> &'static TestEnv {
-        let pids = [&self.apiserver, &self.etcd]
+        let pids = [&self.controller_manager, &self.apiserver, &self.etcd]
             .into_iter()
             .flatten()
             .map(|p| p.pid())
@@ -338,6 +368,7 @@ impl TestEnv {
         let config = config_from_kubeconfig(&kubeconfig).await?;
 
         let mut env = Self {
+            controller_manager: None,
             apiserver: None,
             etcd: Some(etcd),
             apiserver_cmd,
@@ -350,7 +381,55 @@ impl TestEnv {
             dir,
         };
         env.start_apiserver().await?;
+        if options.controller_manager && bins.kube_controller_manager().is_file() {
+            env.start_controller_manager().await?;
+        }
         Ok(env)
+    }
+
+    /// Starts kube-controller-manager with the garbage collector and the
+    /// namespace controller (see [`TestEnv`]), and waits until it leads
+    /// (its Lease `kube-system/kube-controller-manager` names it): it then
+    /// runs its controllers.
+    async fn start_controller_manager(&mut self) -> Result<(), EnvtestError> {
+        let args = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            "--controllers=garbage-collector-controller,namespace-controller".to_owned(),
+            // No HTTPS endpoint: nothing here reads its metrics or probes.
+            "--secure-port=0".to_owned(),
+            "--use-service-account-credentials=false".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
+        let log = self.dir.path().join("kube-controller-manager.log");
+        let mut process = Process::spawn(
+            "kube-controller-manager",
+            &self.bins.kube_controller_manager(),
+            &args,
+            log,
+        )?;
+        let client = self.client()?;
+        let probe = || {
+            let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+            async move {
+                let lease = leases
+                    .get_opt("kube-controller-manager")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match lease.and_then(|l| l.spec).and_then(|s| s.holder_identity) {
+                    Some(_) => Ok(()),
+                    None => Err("kube-controller-manager does not lead yet".to_owned()),
+                }
+            }
+        };
+        let deadline = Instant::now() + self.ready_timeout;
+        wait_ready(&mut process, 0, deadline, self.ready_timeout, probe).await?;
+        self.controller_manager = Some(process);
+        Ok(())
+    }
+
+    /// Whether kube-controller-manager runs (see [`TestEnv`]).
+    pub fn has_controller_manager(&self) -> bool {
+        self.controller_manager.is_some()
     }
 
     /// Starts kube-apiserver (again) and waits until it is ready and the
@@ -665,6 +744,14 @@ impl TestEnv {
         )
     }
 
+    /// Peak resident memory in bytes of kube-controller-manager so far, if
+    /// it runs.
+    pub fn controller_manager_peak_memory_bytes(&self) -> Option<u64> {
+        self.controller_manager
+            .as_ref()
+            .and_then(|p| p.peak_rss_bytes())
+    }
+
     /// Process ids of (etcd, kube-apiserver).
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         (
@@ -673,9 +760,10 @@ impl TestEnv {
         )
     }
 
-    /// Creates a namespace named `<prefix>-<unique suffix>` and returns its name.
-    /// (This control plane has no namespace controller: a deleted namespace
-    /// stays Terminating, so each test takes a fresh one.)
+    /// Creates a namespace named `<prefix>-<unique suffix>` and returns its
+    /// name. Deleted, it is emptied and removed by the namespace controller
+    /// (unless the control plane runs without it: then it stays
+    /// Terminating).
     pub async fn create_namespace(&self, prefix: &str) -> Result<String, EnvtestError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -699,8 +787,11 @@ impl TestEnv {
         Ok(name)
     }
 
-    /// Stops both processes and removes the directory.
+    /// Stops the processes and removes the directory.
     pub fn stop(mut self) {
+        if let Some(mut p) = self.controller_manager.take() {
+            p.stop(Duration::from_secs(5));
+        }
         self.stop_apiserver();
         if let Some(mut p) = self.etcd.take() {
             p.stop(Duration::from_secs(5));

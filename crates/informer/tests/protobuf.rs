@@ -312,9 +312,12 @@ async fn metadata_only_objects_decode_equal_from_protobuf_and_from_json() {
     let client = env.client().unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     create(&pods, spec_pod("rich")).await;
+    // The Pod's own uid: the control plane's garbage collector deletes a
+    // child whose owner is not there.
+    let uid = pods.get("rich").await.unwrap().metadata.uid.unwrap();
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     create(&configmaps, serde_json::json!({"metadata": {"name": "c", "labels": {"a": "b"},
-        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "rich", "uid": "u", "controller": true}]}})).await;
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "rich", "uid": uid, "controller": true}]}})).await;
     async fn both<K>(client: &Client, ns: &str) -> usize
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
