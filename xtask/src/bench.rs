@@ -716,8 +716,13 @@ fn go_build(dir: &Path, out: &Path) -> Result<()> {
 
 /// The benchmarks' control plane: envtest's, with Go's profiling endpoints
 /// on, which [`settle`] needs.
+/// The benches' control plane: the server alone (no kube-controller-manager,
+/// whose garbage collector would watch every object the bench makes and
+/// take CPU from the two cores), with profiling for [`settle`].
 fn settled_env() -> TestEnvOptions {
-    TestEnvOptions::new().apiserver_arg("--profiling=true")
+    TestEnvOptions::new()
+        .without_controller_manager()
+        .apiserver_arg("--profiling=true")
 }
 
 /// Brings kube-apiserver to the same state before every harness run: a

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kinformer_envtest::{Proxy, TestEnv};
+use kinformer_envtest::{Proxy, TestEnv, TestEnvOptions};
 use kinformer_informer::consistency::{LastSeen, diff, diff_cache, server_versions};
 use kinformer_informer::{
     ApiListerWatcher, CancellationToken, InformerOptions, ReflectorOptions, SharedIndexInformer,
@@ -44,7 +44,8 @@ fn pod(name: &str) -> Pod {
 
 pub async fn run(minutes: u64, root: &Path) -> Result<()> {
     let started = Instant::now();
-    let mut env = TestEnv::start().await?;
+    // The server alone: what the soak checks is the informers.
+    let mut env = TestEnv::start_with(TestEnvOptions::new().without_controller_manager()).await?;
     let ns = env.create_namespace("soak").await?;
     let proxy = Proxy::start(env.api_port()).await?;
     let mut options = ReflectorOptions::default();

@@ -29,7 +29,7 @@ pub const ETCD_VERSION: &str = "v3.6.16";
 /// plane without it.
 #[derive(Debug, Clone)]
 pub struct Binaries {
-    /// The directory holding all three.
+    /// The directory holding them.
     pub dir: PathBuf,
 }
 

@@ -398,6 +398,12 @@ impl TestEnv {
             // No HTTPS endpoint: nothing here reads its metrics or probes.
             "--secure-port=0".to_owned(),
             "--use-service-account-credentials=false".to_owned(),
+            // Its Lease says it runs (see the probe below); these times
+            // let it ride out a kube-apiserver stopped and started again
+            // for up to a minute (`restart_apiserver`), where the defaults'
+            // 10 s would make it lose the lease and exit.
+            "--leader-elect-lease-duration=75s".to_owned(),
+            "--leader-elect-renew-deadline=60s".to_owned(),
             "--profiling=false".to_owned(),
         ];
         let log = self.dir.path().join("kube-controller-manager.log");
@@ -427,7 +433,7 @@ impl TestEnv {
         Ok(())
     }
 
-    /// Whether kube-controller-manager runs (see [`TestEnv`]).
+    /// Whether kube-controller-manager was started (see [`TestEnv`]).
     pub fn has_controller_manager(&self) -> bool {
         self.controller_manager.is_some()
     }
@@ -750,6 +756,11 @@ impl TestEnv {
         self.controller_manager
             .as_ref()
             .and_then(|p| p.peak_rss_bytes())
+    }
+
+    /// The process id of kube-controller-manager, if it was started.
+    pub fn controller_manager_pid(&self) -> Option<u32> {
+        self.controller_manager.as_ref().map(|p| p.pid())
     }
 
     /// Process ids of (etcd, kube-apiserver).

@@ -237,6 +237,7 @@ async fn stop_leaves_no_process_and_no_files_behind() {
     let env = TestEnv::start().await.unwrap();
     let (etcd, apiserver) = env.pids();
     let (etcd, apiserver) = (etcd.unwrap(), apiserver.unwrap());
+    let controllers = env.controller_manager_pid().unwrap();
     let dir = env.dir().to_owned();
     let (etcd_peak, api_peak) = env.peak_memory_bytes();
     assert!(etcd_peak.unwrap() > 1 << 20 && api_peak.unwrap() > 1 << 20);
@@ -251,7 +252,7 @@ async fn stop_leaves_no_process_and_no_files_behind() {
         "namespace/default"
     );
     env.stop();
-    for pid in [etcd, apiserver] {
+    for pid in [etcd, apiserver, controllers] {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
             "pid {pid} survived"
@@ -339,10 +340,11 @@ async fn keeps_a_control_plane_until_exit() {
     };
     let (etcd, apiserver) = env.pids();
     println!(
-        "kept: {} {} {}",
+        "kept: {} {} {} {}",
         env.dir().display(),
         etcd.unwrap(),
-        apiserver.unwrap()
+        apiserver.unwrap(),
+        env.controller_manager_pid().unwrap()
     );
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -209,12 +210,33 @@ async fn a_deleted_namespace_is_emptied_and_removed() {
     .await;
 }
 
+/// The Lease that says it runs is there on the shared control plane.
+#[tokio::test]
+async fn the_controller_manager_holds_its_lease() {
+    let env = TestEnv::shared().await.unwrap();
+    assert!(env.controller_manager_pid().is_some());
+    let leases: Api<Lease> = Api::namespaced(env.client().unwrap(), "kube-system");
+    let lease = leases.get("kube-controller-manager").await.unwrap();
+    assert!(lease.spec.and_then(|s| s.holder_identity).is_some());
+}
+
 #[tokio::test]
 async fn without_the_controller_manager_a_deleted_namespace_stays_terminating() {
     let env = TestEnv::start_with(TestEnvOptions::new().without_controller_manager())
         .await
         .unwrap();
     assert!(!env.has_controller_manager());
+    assert_eq!(env.controller_manager_pid(), None);
+    // No kube-controller-manager ever ran on this control plane: it would
+    // have taken its Lease.
+    let leases: Api<Lease> = Api::namespaced(env.client().unwrap(), "kube-system");
+    assert!(
+        leases
+            .get_opt("kube-controller-manager")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let ns = env.create_namespace("stays").await.unwrap();
     let namespaces: Api<Namespace> = Api::all(env.client().unwrap());
     namespaces

@@ -926,8 +926,16 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
                     ended = &mut reflector_task.0 => break End::Reflector(ended),
                     _ = apply.ended() => break End::Applied,
                     _ = release_tick.tick() => {
-                        if inner.release_due(&reflector_stats) {
-                            tokio::task::spawn_blocking(release_freed_memory);
+                        // The queue's lock is taken off the runtime's
+                        // threads: the apply thread may hold it for a
+                        // whole unit.
+                        if inner.release_may_be_due(&reflector_stats) {
+                            let (inner, stats) = (Arc::clone(inner), Arc::clone(&reflector_stats));
+                            tokio::task::spawn_blocking(move || {
+                                if inner.release_due(&stats) {
+                                    release_freed_memory();
+                                }
+                            });
                         }
                     }
                 }
@@ -1070,6 +1078,16 @@ fn unit_name<K>(unit: &Popped<'_, K>) -> String {
 }
 
 impl<K> Inner<K> {
+    /// Whether a list or a wait came since freed memory was last released
+    /// ([`release_due`](Self::release_due) without the queue's lock).
+    fn release_may_be_due(&self, stats: &ReflectorStats) -> bool {
+        let listed = self.release_after_list
+            && stats.lists_completed.load(Ordering::SeqCst)
+                > self.released_at.load(Ordering::SeqCst);
+        listed
+            || stats.not_served.load(Ordering::SeqCst) > self.released_waits.load(Ordering::SeqCst)
+    }
+
     /// Whether freed memory is to be returned to the system now, nothing
     /// being queued: a list was applied since it was last released (a
     /// compact cache, whose decoded list is garbage once encoded), or the
@@ -1077,7 +1095,7 @@ impl<K> Inner<K> {
     /// objects were deleted from the cache first, each freed, and glibc
     /// would keep the memory of all of them). If so, counts it released.
     fn release_due(&self, stats: &ReflectorStats) -> bool {
-        if !self.fifo.is_empty() {
+        if !self.release_may_be_due(stats) || !self.fifo.is_empty() {
             return false;
         }
         // Lists are counted after their replace, and waits after the watch

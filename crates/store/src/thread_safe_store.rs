@@ -47,8 +47,9 @@ type KeySet = HashSet<Arc<str>, Hasher>;
 /// shrunk to twice its size (above [`SHRINK_FLOOR`]), so that a cache
 /// emptied by deletions (its CRD deleted, a namespace gone) returns the
 /// memory of its table: a hash table never shrinks by itself (nor does
-/// Go's map, under client-go). Amortized: a shrunk table must lose three
-/// quarters of its entries again before the next rehash.
+/// Go's map, under client-go). Amortized: a shrunk table holds at least
+/// twice its entries, so it must lose half of them or more again before
+/// the next rehash.
 const SHRINK_FLOOR: usize = 1024;
 
 /// Anything [`shrink_if_sparse`] can shrink.
@@ -855,6 +856,7 @@ impl<K> Inner<K> {
                     // cannot grow the index without bound.
                     if set.is_empty() {
                         index.remove(value);
+                        shrink_if_sparse(index);
                     } else {
                         shrink_if_sparse(set);
                     }

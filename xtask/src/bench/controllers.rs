@@ -315,7 +315,8 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
         &[(100, 10), (300, 10)]
     };
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
-    let env = TestEnv::start().await?;
+    // The server alone, as every bench has it (see `settled_env`).
+    let env = TestEnv::start_with(TestEnvOptions::new().without_controller_manager()).await?;
     let kubeconfig = env.kubeconfig_path().to_owned();
     let client = env.client()?;
     let ns = env.create_namespace("bench-converge").await?;

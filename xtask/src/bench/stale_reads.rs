@@ -180,7 +180,8 @@ pub async fn run(quick: bool, root: &Path) -> Result<String> {
     let (parents, rate, rounds) = if quick { (50, 25, 1) } else { (100, 50, 3) };
     let lag = Duration::from_secs(1);
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
-    let env = TestEnv::start().await?;
+    // The server alone, as every bench has it (see `settled_env`).
+    let env = TestEnv::start_with(TestEnvOptions::new().without_controller_manager()).await?;
     let proxy = AnsweringProxy::start(&env).await?;
     proxy.delay_watches(lag);
     let kubeconfig = env.kubeconfig_via(proxy.port())?;

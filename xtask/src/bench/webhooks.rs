@@ -325,7 +325,8 @@ pub async fn run_alone(quick: bool, root: &Path) -> Result<()> {
         (1_000, 10_000, 3)
     };
     println!("\n==> starting the control plane (kube-apiserver {KUBERNETES_VERSION} + etcd)");
-    let env = TestEnv::start().await?;
+    // The server alone, as every bench has it (see `settled_env`).
+    let env = TestEnv::start_with(TestEnvOptions::new().without_controller_manager()).await?;
     let client = env.client()?;
     let crd = std::process::Command::new(env.binaries().kubectl())
         .env("KUBECONFIG", env.kubeconfig_path())
