@@ -97,7 +97,12 @@ impl Binaries {
             return Ok(bins);
         }
         let bins = Self { dir };
-        bins.build()?;
+        if bins.all().iter().all(|path| path.is_file()) {
+            // A cache from before kube-controller-manager: it alone is built.
+            bins.build_controller_manager()?;
+        } else {
+            bins.build()?;
+        }
         Ok(bins)
     }
 
@@ -123,17 +128,7 @@ impl Binaries {
             "-s -w",
             &self.dir,
         )?;
-        let version_flags = [
-            ("k8s.io/component-base/version", KUBERNETES_VERSION),
-            ("k8s.io/client-go/pkg/version", KUBERNETES_VERSION),
-        ]
-        .iter()
-        .map(|(pkg, v)| {
-            let minor = v.split('.').nth(1).unwrap_or("0");
-            format!("-X {pkg}.gitVersion={v} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean")
-        })
-        .collect::<Vec<_>>()
-        .join(" ");
+        let version_flags = version_flags();
         go_build(
             &go_dir.join("kube"),
             "kube-apiserver, kube-controller-manager and kubectl",
@@ -156,6 +151,24 @@ impl Binaries {
             self.dir.display()
         );
         Ok(())
+    }
+
+    /// Builds kube-controller-manager alone into the directory (the others
+    /// are there: a cache from before it was part of the control plane).
+    fn build_controller_manager(&self) -> Result<(), EnvtestError> {
+        let go_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("go");
+        eprintln!(
+            "envtest: building kube-controller-manager {KUBERNETES_VERSION} beside the binaries in {}",
+            self.dir.display()
+        );
+        go_build(
+            &go_dir.join("kube"),
+            "kube-controller-manager",
+            &["k8s.io/kubernetes/cmd/kube-controller-manager"],
+            &[("kube-controller-manager", "kube-controller-manager")],
+            &format!("-s -w {}", version_flags()),
+            &self.dir,
+        )
     }
 
     /// The etcd binary.
@@ -182,6 +195,22 @@ impl Binaries {
     fn all(&self) -> [PathBuf; 3] {
         [self.etcd(), self.kube_apiserver(), self.kubectl()]
     }
+}
+
+/// The linker flags that stamp the Kubernetes version into a binary, as
+/// its own build does.
+fn version_flags() -> String {
+    [
+        ("k8s.io/component-base/version", KUBERNETES_VERSION),
+        ("k8s.io/client-go/pkg/version", KUBERNETES_VERSION),
+    ]
+    .iter()
+    .map(|(pkg, v)| {
+        let minor = v.split('.').nth(1).unwrap_or("0");
+        format!("-X {pkg}.gitVersion={v} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean")
+    })
+    .collect::<Vec<_>>()
+    .join(" ")
 }
 
 /// Runs `go build` for `packages` in module `dir`, into a staging directory,
