@@ -61,7 +61,7 @@ pub async fn run(
         }
         None => {
             step(
-                "starting a local control plane (etcd + kube-apiserver v1.37.2, no cluster needed)",
+                "starting a local control plane (etcd, kube-apiserver v1.37.2 and kube-controller-manager's garbage collector and namespace controller; no cluster needed)",
             );
             // With the ShardedListAndWatch gate, for the sharding part:
             // the server filters each replica's objects.
@@ -69,7 +69,15 @@ pub async fn run(
                 .await
                 .context("starting the control plane")?;
             let path = env.kubeconfig_path().to_owned();
-            println!("    kube-apiserver at {}", env.server_url());
+            println!(
+                "    kube-apiserver at {}{}",
+                env.server_url(),
+                if env.has_controller_manager() {
+                    ""
+                } else {
+                    " (kube-controller-manager not found beside it: nothing collects garbage)"
+                }
+            );
             (Some(env), path)
         }
     };
