@@ -813,24 +813,30 @@ async fn harness_env(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Result<Value> {
-    let out = Command::new(h.path(system))
+    run_json(h.path(system), system.name(), args, env).await
+}
+
+/// Runs `program` (called `name` in errors) with `args` and `env`, its
+/// standard error shown, and reads the JSON line it printed last.
+async fn run_json(
+    program: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Value> {
+    let out = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
         .stderr(Stdio::inherit())
         .output()
         .await
-        .with_context(|| format!("running {} {}", system.name(), args.join(" ")))?;
+        .with_context(|| format!("running {name} {}", args.join(" ")))?;
     if !out.status.success() {
-        bail!(
-            "{} {} failed with {}",
-            system.name(),
-            args.join(" "),
-            out.status
-        );
+        bail!("{name} {} failed with {}", args.join(" "), out.status);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().context("no output")?;
-    serde_json::from_str(line).with_context(|| format!("{} printed {line:?}", system.name()))
+    serde_json::from_str(line).with_context(|| format!("{name} printed {line:?}"))
 }
 
 fn num(v: &Value, key: &str) -> Result<f64> {

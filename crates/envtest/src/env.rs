@@ -750,14 +750,6 @@ impl TestEnv {
         )
     }
 
-    /// Peak resident memory in bytes of kube-controller-manager so far, if
-    /// it runs.
-    pub fn controller_manager_peak_memory_bytes(&self) -> Option<u64> {
-        self.controller_manager
-            .as_ref()
-            .and_then(|p| p.peak_rss_bytes())
-    }
-
     /// The process id of kube-controller-manager, if it was started.
     pub fn controller_manager_pid(&self) -> Option<u32> {
         self.controller_manager.as_ref().map(|p| p.pid())

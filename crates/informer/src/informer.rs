@@ -344,7 +344,7 @@ struct Inner<K> {
     /// Lists applied by the time freed memory was last released.
     released_at: AtomicU64,
     /// Waits for the resource begun by the time freed memory was last
-    /// released (see [`Inner::release_due`]).
+    /// released (see [`Inner::release_reasons`]).
     released_waits: AtomicU64,
     /// Which of a dropped `run` and its apply thread stops the informer.
     handover: Mutex<Handover>,
@@ -888,7 +888,7 @@ impl<K: Object + Clone> SharedIndexInformer<K> {
         *self.inner.stats.lock() = Some(Arc::clone(&reflector_stats));
         // Freed memory is released after each pop and every second: the
         // queue may have drained before the Reflector counted the list or
-        // the wait (see `Inner::release_due`).
+        // the wait (see `Inner::release_reasons`).
         let mut release_tick = tokio::time::interval(Duration::from_secs(1));
         release_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Declared before the guard, so dropped after it: either way the
@@ -1078,46 +1078,56 @@ fn unit_name<K>(unit: &Popped<'_, K>) -> String {
 }
 
 impl<K> Inner<K> {
-    /// Whether a list or a wait came since freed memory was last released
-    /// ([`release_due`](Self::release_due) without the queue's lock).
-    fn release_may_be_due(&self, stats: &ReflectorStats) -> bool {
-        let listed = self.release_after_list
-            && stats.lists_completed.load(Ordering::SeqCst)
-                > self.released_at.load(Ordering::SeqCst);
-        listed
-            || stats.not_served.load(Ordering::SeqCst) > self.released_waits.load(Ordering::SeqCst)
+    /// What asks for freed memory to be returned, each as the count of it
+    /// at the last release and the count now: lists applied (a compact
+    /// cache, whose decoded list is garbage once encoded), and waits for
+    /// the resource begun (a CRD deleted: its objects were deleted from
+    /// the cache first, each freed, and glibc would keep the memory of all
+    /// of them). Lists are counted after their replace, and waits after
+    /// the watch that delivered the deletions ended: once the queue is
+    /// empty, everything before them has been applied.
+    fn release_reasons<'a>(
+        &'a self,
+        stats: &ReflectorStats,
+    ) -> impl Iterator<Item = (&'a AtomicU64, u64)> {
+        let listed = self.release_after_list.then(|| {
+            (
+                &self.released_at,
+                stats.lists_completed.load(Ordering::SeqCst),
+            )
+        });
+        let waited = (
+            &self.released_waits,
+            stats.not_served.load(Ordering::SeqCst),
+        );
+        listed.into_iter().chain([waited])
     }
 
-    /// Whether freed memory is to be returned to the system now, nothing
-    /// being queued: a list was applied since it was last released (a
-    /// compact cache, whose decoded list is garbage once encoded), or the
-    /// Reflector began waiting for its resource since (a CRD deleted: its
-    /// objects were deleted from the cache first, each freed, and glibc
-    /// would keep the memory of all of them). If so, counts it released.
+    /// Whether a reason came since freed memory was last released
+    /// ([`release_due`](Self::release_due) without the queue's lock).
+    fn release_may_be_due(&self, stats: &ReflectorStats) -> bool {
+        self.release_reasons(stats)
+            .any(|(released, now)| now > released.load(Ordering::SeqCst))
+    }
+
+    /// Whether freed memory is to be returned to the system now: a reason
+    /// came since it was last released (see
+    /// [`release_reasons`](Self::release_reasons)) and nothing is queued.
+    /// If so, counts each reason released.
     fn release_due(&self, stats: &ReflectorStats) -> bool {
         if !self.release_may_be_due(stats) || !self.fifo.is_empty() {
             return false;
         }
-        // Lists are counted after their replace, and waits after the watch
-        // that delivered the deletions ended: an empty queue then means
-        // everything before them has been applied.
-        let due = |done: &AtomicU64, now: u64| {
-            let released = done.load(Ordering::SeqCst);
-            now > released
-                && done
-                    .compare_exchange(released, now, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-        };
-        let listed = self.release_after_list
-            && due(
-                &self.released_at,
-                stats.lists_completed.load(Ordering::SeqCst),
-            );
-        let waited = due(
-            &self.released_waits,
-            stats.not_served.load(Ordering::SeqCst),
-        );
-        listed || waited
+        // Every reason is counted released, not only the first found.
+        self.release_reasons(stats)
+            .fold(false, |due, (released, now)| {
+                let then = released.load(Ordering::SeqCst);
+                let claimed = now > then
+                    && released
+                        .compare_exchange(then, now, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok();
+                due | claimed
+            })
     }
 
     /// Whether the queue applies changes in watch order and relists at once.

@@ -87,19 +87,9 @@ pub async fn run(quick: bool, root: &Path) -> Result<()> {
     for round in 1..=rounds {
         // A namespace per round: the CRD's deletion empties it.
         let ns = env.create_namespace("bench-crds").await?;
-        let out = Command::new(&harness)
-            .args(["crd-lifecycle", &kubeconfig, &ns, &count.to_string()])
-            .stderr(Stdio::inherit())
-            .output()
-            .await
-            .context("running kinformer-bench crd-lifecycle")?;
-        if !out.status.success() {
-            bail!("kinformer-bench crd-lifecycle failed with {}", out.status);
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().last().context("no output")?;
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("kinformer-bench printed {line:?}"))?;
+        let objects = count.to_string();
+        let args = ["crd-lifecycle", &kubeconfig, &ns, &objects];
+        let v = run_json(&harness, "kinformer-bench", &args, &[]).await?;
         println!("    round {round} of {rounds}: {v}");
         runs.push(v);
     }
