@@ -884,31 +884,48 @@ mod tests {
         })
     }
 
-    /// The room of the items table and of the namespace index's one set.
-    fn capacities(store: &ThreadSafeStore<ConfigMap>) -> (usize, usize) {
+    /// The room of the items table, of the namespace index's one set, and
+    /// of the name index's table (one value per object).
+    fn capacities(store: &ThreadSafeStore<ConfigMap>) -> (usize, usize, usize) {
         let inner = store.inner.read();
-        let set = inner.indices[0].get("ns").map_or(0, HashSet::capacity);
-        (inner.items.capacity(), set)
+        let namespace = inner.indexers.iter().position(|(n, _)| n == "namespace");
+        let name = inner.indexers.iter().position(|(n, _)| n == "name");
+        let set = inner.indices[namespace.unwrap()]
+            .get("ns")
+            .map_or(0, HashSet::capacity);
+        let names = inner.indices[name.unwrap()].capacity();
+        (inner.items.capacity(), set, names)
     }
 
     #[test]
     fn a_store_emptied_by_deletions_gives_back_its_tables_room() {
-        let store = ThreadSafeStore::with_indexers(namespace_indexers());
+        let mut indexers = namespace_indexers();
+        let by_name: IndexFunc<ConfigMap> =
+            Arc::new(|cm: &ConfigMap| Ok(cm.metadata.name.clone().into_iter().collect()));
+        indexers.insert("name".to_owned(), by_name);
+        let store = ThreadSafeStore::with_indexers(indexers);
         let keys: Vec<String> = (0..10_000).map(|i| format!("ns/cm-{i}")).collect();
         for key in &keys {
             store.add(key, config_map(key)).unwrap();
         }
-        let (items, set) = capacities(&store);
-        assert!(items >= 10_000 && set >= 10_000, "{items} {set}");
+        let (items, set, names) = capacities(&store);
+        assert!(
+            items >= 10_000 && set >= 10_000 && names >= 10_000,
+            "{items} {set} {names}"
+        );
         for key in &keys[10..] {
             assert!(store.remove(key));
         }
-        let (items, set) = capacities(&store);
+        let (items, set, names) = capacities(&store);
         assert!(
             items <= 2 * SHRINK_FLOOR,
             "items table kept room for {items}"
         );
         assert!(set <= 2 * SHRINK_FLOOR, "index set kept room for {set}");
+        assert!(
+            names <= 2 * SHRINK_FLOOR,
+            "index table kept room for {names}"
+        );
         // What is left is all there, and indexed.
         assert_eq!(store.len(), 10);
         assert_eq!(store.index_keys("namespace", "ns").unwrap().len(), 10);
