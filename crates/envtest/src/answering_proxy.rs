@@ -11,6 +11,15 @@
 //! It can also delay what the API server answers to watches, and only to
 //! them ([`AnsweringProxy::delay_watches`]): writes and lists pass at once,
 //! so a client's watch lags its own writes as on a busy server.
+//!
+//! For [fault runs](crate::FaultRun) it reads each request (HTTP/1.1, one at
+//! a time per connection, bodies framed by `Content-Length`; a chunked body
+//! or an upgrade turns the rest of that connection into plain forwarding)
+//! and decides its fate ([`faults`]): forwarded, answered with an error it
+//! never passes on (409, 5xx), a watch answered 410 Gone, a watch held while
+//! the watches are blind, or, once the controller has "crashed", the
+//! connection closed unanswered. Each request and what became of it is
+//! logged for the run's report.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +36,9 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::{EnvtestError, TestEnv};
+
+pub(crate) mod faults;
+use faults::{Decision, Faults};
 
 /// See the module docs. Must be started inside a Tokio runtime; stops on drop.
 pub struct AnsweringProxy {
@@ -45,6 +57,8 @@ struct State {
     cut: watch::Sender<u64>,
     /// How long watch answers are held back, in milliseconds (0: not at all).
     watch_delay_ms: AtomicU64,
+    /// What fault runs do to single requests, and their log.
+    faults: Faults,
 }
 
 impl std::fmt::Debug for AnsweringProxy {
@@ -97,6 +111,7 @@ impl AnsweringProxy {
             answered: AtomicU64::new(0),
             cut: watch::channel(0).0,
             watch_delay_ms: AtomicU64::new(0),
+            faults: Faults::default(),
         });
         let accept = tokio::spawn(accept_loop(
             listener,
@@ -158,6 +173,10 @@ impl AnsweringProxy {
     pub fn answered(&self) -> u64 {
         self.state.answered.load(Ordering::SeqCst)
     }
+
+    pub(crate) fn faults(&self) -> &Faults {
+        &self.state.faults
+    }
 }
 
 impl Drop for AnsweringProxy {
@@ -202,20 +221,46 @@ async fn accept_loop(
             let mut cut = state.cut.subscribe();
             let (mut client_read, mut client_write) = tokio::io::split(client);
             let (mut upstream_read, mut upstream_write) = tokio::io::split(upstream);
-            let watching = AtomicBool::new(false);
+            let conn = Conn::default();
             let (held, mut release) = mpsc::unbounded_channel();
-            // What the API server sent before closing is still delivered.
-            let answers = async {
-                copy_rewriting(&mut upstream_read, &held, &state, &watching).await;
-                drop(held);
-            };
             tokio::select! {
                 _ = cut.changed() => {}
-                _ = copy_requests(&mut client_read, &mut upstream_write, &watching) => {}
-                _ = async { tokio::join!(answers, deliver(&mut release, &mut client_write)) } => {}
+                _ = watch_cut(&state, &conn) => {}
+                _ = copy_requests(&mut client_read, &mut upstream_write, &held, &state, &conn) => {}
+                // What the API server sent before closing is still delivered.
+                _ = async { tokio::join!(
+                    copy_rewriting(&mut upstream_read, &held, &state, &conn),
+                    deliver(&mut release, &mut client_write),
+                ) } => {}
             }
         });
     }
+}
+
+/// One proxied connection's request state.
+#[derive(Default)]
+struct Conn {
+    /// The request last forwarded is a watch.
+    watching: AtomicBool,
+    /// The log entry of the request whose answer has not begun yet.
+    awaiting: Mutex<Option<usize>>,
+    /// How long the fault plan holds back the answer to the request last
+    /// forwarded, in milliseconds.
+    delay_ms: AtomicU64,
+}
+
+/// Bytes for [`deliver`] and when to write them; `None` ends the connection.
+type Held = mpsc::UnboundedSender<(Instant, Option<Vec<u8>>)>;
+
+/// Returns when the watches are cut while this connection serves one.
+async fn watch_cut(state: &State, conn: &Conn) {
+    let mut cuts = state.faults.watch_cuts();
+    while cuts.changed().await.is_ok() {
+        if conn.watching.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// Answers each request on the connection with `status`, keeping it open
@@ -278,55 +323,77 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Copies the client's bytes to the API server, noting whether the request
-/// last begun is a watch. HTTP/1.1 without pipelining: a request is sent
-/// once the answer to the one before has been received, so the answer
-/// being read is that of the last request line seen. A request line is
-/// recognised at the start of a read (the clients write a request's head
-/// apart from its body).
-async fn copy_requests<R, W>(from: &mut R, to: &mut W, watching: &AtomicBool)
+/// A request head longer than this is not framed: the connection is
+/// forwarded as it comes from there on.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// Copies the client's requests to the API server one by one, each as its
+/// fault plan decides (see the module docs). HTTP/1.1 without pipelining:
+/// a request is sent once the answer to the one before has been received,
+/// so the answer being read is that of the last request forwarded. What
+/// cannot be framed (not HTTP, a chunked body, an upgrade) is forwarded as
+/// it comes, to the end of the connection.
+async fn copy_requests<R, W>(from: &mut R, to: &mut W, held: &Held, state: &State, conn: &Conn)
 where
     R: AsyncReadExt + Unpin,
     W: AsyncWriteExt + Unpin,
 {
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let head = loop {
+            match faults::parse_head(&buf) {
+                faults::Parsed::Head(head) if !head.unframed => break Some(head),
+                faults::Parsed::Incomplete if buf.len() <= MAX_HEAD => {}
+                _ => break None,
+            }
+            match from.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
         };
-        if let Some(is_watch) = request_is_watch(&buf[..n]) {
-            watching.store(is_watch, Ordering::SeqCst);
-        }
-        if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
+        let Some(head) = head else {
+            if to.write_all(&buf).await.is_ok() {
+                let _ = tokio::io::copy(from, to).await;
+            }
             return;
+        };
+        let total = head.len.saturating_add(head.content_length);
+        while buf.len() < total {
+            match from.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let request: Vec<u8> = buf.drain(..total).collect();
+        match state.faults.decide(&head).await {
+            Decision::Forward { entry, delay } => {
+                conn.watching
+                    .store(faults::is_watch(&head.target), Ordering::SeqCst);
+                let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                conn.delay_ms.store(ms, Ordering::SeqCst);
+                *conn.awaiting.lock().unwrap_or_else(|e| e.into_inner()) = entry;
+                if to.write_all(&request).await.is_err() || to.flush().await.is_err() {
+                    return;
+                }
+            }
+            Decision::Answer(bytes) => {
+                if held.send((Instant::now(), Some(bytes))).is_err() {
+                    return;
+                }
+            }
+            Decision::Close => return,
         }
     }
 }
 
-/// Whether `bytes`, if they start with an HTTP request line, ask for a watch.
-fn request_is_watch(bytes: &[u8]) -> Option<bool> {
-    let line = &bytes[..find(bytes, b"\r\n")?];
-    let line = std::str::from_utf8(line).ok()?;
-    let mut parts = line.split(' ');
-    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
-    if !version.starts_with("HTTP/") || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return None;
-    }
-    let query = target.split_once('?').map_or("", |(_, q)| q);
-    Some(
-        query
-            .split('&')
-            .any(|p| p == "watch=true" || p == "watch=1"),
-    )
-}
-
-/// Writes what [`copy_rewriting`] passes on, each piece at its time.
+/// Writes what [`copy_rewriting`] and [`copy_requests`] pass on, each piece
+/// at its time, until told the connection ends.
 async fn deliver<W: AsyncWriteExt + Unpin>(
-    from: &mut mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    from: &mut mpsc::UnboundedReceiver<(Instant, Option<Vec<u8>>)>,
     to: &mut W,
 ) {
-    while let Some((at, bytes)) = from.recv().await {
+    while let Some((at, Some(bytes))) = from.recv().await {
         tokio::time::sleep_until(at).await;
         if to.write_all(&bytes).await.is_err() || to.flush().await.is_err() {
             return;
@@ -335,25 +402,33 @@ async fn deliver<W: AsyncWriteExt + Unpin>(
 }
 
 /// Passes the API server's bytes on to [`deliver`], applying the rewrite,
-/// and holding back watch answers while a delay is set.
-async fn copy_rewriting<R>(
-    from: &mut R,
-    to: &mpsc::UnboundedSender<(Instant, Vec<u8>)>,
-    state: &State,
-    watching: &AtomicBool,
-) where
+/// and holding back watch answers while a delay is set; notes the status
+/// each answer begins with in the fault log.
+async fn copy_rewriting<R>(from: &mut R, to: &Held, state: &State, conn: &Conn)
+where
     R: AsyncReadExt + Unpin,
 {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let entry = conn
+            .awaiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(entry) = entry {
+            state
+                .faults
+                .responded(entry, faults::response_status(&buf[..n]));
+        }
         let delay = match state.watch_delay_ms.load(Ordering::SeqCst) {
-            ms if ms > 0 && watching.load(Ordering::SeqCst) => Duration::from_millis(ms),
-            _ => Duration::ZERO,
+            ms if ms > 0 && conn.watching.load(Ordering::SeqCst) => ms,
+            _ => 0,
         };
+        let delay = Duration::from_millis(delay.max(conn.delay_ms.load(Ordering::SeqCst)));
         if let Some((pattern, replacement)) =
             &*state.rewrite.lock().unwrap_or_else(|e| e.into_inner())
         {
@@ -365,46 +440,11 @@ async fn copy_rewriting<R>(
             }
         }
         if to
-            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .send((Instant::now() + delay, Some(buf[..n].to_vec())))
             .is_err()
         {
             return;
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::request_is_watch;
-
-    #[test]
-    fn a_watch_is_told_from_its_request_line() {
-        let line = |l: &str| request_is_watch(format!("{l}\r\nHost: x\r\n\r\n").as_bytes());
-        assert_eq!(
-            line("GET /api/v1/configmaps?watch=true&resourceVersion=5 HTTP/1.1"),
-            Some(true)
-        );
-        assert_eq!(
-            line("GET /api/v1/pods?labelSelector=a&watch=1 HTTP/1.1"),
-            Some(true)
-        );
-        assert_eq!(
-            line("GET /api/v1/configmaps?limit=500 HTTP/1.1"),
-            Some(false)
-        );
-        assert_eq!(
-            line("POST /api/v1/namespaces/a/configmaps HTTP/1.1"),
-            Some(false)
-        );
-        // A field selector naming "watch" is not a watch.
-        assert_eq!(
-            line("GET /api/v1/configmaps?fieldSelector=metadata.name%3Dwatch=true HTTP/1.1"),
-            Some(false)
-        );
-        assert_eq!(request_is_watch(b"{\"kind\":\"ConfigMap\"}"), None);
-        assert_eq!(
-            request_is_watch(b"GET /api/v1/pods?watch=true HTTP/1.1"),
-            None
-        );
-    }
+    let _ = to.send((Instant::now(), None));
 }

@@ -36,6 +36,7 @@ mod certs;
 mod env;
 mod error;
 mod etcd;
+pub mod fault_run;
 mod process;
 mod proxy;
 pub mod rbac;
@@ -45,6 +46,7 @@ pub use answering_proxy::AnsweringProxy;
 pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};
 pub use env::{TestEnv, TestEnvOptions};
 pub use error::EnvtestError;
+pub use fault_run::{Check, Fault, FaultRun, FaultRunFailure, Passed, Snapshot, Target};
 pub use proxy::Proxy;
 
 /// The README's code, compiled (and run, unless marked `no_run`) as doctests.
