@@ -566,7 +566,8 @@ impl<'e> FaultRun<'e> {
             if missed_states {
                 state.set_blind(false);
             }
-            self.settle(direct, namespace, state, &history).await
+            self.settle(direct, namespace, state, &history, &output)
+                .await
         };
         let result = tokio::select! {
             r = body => r,
@@ -604,6 +605,7 @@ impl<'e> FaultRun<'e> {
             let _ = writeln!(text, "  {} {}", at(change.at), change.what);
         }
         let lines = output.lines();
+        let lines = &lines[lines.len().saturating_sub(Output::SHOWN)..];
         let _ = match self.start {
             Start::Process(_) => {
                 writeln!(text, "controller's output (last {} lines):", lines.len())
@@ -627,13 +629,14 @@ impl<'e> FaultRun<'e> {
         namespace: &str,
         state: &crate::answering_proxy::faults::Faults,
         history: &history::History,
+        output: &Output,
     ) -> Result<(), (String, Vec<String>)> {
         let changed = history.changed();
         let deadline = Instant::now() + self.settle;
         loop {
             let notified = changed.notified();
             let verdicts: Vec<Result<String, String>> =
-                match snapshot(direct, namespace, &self.kinds).await {
+                match snapshot(direct, namespace, &self.kinds, output).await {
                     Ok(s) => self
                         .checks
                         .iter()
@@ -719,6 +722,7 @@ async fn snapshot(
     client: &Client,
     namespace: &str,
     kinds: &[ApiResource],
+    output: &Output,
 ) -> Result<Snapshot, kube_client::Error> {
     let mut objects = Vec::new();
     for kind in kinds {
@@ -728,6 +732,7 @@ async fn snapshot(
     Ok(Snapshot {
         namespace: namespace.to_owned(),
         objects,
+        output: output.lines(),
     })
 }
 
@@ -781,12 +786,15 @@ fn write_log(text: &mut String, log: &[Logged]) {
     }
 }
 
-/// The controller's last output lines, across its restarts.
+/// The controller's output lines (a process's stdout and stderr, merged
+/// as they come), across its restarts, with the run's notes.
 #[derive(Clone, Default)]
 struct Output(Arc<Mutex<VecDeque<String>>>);
 
 impl Output {
-    const KEPT: usize = 60;
+    /// Lines kept for the checks; the report shows the last [`Self::SHOWN`].
+    const KEPT: usize = 10_000;
+    const SHOWN: usize = 60;
 
     fn push(&self, line: String) {
         let mut lines = self.0.lock().unwrap_or_else(|e| e.into_inner());

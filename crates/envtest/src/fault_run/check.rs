@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 pub struct Snapshot {
     pub(crate) namespace: String,
     pub(crate) objects: Vec<(ApiResource, Vec<DynamicObject>)>,
+    pub(crate) output: Vec<String>,
 }
 
 impl Snapshot {
@@ -55,6 +56,14 @@ impl Snapshot {
                     kind.kind, kind.api_version
                 )
             })
+    }
+
+    /// The controller's output so far (a process's stdout and stderr, the
+    /// last 10 000 lines, across restarts, with the run's notes); empty for
+    /// a task, whose output goes to the test's own: the end state of a
+    /// controller that writes nothing but what it prints.
+    pub fn output(&self) -> &[String] {
+        &self.output
     }
 
     /// Every object of every recorded kind, with its kind.
@@ -245,6 +254,7 @@ mod tests {
                 ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
                 objects,
             )],
+            output: Vec::new(),
         }
     }
 
