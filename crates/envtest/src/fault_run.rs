@@ -520,6 +520,13 @@ impl<'e> FaultRun<'e> {
             schedule.push("none (the clean run)".into());
         }
         let missed_states = faults.contains(&Fault::MissedStates);
+        // Progress on the test's output (shown by the test harness when the
+        // test fails or runs with --nocapture).
+        eprintln!(
+            "fault run {:?} in {namespace}: {}",
+            self.name,
+            schedule.join("; ")
+        );
         state.begin(Plan {
             namespace: Some(namespace.to_owned()),
             ..plan.clone()
@@ -566,6 +573,11 @@ impl<'e> FaultRun<'e> {
             if missed_states {
                 state.set_blind(false);
             }
+            eprintln!(
+                "fault run {:?} in {namespace}: scenario done at {}, waiting for the end state",
+                self.name,
+                at(started.elapsed()).trim()
+            );
             self.settle(direct, namespace, state, &history, &output)
                 .await
         };

@@ -97,6 +97,7 @@ async fn record(
         changed.notify_waiters();
     };
     let mut listed = Some(listed);
+    let mut listed_once = false;
     'relist: loop {
         let list = match api.list(&ListParams::default()).await {
             Ok(list) => list,
@@ -105,11 +106,16 @@ async fn record(
                     "(history: listing {} failed: {e}; retrying)",
                     kind.plural
                 ));
+                // Not served yet (a CRD the controller installs): the run
+                // goes on, and this kind's history starts once it is.
+                if let Some(tx) = listed.take() {
+                    let _ = tx.send(());
+                }
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
-        let relisted = listed.is_none();
+        let relisted = std::mem::replace(&mut listed_once, true);
         for o in &list.items {
             let verb = if relisted { "RELISTED" } else { "PRESENT" };
             push(describe(verb, &kind, o));
