@@ -239,11 +239,11 @@ async fn the_crash_sweep_catches_a_mark_written_before_the_child_and_passes_the_
         .unwrap_err();
     let report = failure.report();
     for wanted in [
-        "crash: the controller killed once the answer to its write 1 (of 4 in the clean run)",
+        "crash: the controller killed once the answer to write 1 (of 4 in the clean run)",
         "PATCH /api/v1/namespaces/",
         "then the controller crashed (fault)",
         "✗ every parent has a child: no child for",
-        "--- killed (the crash fault); started again ---",
+        "killed (the crash fault); started again ---",
     ] {
         assert!(
             report.contains(wanted),

@@ -214,6 +214,9 @@ pub struct Target {
     pub kubeconfig: PathBuf,
     /// The run's namespace, where the scenario writes.
     pub namespace: String,
+    /// Which replica this is (0 unless [`FaultRun::replicas`] is set): to
+    /// give each its own identity.
+    pub replica: usize,
 }
 
 impl std::fmt::Debug for Target {
@@ -221,6 +224,7 @@ impl std::fmt::Debug for Target {
         f.debug_struct("Target")
             .field("kubeconfig", &self.kubeconfig)
             .field("namespace", &self.namespace)
+            .field("replica", &self.replica)
             .finish_non_exhaustive()
     }
 }
@@ -247,6 +251,7 @@ pub struct FaultRun<'e> {
     seed: Option<u64>,
     settle: Duration,
     quiet: Duration,
+    replicas: usize,
 }
 
 impl std::fmt::Debug for FaultRun<'_> {
@@ -274,6 +279,7 @@ impl<'e> FaultRun<'e> {
             seed: None,
             settle: Duration::from_secs(30),
             quiet: Duration::from_secs(1),
+            replicas: 1,
         }
     }
 
@@ -345,6 +351,18 @@ impl<'e> FaultRun<'e> {
     #[must_use]
     pub fn crash_after_each_write(mut self) -> Self {
         self.crash_sweep = true;
+        self
+    }
+
+    /// Runs `n` replicas of the controller (each its own [`Target::replica`]
+    /// and its own fault proxy, the same faults): for a leader-elected
+    /// controller, whose standby must take over. With
+    /// [`crash_after_each_write`](Self::crash_after_each_write), the replica
+    /// that made the write (the leader) is the one killed: a leader
+    /// hand-over in the middle of its reconciles.
+    #[must_use]
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n.max(1);
         self
     }
 
@@ -508,12 +526,15 @@ impl<'e> FaultRun<'e> {
     ) -> Result<u64, FaultRunFailure> {
         let setup = |e| FaultRunFailure::setup(&self.name, e);
         let started = Instant::now();
-        let proxy = AnsweringProxy::start(self.env).await.map_err(setup)?;
-        let state = proxy.faults();
         let mut schedule: Vec<String> = faults.iter().map(ToString::to_string).collect();
         if let Some((n, of)) = crash {
+            let whom = if self.replicas > 1 {
+                "the replica that made it (the leader) killed"
+            } else {
+                "the controller killed"
+            };
             schedule.push(format!(
-                "crash: the controller killed once the answer to its write {n} (of {of} in the clean run) arrives, then started again"
+                "crash: {whom} once the answer to write {n} (of {of} in the clean run) arrives, then started again"
             ));
         }
         if schedule.is_empty() {
@@ -527,35 +548,45 @@ impl<'e> FaultRun<'e> {
             self.name,
             schedule.join("; ")
         );
-        state.begin(Plan {
+        let plan_here = Plan {
             namespace: Some(namespace.to_owned()),
             ..plan.clone()
-        });
-        let target = Target {
-            client: self.env.client_via(proxy.port()).map_err(setup)?,
-            kubeconfig: self.env.kubeconfig_via(proxy.port()).map_err(setup)?,
-            namespace: namespace.to_owned(),
         };
+        let mut proxies = Vec::new();
+        let mut targets = Vec::new();
+        for replica in 0..self.replicas {
+            let proxy = AnsweringProxy::start(self.env).await.map_err(setup)?;
+            proxy.faults().begin(plan_here.clone(), started);
+            targets.push(Target {
+                client: self.env.client_via(proxy.port()).map_err(setup)?,
+                kubeconfig: self.env.kubeconfig_via(proxy.port()).map_err(setup)?,
+                namespace: namespace.to_owned(),
+                replica,
+            });
+            proxies.push(proxy);
+        }
+        let state = Proxies(&proxies);
         let history =
             history::History::start(direct.clone(), namespace, &self.kinds, started).await;
         let output = Output::default();
-        let running = Running::start(&self.start, &target, &output).map_err(setup)?;
-        let controller = tokio::sync::Mutex::new(running);
-        // Kills and starts the controller again when it "crashes".
+        let mut running = Vec::new();
+        for target in &targets {
+            running
+                .push(Running::start(&self.start, target, &output, self.replicas).map_err(setup)?);
+        }
+        let controllers = tokio::sync::Mutex::new(running);
+        // Kills and starts again a replica that "crashed".
         let supervise = async {
-            let mut crashed = state.crashed();
             loop {
-                if crashed.wait_for(|c| *c).await.is_err() {
-                    return std::future::pending().await;
-                }
-                let mut running = controller.lock().await;
-                running.kill(&output).await;
+                let replica = state.next_crash().await;
+                let mut running = controllers.lock().await;
+                running[replica].kill(&output).await;
                 output.push(format!(
-                    "{} --- killed (the crash fault); started again ---",
+                    "{} --- replica {replica} killed (the crash fault); started again ---",
                     at(started.elapsed())
                 ));
-                match Running::start(&self.start, &target, &output) {
-                    Ok(again) => *running = again,
+                match Running::start(&self.start, &targets[replica], &output, self.replicas) {
+                    Ok(again) => running[replica] = again,
                     Err(e) => output.push(format!("--- could not start it again: {e} ---")),
                 }
                 state.resume();
@@ -578,7 +609,7 @@ impl<'e> FaultRun<'e> {
                 self.name,
                 at(started.elapsed()).trim()
             );
-            self.settle(direct, namespace, state, &history, &output)
+            self.settle(direct, namespace, &state, &history, &output)
                 .await
         };
         let result = tokio::select! {
@@ -586,7 +617,9 @@ impl<'e> FaultRun<'e> {
             () = supervise => unreachable!("the supervisor never returns"),
         };
         let writes = state.writes_forwarded();
-        controller.lock().await.kill(&output).await;
+        for replica in controllers.lock().await.iter_mut() {
+            replica.kill(&output).await;
+        }
         let Err((why, checks)) = result else {
             return Ok(writes);
         };
@@ -598,6 +631,9 @@ impl<'e> FaultRun<'e> {
             "  seed: {seed} (replay: FaultRun::seed({seed}), or KINFORMER_FAULT_SEED={seed})"
         );
         let _ = writeln!(text, "  namespace: {namespace}");
+        if self.replicas > 1 {
+            let _ = writeln!(text, "  replicas: {}", self.replicas);
+        }
         let _ = writeln!(text, "  faults:");
         for s in &schedule {
             let _ = writeln!(text, "    - {s}");
@@ -639,7 +675,7 @@ impl<'e> FaultRun<'e> {
         &self,
         direct: &Client,
         namespace: &str,
-        state: &crate::answering_proxy::faults::Faults,
+        state: &Proxies<'_>,
         history: &history::History,
         output: &Output,
     ) -> Result<(), (String, Vec<String>)> {
@@ -661,7 +697,7 @@ impl<'e> FaultRun<'e> {
                 };
             let met = verdicts.iter().all(Result::is_ok);
             let quiet = state.last_write().is_none_or(|t| t.elapsed() >= self.quiet);
-            if met && quiet && !*state.crashed().borrow() {
+            if met && quiet && !state.any_crashed() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -825,14 +861,79 @@ impl Output {
             .collect()
     }
 
-    fn follow(&self, pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static) {
+    fn follow(&self, pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static, prefix: String) {
         let output = self.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(pipe).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                output.push(line);
+                output.push(format!("{prefix}{line}"));
             }
         });
+    }
+}
+
+/// The fault proxies of a run's replicas, seen as one.
+struct Proxies<'a>(&'a [AnsweringProxy]);
+
+impl Proxies<'_> {
+    fn writes_forwarded(&self) -> u64 {
+        self.0.iter().map(|p| p.faults().writes_forwarded()).sum()
+    }
+
+    fn last_write(&self) -> Option<Instant> {
+        self.0.iter().filter_map(|p| p.faults().last_write()).max()
+    }
+
+    fn any_crashed(&self) -> bool {
+        self.0.iter().any(|p| *p.faults().crashed().borrow())
+    }
+
+    fn set_blind(&self, blind: bool) {
+        for p in self.0 {
+            p.faults().set_blind(blind);
+        }
+    }
+
+    /// After a crashed replica was started again: no more crashes, in any.
+    fn resume(&self) {
+        for p in self.0 {
+            p.faults().resume();
+        }
+    }
+
+    /// The next replica to crash.
+    async fn next_crash(&self) -> usize {
+        let waits = self.0.iter().enumerate().map(|(i, p)| {
+            Box::pin(async move {
+                let mut crashed = p.faults().crashed();
+                if crashed.wait_for(|c| *c).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                i
+            })
+        });
+        futures::future::select_all(waits).await.0
+    }
+
+    /// Every replica's requests, in time order, each marked with its
+    /// replica when there are several.
+    fn log(&self) -> Vec<Logged> {
+        let several = self.0.len() > 1;
+        let mut log: Vec<Logged> = self
+            .0
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                p.faults().log().into_iter().map(move |mut l| {
+                    if several {
+                        l.method = format!("[replica {i}] {}", l.method);
+                    }
+                    l
+                })
+            })
+            .collect();
+        log.sort_by_key(|l| l.at);
+        log
     }
 }
 
@@ -843,7 +944,17 @@ enum Running {
 }
 
 impl Running {
-    fn start(start: &Start, target: &Target, output: &Output) -> Result<Self, EnvtestError> {
+    fn start(
+        start: &Start,
+        target: &Target,
+        output: &Output,
+        replicas: usize,
+    ) -> Result<Self, EnvtestError> {
+        let prefix = if replicas > 1 {
+            format!("[replica {}] ", target.replica)
+        } else {
+            String::new()
+        };
         match start {
             Start::Process(command) => {
                 let mut command = command(target);
@@ -861,10 +972,10 @@ impl Running {
                     )
                 })?;
                 if let Some(out) = child.stdout.take() {
-                    output.follow(out);
+                    output.follow(out, prefix.clone());
                 }
                 if let Some(err) = child.stderr.take() {
-                    output.follow(err);
+                    output.follow(err, prefix);
                 }
                 Ok(Self::Process(child))
             }

@@ -144,10 +144,10 @@ async fn the_crash_sweep_catches_a_mark_written_before_the_child_and_passes_the_
         "✗ every parent has its child: no child for a",
         "✓ no duplicate children",
         "seed: 7",
-        "crash: the controller killed once the answer to its write 1 (of 4 in the clean run)",
+        "crash: the controller killed once the answer to write 1 (of 4 in the clean run)",
         "then the controller crashed (fault)",
         "PATCH /api/v1/namespaces/",
-        "--- killed (the crash fault); started again ---",
+        "killed (the crash fault); started again ---",
     ] {
         assert!(
             report.contains(wanted),

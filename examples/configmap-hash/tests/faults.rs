@@ -144,3 +144,27 @@ async fn configmap_hash_survives_stale_reads_missed_states_410s_and_write_errors
         run(env).fault(fault).run().await.unwrap();
     }
 }
+
+/// Two replicas electing a leader on a Lease of the run's namespace
+/// (client-go's timing: a 15 s lease): the leader killed after each of its
+/// writes, the standby taking over in the middle of the reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configmap_hash_survives_a_leader_hand_over_after_each_write() {
+    let env = TestEnv::shared().await.unwrap();
+    let passed = FaultRun::process(env, "cmhash-ha", |target| {
+        let mut command = tokio::process::Command::new(BIN);
+        command.env("LEADER_ELECTION_NAMESPACE", &target.namespace);
+        command
+    })
+    .replicas(2)
+    .record::<ConfigMap>()
+    .record::<Deployment>()
+    .scenario(scenario)
+    .expect(stamped())
+    .crash_after_each_write()
+    .settle_within(Duration::from_secs(60))
+    .run()
+    .await
+    .unwrap();
+    assert!(passed.writes >= 3, "{passed:?}");
+}

@@ -217,7 +217,7 @@ impl Faults {
 
     /// Starts a run: this plan, counters and log from zero, not crashed,
     /// watches not blind.
-    pub fn begin(&self, plan: Plan) {
+    pub fn begin(&self, plan: Plan, start: Instant) {
         let mut inner = self.inner();
         *inner = Inner {
             plan,
@@ -225,7 +225,7 @@ impl Faults {
             writes_forwarded: 0,
             watches: 0,
             log: Some(Vec::new()),
-            log_start: Instant::now(),
+            log_start: start,
             crash_entry: None,
             last_write: None,
         };
