@@ -426,7 +426,7 @@ async fn pod_stdout_works_as_a_service_account_bound_to_exactly_what_it_prints_a
                 log.join("\n")
             );
         } else {
-            assert!(line.contains(&ns), "{line}");
+            assert!(line.contains(ns.as_str()), "{line}");
         }
     }
 }

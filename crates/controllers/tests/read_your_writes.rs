@@ -24,7 +24,7 @@ mod common;
 /// Manager whose every request goes through it.
 struct Lagging {
     admin: Client,
-    ns: String,
+    ns: kinformer_envtest::TestNamespace,
     proxy: Arc<AnsweringProxy>,
     manager: Manager,
 }

@@ -23,6 +23,7 @@ use kinformer_controllers::{
     Action, Controller, ControllerError, ControllerOptions, Event, Lookup, Metrics, ObjectKey,
     Ring, RingConfig,
 };
+use kinformer_envtest::TestNamespace;
 use kinformer_envtest::{TestEnv, TestEnvOptions};
 use kinformer_informer::{ApiListerWatcher, InformerOptions, SharedIndexInformer};
 use kube_client::Client;
@@ -336,7 +337,7 @@ async fn config_maps(
     env: &TestEnv,
     prefix: &str,
     count: usize,
-) -> (Api<ConfigMap>, BTreeMap<String, u32>) {
+) -> (Api<ConfigMap>, BTreeMap<String, u32>, TestNamespace) {
     let client: Client = env.client().unwrap();
     let ns = env.create_namespace(prefix).await.unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client, &ns);
@@ -352,7 +353,7 @@ async fn config_maps(
         .await;
     let slots = server_slots(&api).await;
     assert_eq!(slots.len(), count);
-    (api, slots)
+    (api, slots, ns)
 }
 
 /// Waits (up to 30 s) until every key of `slots` has been reconciled at
@@ -383,7 +384,7 @@ async fn reconciled_at(log: &Log, slots: &BTreeMap<String, u32>, v: &str) -> Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_whole_caches_each_replica_reconciles_only_the_keys_of_its_slots() {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "whole", 200).await;
+    let (api, slots, _ns) = config_maps(env, "whole", 200).await;
     let ns = api.namespace().unwrap().to_owned();
     let log: Log = Arc::default();
     // Unscoped informers: both replicas cache and get events for every key.
@@ -424,7 +425,7 @@ async fn with_whole_caches_each_replica_reconciles_only_the_keys_of_its_slots() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_key_is_reconciled_by_two_replicas_at_once_as_replicas_come_go_and_die() {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "sharded", OBJECTS).await;
+    let (api, slots, _ns) = config_maps(env, "sharded", OBJECTS).await;
     let ns = api.namespace().unwrap().to_owned();
 
     // Continuous updates, a few dozen a second, across all objects.
@@ -539,7 +540,7 @@ async fn a_reconcile_whose_slot_lease_is_lost_is_aborted() {
     use k8s_openapi::api::coordination::v1::Lease;
 
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "lost", 1).await;
+    let (api, slots, _ns) = config_maps(env, "lost", 1).await;
     let ns = api.namespace().unwrap().to_owned();
     let log: Log = Arc::default();
     let mut a = Replica::start(env, &ns, "a", &log, true);
@@ -601,7 +602,7 @@ fn queue_adds(replica: &Replica) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_deleted_while_its_key_is_reconciled_has_its_deletion_reconciled() {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "deleted", 1).await;
+    let (api, slots, _ns) = config_maps(env, "deleted", 1).await;
     let ns = api.namespace().unwrap().to_owned();
     let key = format!("{ns}/{}", name(0));
     let log: Log = Arc::default();
@@ -644,7 +645,7 @@ fn queue_depth(replica: &Replica) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_the_event_filter_turned_down_are_not_reconciled_when_their_slot_is_taken() {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "filtered", 100).await;
+    let (api, slots, _ns) = config_maps(env, "filtered", 100).await;
     let ns = api.namespace().unwrap().to_owned();
     // Every other key of each slot is at "skip" before the replica starts:
     // the filter turns its add down. Each slot keeps a key that passes, so
@@ -709,7 +710,7 @@ async fn keys_the_event_filter_turned_down_are_not_reconciled_when_their_slot_is
 async fn an_update_the_filter_passed_whose_reconcile_died_with_its_replica_is_reconciled_by_the_next_holder()
  {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "passed", 100).await;
+    let (api, slots, _ns) = config_maps(env, "passed", 100).await;
     let ns = api.namespace().unwrap().to_owned();
     let log: Log = Arc::default();
     // Updates pass; adds of objects at "hold" are turned down, so only the
@@ -757,7 +758,7 @@ async fn an_update_the_filter_passed_whose_reconcile_died_with_its_replica_is_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_whole_caches_the_keys_of_a_dead_replicas_slots_are_reconciled_without_a_write() {
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "takeover", 100).await;
+    let (api, slots, _ns) = config_maps(env, "takeover", 100).await;
     let ns = api.namespace().unwrap().to_owned();
     let log: Log = Arc::default();
     let mut a = Replica::start(env, &ns, "a", &log, false);
@@ -792,7 +793,7 @@ async fn a_controller_built_sharded_from_a_factory_caches_only_its_slots() {
     use kinformer_informer::SharedInformerFactory;
 
     let env = sharded_env().await;
-    let (api, slots) = config_maps(env, "builder", 60).await;
+    let (api, slots, _ns) = config_maps(env, "builder", 60).await;
     let ns = api.namespace().unwrap().to_owned();
     let shutdown = CancellationToken::new();
     let mut replicas = Vec::new();

@@ -18,7 +18,7 @@ use tokio::sync::OnceCell;
 
 use crate::certs::Pki;
 use crate::process::Process;
-use crate::{Binaries, EnvtestError, etcd};
+use crate::{Binaries, EnvtestError, TestNamespace, etcd};
 
 /// How a [`TestEnv`] is started. Defaults: build the binaries if missing,
 /// 90 s to become ready, no extra kube-apiserver flags.
@@ -149,6 +149,9 @@ pub struct TestEnv {
     api_port: u16,
     etcd_port: u16,
     ready_timeout: Duration,
+    /// Deletes the namespaces of [`create_namespace`](Self::create_namespace)
+    /// as their tests drop them; started with the first.
+    namespace_deleter: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     dir: tempfile::TempDir,
 }
 
@@ -378,6 +381,7 @@ impl TestEnv {
             api_port,
             etcd_port,
             ready_timeout: options.ready_timeout,
+            namespace_deleter: Mutex::new(None),
             dir,
         };
         env.start_apiserver().await?;
@@ -763,11 +767,12 @@ impl TestEnv {
         )
     }
 
-    /// Creates a namespace named `<prefix>-<unique suffix>` and returns its
-    /// name. Deleted, it is emptied and removed by the namespace controller
-    /// (unless the control plane runs without it: then it stays
-    /// Terminating).
-    pub async fn create_namespace(&self, prefix: &str) -> Result<String, EnvtestError> {
+    /// Creates a namespace named `<prefix>-<unique suffix>`, for one test:
+    /// the [`TestNamespace`] is its name, and deletes it when dropped (at
+    /// the end of the test that holds it). Deleted, it is emptied and
+    /// removed by the namespace controller (unless the control plane runs
+    /// without it: then it stays Terminating).
+    pub async fn create_namespace(&self, prefix: &str) -> Result<TestNamespace, EnvtestError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let nanos = std::time::SystemTime::now()
@@ -787,7 +792,13 @@ impl TestEnv {
             .create(&PostParams::default(), &ns)
             .await
             .map_err(|e| EnvtestError::failed(format!("creating namespace {name}"), e))?;
-        Ok(name)
+        let deleter = self
+            .namespace_deleter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| crate::namespace::deleter(self.config.clone()))
+            .clone();
+        Ok(TestNamespace::new(name, deleter))
     }
 
     /// Stops the processes and removes the directory.

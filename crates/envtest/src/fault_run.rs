@@ -84,7 +84,7 @@ use std::time::{Duration, Instant};
 
 use kube_client::Client;
 use kube_client::Resource;
-use kube_client::api::{Api, DeleteParams, ListParams};
+use kube_client::api::{Api, ListParams};
 use kube_client::core::{ApiResource, DynamicObject};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
@@ -503,16 +503,10 @@ impl<'e> FaultRun<'e> {
         crash: Option<(u64, u64)>,
     ) -> Result<u64, FaultRunFailure> {
         let setup = |e| FaultRunFailure::setup(&self.name, e);
+        // Deleted when dropped, at the end of the run.
         let namespace = self.env.create_namespace(&self.name).await.map_err(setup)?;
         let direct = self.env.client().map_err(setup)?;
         let result = self.run_in(&namespace, &direct, plan, faults, crash).await;
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(direct);
-        if let Err(e) = namespaces
-            .delete(&namespace, &DeleteParams::default())
-            .await
-        {
-            tracing::warn!(%namespace, error = %e, "the fault run could not delete its namespace");
-        }
         result
     }
 

@@ -37,6 +37,7 @@ mod env;
 mod error;
 mod etcd;
 pub mod fault_run;
+mod namespace;
 mod process;
 mod proxy;
 pub mod rbac;
@@ -47,6 +48,7 @@ pub use binaries::{Binaries, ETCD_VERSION, KUBERNETES_VERSION};
 pub use env::{TestEnv, TestEnvOptions};
 pub use error::EnvtestError;
 pub use fault_run::{Check, Fault, FaultRun, FaultRunFailure, Passed, Snapshot, Target};
+pub use namespace::TestNamespace;
 pub use proxy::Proxy;
 
 /// The README's code, compiled (and run, unless marked `no_run`) as doctests.

@@ -21,7 +21,7 @@ fn config_map(name: &str, value: &str) -> ConfigMap {
     }
 }
 
-async fn shared_ns(prefix: &str) -> (kube_client::Client, String) {
+async fn shared_ns(prefix: &str) -> (kube_client::Client, kinformer_envtest::TestNamespace) {
     let env = TestEnv::shared().await.expect("control plane starts");
     let ns = env.create_namespace(prefix).await.unwrap();
     (env.client().unwrap(), ns)

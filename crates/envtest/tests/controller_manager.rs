@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kinformer_envtest::{TestEnv, TestEnvOptions};
+use kinformer_envtest::{TestEnv, TestEnvOptions, TestNamespace};
 use kube_client::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
@@ -52,7 +52,7 @@ fn owned_by(kind: &str, api_version: &str, name: &str, uid: &str) -> OwnerRefere
 
 /// A parent ConfigMap and a child it owns (the child holding a finalizer
 /// if `held`), in a namespace of their own.
-async fn parent_and_child(held: bool) -> (Api<ConfigMap>, ConfigMap) {
+async fn parent_and_child(held: bool) -> (Api<ConfigMap>, ConfigMap, TestNamespace) {
     let env = TestEnv::shared().await.unwrap();
     assert!(env.has_controller_manager());
     let ns = env.create_namespace("gc").await.unwrap();
@@ -69,12 +69,12 @@ async fn parent_and_child(held: bool) -> (Api<ConfigMap>, ConfigMap) {
     )
     .await
     .unwrap();
-    (api, parent)
+    (api, parent, ns)
 }
 
 #[tokio::test]
 async fn a_child_is_collected_after_its_owner_is_deleted_in_the_background() {
-    let (api, _) = parent_and_child(false).await;
+    let (api, _, _ns) = parent_and_child(false).await;
     api.delete("parent", &DeleteParams::background())
         .await
         .unwrap();
@@ -86,7 +86,7 @@ async fn a_child_is_collected_after_its_owner_is_deleted_in_the_background() {
 
 #[tokio::test]
 async fn a_foreground_deletion_waits_for_the_child_that_blocks_it() {
-    let (api, _) = parent_and_child(true).await;
+    let (api, _, _ns) = parent_and_child(true).await;
     api.delete("parent", &DeleteParams::foreground())
         .await
         .unwrap();
@@ -118,7 +118,7 @@ async fn a_foreground_deletion_waits_for_the_child_that_blocks_it() {
 
 #[tokio::test]
 async fn an_orphaning_deletion_leaves_the_child_without_its_owner_reference() {
-    let (api, _) = parent_and_child(false).await;
+    let (api, _, _ns) = parent_and_child(false).await;
     api.delete("parent", &DeleteParams::orphan()).await.unwrap();
     eventually("the parent gone", MINUTE, async || {
         api.get_opt("parent").await.unwrap().is_none()
@@ -208,6 +208,31 @@ async fn a_deleted_namespace_is_emptied_and_removed() {
         namespaces.get_opt(&ns).await.unwrap().is_none()
     })
     .await;
+}
+
+/// A test's namespace goes when the test drops it, content and all; one
+/// kept does not.
+#[tokio::test]
+async fn a_dropped_test_namespace_is_deleted_and_a_kept_one_is_not() {
+    let env = TestEnv::shared().await.unwrap();
+    let client = env.client().unwrap();
+    let (dropped, kept) = (
+        env.create_namespace("dropped").await.unwrap(),
+        env.create_namespace("kept").await.unwrap(),
+    );
+    Api::<ConfigMap>::namespaced(client.clone(), &dropped)
+        .create(&PostParams::default(), &config_map("content", None, false))
+        .await
+        .unwrap();
+    let (dropped_name, kept) = (dropped.to_string(), kept.keep());
+    drop(dropped);
+    let namespaces: Api<Namespace> = Api::all(client);
+    eventually("the dropped namespace removed", MINUTE, async || {
+        namespaces.get_opt(&dropped_name).await.unwrap().is_none()
+    })
+    .await;
+    let kept = namespaces.get(&kept).await.unwrap();
+    assert!(kept.metadata.deletion_timestamp.is_none());
 }
 
 /// The Lease that says it runs is there on the shared control plane.

@@ -55,7 +55,7 @@ pub struct GizmoSpec {
     size: i32,
 }
 
-async fn setup(prefix: &str) -> (&'static TestEnv, Client, String) {
+async fn setup(prefix: &str) -> (&'static TestEnv, Client, kinformer_envtest::TestNamespace) {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace(prefix).await.unwrap();
     (env, env.client().unwrap(), ns)

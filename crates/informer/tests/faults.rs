@@ -415,7 +415,7 @@ async fn undecodable_added(format: WireFormat) {
 /// An informer through an `AnsweringProxy` that has synced five Pods and
 /// `victim`, whose later events the test garbles.
 struct Garbled {
-    ns: String,
+    ns: kinformer_envtest::TestNamespace,
     api: Api<Pod>,
     proxy: AnsweringProxy,
     informer: SharedIndexInformer<Pod>,

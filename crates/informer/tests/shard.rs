@@ -129,7 +129,7 @@ async fn the_servers_shard_hash_is_the_clients_over_thousands_of_objects() {
     let env = sharded_env().await;
     let client = env.client().unwrap();
     // 3 000 ConfigMaps in 30 namespaces: uids and namespaces to hash.
-    let namespaces: Vec<String> = stream::iter(0..30)
+    let namespaces: Vec<kinformer_envtest::TestNamespace> = stream::iter(0..30)
         .then(|_| env.create_namespace("hash"))
         .map(Result::unwrap)
         .collect()

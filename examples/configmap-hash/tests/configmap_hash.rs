@@ -134,5 +134,5 @@ async fn a_configmap_change_or_arrival_changes_the_hash_of_the_deployments_using
         .unwrap();
     let (_example, log) = as_printed(env, &ns, Some(("patch", "deployments"))).await;
     let refusal = log.wait_for_refusal("patch", "deployments").await.unwrap();
-    assert!(refusal.contains(&ns), "{refusal}");
+    assert!(refusal.contains(ns.as_str()), "{refusal}");
 }

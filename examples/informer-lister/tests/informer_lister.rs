@@ -98,5 +98,5 @@ async fn without_watch_on_configmaps_it_logs_the_refusal_naming_it() {
     let ns = env.create_namespace("lister-denied").await.unwrap();
     let (_child, log) = as_printed(env, &ns, Some(("watch", "configmaps"))).await;
     let refusal = log.wait_for_refusal("watch", "configmaps").await.unwrap();
-    assert!(refusal.contains(&ns), "{refusal}");
+    assert!(refusal.contains(ns.as_str()), "{refusal}");
 }

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kinformer_envtest::TestEnv;
+use kinformer_envtest::{TestEnv, TestNamespace};
 use kube_client::Client;
 
 /// The shared test environment's client and a fresh namespace named after `prefix`.
-pub async fn setup(prefix: &str) -> (Client, String) {
+pub async fn setup(prefix: &str) -> (Client, TestNamespace) {
     let env = TestEnv::shared().await.unwrap();
     let ns = env.create_namespace(prefix).await.unwrap();
     (env.client().unwrap(), ns)
