@@ -4,7 +4,7 @@
 //!
 //! Clients connect to it with the envtest CA (it presents the API server's
 //! serving certificate); it reaches the API server as the envtest admin.
-//! Forwarding is byte for byte once a connection is established; the error
+//! What it forwards, it forwards unchanged (unless told to rewrite); the error
 //! mode applies to every connection opened while it is on, and turning it on
 //! closes the open ones, so that clients reconnect into it.
 //!
@@ -13,8 +13,10 @@
 //! so a client's watch lags its own writes as on a busy server.
 //!
 //! For [fault runs](crate::FaultRun) it reads each request (HTTP/1.1, one at
-//! a time per connection, bodies framed by `Content-Length`; a chunked body
-//! or an upgrade turns the rest of that connection into plain forwarding)
+//! a time per connection as the Kubernetes clients send them, never
+//! pipelined; bodies framed by `Content-Length`; a chunked body, an upgrade
+//! or an `Expect` header turns the rest of that connection into plain
+//! forwarding, which faults do not reach)
 //! and decides its fate ([`faults`]): forwarded, answered with an error it
 //! never passes on (409, 5xx), a watch answered 410 Gone, a watch held while
 //! the watches are blind, or, once the controller has "crashed", the
@@ -242,8 +244,9 @@ async fn accept_loop(
 struct Conn {
     /// The request last forwarded is a watch.
     watching: AtomicBool,
-    /// The log entry of the request whose answer has not begun yet.
-    awaiting: Mutex<Option<usize>>,
+    /// The request whose answer has not begun yet: its log entry, and
+    /// whether the controller crashes once it arrives.
+    awaiting: Mutex<Option<(Option<usize>, bool)>>,
     /// How long the fault plan holds back the answer to the request last
     /// forwarded, in milliseconds.
     delay_ms: AtomicU64,
@@ -366,13 +369,20 @@ where
             }
         }
         let request: Vec<u8> = buf.drain(..total).collect();
+        // Noted before the decision, so that watches made blind while it
+        // is being decided still close this one.
+        conn.watching
+            .store(faults::is_watch(&head.target), Ordering::SeqCst);
         match state.faults.decide(&head).await {
-            Decision::Forward { entry, delay } => {
-                conn.watching
-                    .store(faults::is_watch(&head.target), Ordering::SeqCst);
+            Decision::Forward {
+                entry,
+                delay,
+                crash_point,
+            } => {
                 let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
                 conn.delay_ms.store(ms, Ordering::SeqCst);
-                *conn.awaiting.lock().unwrap_or_else(|e| e.into_inner()) = entry;
+                *conn.awaiting.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((entry, crash_point));
                 if to.write_all(&request).await.is_err() || to.flush().await.is_err() {
                     return;
                 }
@@ -419,10 +429,9 @@ where
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(entry) = entry {
-            state
-                .faults
-                .responded(entry, faults::response_status(&buf[..n]));
+        if let Some((entry, crash_point)) = entry {
+            let status = faults::response_status(&buf[..n]);
+            state.faults.responded(entry, status, crash_point);
         }
         let delay = match state.watch_delay_ms.load(Ordering::SeqCst) {
             ms if ms > 0 && conn.watching.load(Ordering::SeqCst) => ms,

@@ -8,22 +8,35 @@
 //! recovering. A [`FaultRun`] starts your controller (a process of your
 //! binary, or a task of your test) with a client that goes through an
 //! [`AnsweringProxy`] of the run's own, runs your scenario (the writes a
-//! user would make) with the test's direct client, and then waits for the
+//! user would make) with the test's direct client once the controller has
+//! asked for every recorded kind (or after 10 s), and then waits for the
 //! end state: your [`Check`]s over what the API server holds in the run's
-//! namespace ([`Snapshot`]), met with the controller quiet (no write of its
-//! own for [`FaultRun::quiet_for`]). The [`Fault`]s, alone or combined:
+//! namespace ([`Snapshot`]), met with the controller quiet (no write tried
+//! for [`FaultRun::quiet_for`] since its last write, the scenario's end and
+//! its last restart). The [`Fault`]s, alone or combined:
 //!
 //! - [`Fault::stale_reads`]: the answers to the controller's watches (of
 //!   every resource, or of some) held back, so its cache lags its writes;
-//! - [`Fault::missed_states`]: its watches go blind for the scenario, then
-//!   are answered 410 Gone, so it relists and sees only the last state;
+//! - [`Fault::missed_states`]: its watches go blind for the scenario (the
+//!   open ones are closed, new ones held), then are answered 410 Gone, as
+//!   is any later watch from a resourceVersion before the scenario's end,
+//!   so it relists and sees only the last state;
 //! - [`Fault::gone`]: watch requests answered 410 Gone, forcing relists;
-//! - [`Fault::conflicts`], [`Fault::server_errors`]: writes answered 409 or
-//!   500 without reaching the server;
+//! - [`Fault::conflicts`]: updates and patches (PUT, PATCH) answered 409
+//!   Conflict without reaching the server (to a create, a real server's
+//!   409 means AlreadyExists, which would be a lie here);
+//!   [`Fault::server_errors`]: any write answered 500;
 //! - [`FaultRun::crash_after_each_write`]: one clean run counts the
 //!   controller's writes; then, for each N up to that count, a run in
 //!   which the controller is killed once the answer to its Nth write
-//!   arrives (nothing more of it is forwarded) and started again.
+//!   arrives and started again. From the moment write N is forwarded, no
+//!   other write of it is (one on another connection is closed
+//!   unanswered), and nothing at all once the answer is in. Faults can
+//!   change how many writes a run makes: a crash point not reached is
+//!   said on the test's output and [`Passed::crashes`] counts the crashes
+//!   that happened;
+//! - [`FaultRun::replicas`]: several replicas, each its own proxy; with the
+//!   crash sweep, the one that made write N (the leader) is killed.
 //!
 //! The writes counted (and so the ones write errors and crashes hit) are
 //! the controller's POST, PUT, PATCH and DELETE requests into the run's
@@ -32,18 +45,29 @@
 //!
 //! Which requests get a fault is drawn from the run's seed
 //! ([`FaultRun::seed`], else `KINFORMER_FAULT_SEED`, else a fresh one),
-//! keyed by each request's number among its kind: a seed replays the same
-//! choices for the same requests (timing between your controller's own
-//! tasks can still differ). A run that fails returns a [`FaultRunFailure`]
+//! keyed by each request's number among its kind (the 3rd write, the 2nd
+//! watch of ConfigMaps) and by replica: a seed replays the same choices for
+//! the same requests (timing between your controller's own tasks can still
+//! differ). [`Passed::faults_hit`] says how many requests the faults hit:
+//! a test should check it is not 0. A run that fails returns a [`FaultRunFailure`]
 //! whose text is the whole report: seed, faults, which requests they hit,
 //! every request of the controller and what became of it, the recorded
 //! objects' history, the checks that failed, and the controller's last
 //! output lines.
 //!
 //! Each run has its own namespace (`<name>-…`), deleted when it ends: the
-//! control plane's namespace controller empties and removes it. A process
+//! control plane's namespace controller empties and removes it. Runs in one
+//! process take turns, even from tests running in parallel: a controller
+//! that watches every namespace would otherwise act on another run's
+//! objects beside its own. A process
 //! is killed with SIGKILL; a task is aborted (its `Drop`s run, which a
-//! crashed process's do not: a process is the faithful crash).
+//! crashed process's do not, and tasks it spawned without tying them to
+//! its own keep running: a process is the faithful crash).
+//!
+//! What the proxy cannot frame it forwards as it comes, untouched by the
+//! faults: a request with a chunked body, an upgrade (exec, port-forward)
+//! or an `Expect` header, and anything after it on that connection. The
+//! Kubernetes clients send none of these for reads and writes of objects.
 //!
 //! ```no_run
 //! # async fn demo(env: &kinformer_envtest::TestEnv) {
@@ -468,10 +492,12 @@ impl<'e> FaultRun<'e> {
         let seed = self.seed_to_use().map_err(setup)?;
         let plan = self.plan(seed).map_err(setup)?;
         if !self.crash_sweep {
-            let writes = self.run_once(plan, &self.faults, None).await?;
+            let once = self.run_once(plan, &self.faults, None).await?;
             return Ok(Passed {
                 runs: 1,
-                writes,
+                writes: once.writes,
+                crashes: 0,
+                faults_hit: once.hits,
                 seed,
             });
         }
@@ -479,35 +505,48 @@ impl<'e> FaultRun<'e> {
             seed,
             ..Plan::default()
         };
-        let writes = self.run_once(clean, &[], None).await?;
+        let writes = self.run_once(clean, &[], None).await?.writes;
+        let mut passed = Passed {
+            runs: 1,
+            writes,
+            crashes: 0,
+            faults_hit: 0,
+            seed,
+        };
         for n in 1..=writes {
             let plan = Plan {
                 crash_after_write: Some(n),
                 ..plan.clone()
             };
-            self.run_once(plan, &self.faults, Some((n, writes))).await?;
+            let once = self.run_once(plan, &self.faults, Some((n, writes))).await?;
+            passed.runs += 1;
+            passed.crashes += once.crashes;
+            passed.faults_hit += once.hits;
+            if once.crashes == 0 {
+                eprintln!(
+                    "fault run {:?}: crash point {n} not reached (this run made {} writes, the clean run {writes}); counted in Passed::crashes",
+                    self.name, once.writes
+                );
+            }
         }
-        Ok(Passed {
-            runs: 1 + usize::try_from(writes).unwrap_or(usize::MAX),
-            writes,
-            seed,
-        })
+        Ok(passed)
     }
 
-    /// One run in a namespace of its own, deleted at the end; returns the
-    /// controller's counted writes.
+    /// One run in a namespace of its own, deleted at the end.
     async fn run_once(
         &self,
         plan: Plan,
         faults: &[Fault],
         crash: Option<(u64, u64)>,
-    ) -> Result<u64, FaultRunFailure> {
+    ) -> Result<Once, FaultRunFailure> {
         let setup = |e| FaultRunFailure::setup(&self.name, e);
+        // One run at a time in a process: a controller that watches every
+        // namespace would act on another run's objects beside its own.
+        let _one_at_a_time = ONE_AT_A_TIME.lock().await;
         // Deleted when dropped, at the end of the run.
         let namespace = self.env.create_namespace(&self.name).await.map_err(setup)?;
         let direct = self.env.client().map_err(setup)?;
-        let result = self.run_in(&namespace, &direct, plan, faults, crash).await;
-        result
+        self.run_in(&namespace, &direct, plan, faults, crash).await
     }
 
     async fn run_in(
@@ -517,7 +556,7 @@ impl<'e> FaultRun<'e> {
         plan: Plan,
         faults: &[Fault],
         crash: Option<(u64, u64)>,
-    ) -> Result<u64, FaultRunFailure> {
+    ) -> Result<Once, FaultRunFailure> {
         let setup = |e| FaultRunFailure::setup(&self.name, e);
         let started = Instant::now();
         let mut schedule: Vec<String> = faults.iter().map(ToString::to_string).collect();
@@ -544,13 +583,25 @@ impl<'e> FaultRun<'e> {
         );
         let plan_here = Plan {
             namespace: Some(namespace.to_owned()),
+            crash_counter: Arc::default(),
             ..plan.clone()
         };
         let mut proxies = Vec::new();
         let mut targets = Vec::new();
         for replica in 0..self.replicas {
             let proxy = AnsweringProxy::start(self.env).await.map_err(setup)?;
-            proxy.faults().begin(plan_here.clone(), started);
+            // Each replica its own choices from the one seed.
+            let seed = match replica {
+                0 => plan.seed,
+                r => plan.seed ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            };
+            proxy.faults().begin(
+                Plan {
+                    seed,
+                    ..plan_here.clone()
+                },
+                started,
+            );
             targets.push(Target {
                 client: self.env.client_via(proxy.port()).map_err(setup)?,
                 kubeconfig: self.env.kubeconfig_via(proxy.port()).map_err(setup)?,
@@ -569,6 +620,9 @@ impl<'e> FaultRun<'e> {
                 .push(Running::start(&self.start, target, &output, self.replicas).map_err(setup)?);
         }
         let controllers = tokio::sync::Mutex::new(running);
+        // When the controller last started again, or the scenario ended:
+        // quiet is counted from the latest of these and the last write.
+        let restarted = Mutex::new(None::<Instant>);
         // Kills and starts again a replica that "crashed".
         let supervise = async {
             loop {
@@ -579,43 +633,71 @@ impl<'e> FaultRun<'e> {
                     "{} --- replica {replica} killed (the crash fault); started again ---",
                     at(started.elapsed())
                 ));
+                // Forwarding again before it starts, so that its first
+                // requests are not turned away.
+                state.resume();
                 match Running::start(&self.start, &targets[replica], &output, self.replicas) {
                     Ok(again) => running[replica] = again,
                     Err(e) => output.push(format!("--- could not start it again: {e} ---")),
                 }
-                state.resume();
+                *restarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             }
         };
         let body = async {
-            if missed_states {
-                state.set_blind(true);
-            }
-            if let Some(scenario) = &self.scenario
-                && let Err(e) = scenario(direct.clone(), namespace.to_owned()).await
+            // The scenario starts once the controller has asked for every
+            // kind it records (it is up), or after WATCHING_LIMIT.
+            let watching = Instant::now();
+            while !self.kinds.iter().all(|k| state.requested(&k.plural))
+                && watching.elapsed() < WATCHING_LIMIT
             {
-                return Err((format!("the scenario failed: {e}"), Vec::new()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             if missed_states {
-                state.set_blind(false);
+                state.blind();
             }
+            if let Some(scenario) = &self.scenario {
+                let ran = tokio::time::timeout(
+                    SCENARIO_LIMIT,
+                    scenario(direct.clone(), namespace.to_owned()),
+                )
+                .await;
+                let failed = match ran {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("the scenario failed: {e}")),
+                    Err(_) => Some(format!(
+                        "the scenario did not end within {SCENARIO_LIMIT:?} (with missed states the controller sees nothing until it ends: a scenario must not wait for the controller)"
+                    )),
+                };
+                if let Some(why) = failed {
+                    return Err((why, Vec::new()));
+                }
+            }
+            if missed_states {
+                state.see(current_version(direct).await);
+            }
+            *restarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             eprintln!(
                 "fault run {:?} in {namespace}: scenario done at {}, waiting for the end state",
                 self.name,
                 at(started.elapsed()).trim()
             );
-            self.settle(direct, namespace, &state, &history, &output)
+            self.settle(direct, namespace, &state, &history, &output, &restarted)
                 .await
         };
         let result = tokio::select! {
             r = body => r,
             () = supervise => unreachable!("the supervisor never returns"),
         };
-        let writes = state.writes_forwarded();
+        let once = Once {
+            writes: state.writes_forwarded(),
+            crashes: state.crashes(),
+            hits: state.hits(),
+        };
         for replica in controllers.lock().await.iter_mut() {
             replica.kill(&output).await;
         }
         let Err((why, checks)) = result else {
-            return Ok(writes);
+            return Ok(once);
         };
         let mut text = String::new();
         let _ = writeln!(text, "fault run {:?} failed: {why}", self.name);
@@ -672,6 +754,7 @@ impl<'e> FaultRun<'e> {
         state: &Proxies<'_>,
         history: &history::History,
         output: &Output,
+        restarted: &Mutex<Option<Instant>>,
     ) -> Result<(), (String, Vec<String>)> {
         let changed = history.changed();
         let deadline = Instant::now() + self.settle;
@@ -690,7 +773,10 @@ impl<'e> FaultRun<'e> {
                     Err(e) => vec![Err(format!("✗ reading the end state: {e}"))],
                 };
             let met = verdicts.iter().all(Result::is_ok);
-            let quiet = state.last_write().is_none_or(|t| t.elapsed() >= self.quiet);
+            let last = state
+                .last_write()
+                .max(*restarted.lock().unwrap_or_else(|e| e.into_inner()));
+            let quiet = last.is_none_or(|t| t.elapsed() >= self.quiet);
             if met && quiet && !state.any_crashed() {
                 return Ok(());
             }
@@ -728,8 +814,45 @@ pub struct Passed {
     pub runs: usize,
     /// The controller's writes in the (clean, for a sweep) run.
     pub writes: u64,
+    /// Crashes that happened: a crash run whose controller made fewer
+    /// writes than its crash point (faults can change how many it makes)
+    /// has none, and says so on the test's output.
+    pub crashes: u64,
+    /// Requests the faults hit, crashes included (0 says the faults did
+    /// nothing: a test should check it is not).
+    pub faults_hit: u64,
     /// The seed the faults were drawn from.
     pub seed: u64,
+}
+
+/// What one run did.
+struct Once {
+    writes: u64,
+    crashes: u64,
+    hits: u64,
+}
+
+/// How long the scenario waits for the controller to ask for the recorded
+/// kinds before it starts anyway.
+const WATCHING_LIMIT: Duration = Duration::from_secs(10);
+
+/// Held by the run under way; see [`FaultRun::run_once`].
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long a scenario may take.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
+
+/// The server's resourceVersion now (0 if it cannot be read: then every
+/// later watch from a version is taken as recent).
+async fn current_version(client: &Client) -> u64 {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let list = namespaces
+        .list_metadata(&ListParams::default().limit(1))
+        .await;
+    list.ok()
+        .and_then(|l| l.metadata.resource_version)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A fault run that failed, or could not be set up. Its `Display` (and its
@@ -878,13 +1001,32 @@ impl Proxies<'_> {
         self.0.iter().filter_map(|p| p.faults().last_write()).max()
     }
 
+    fn crashes(&self) -> u64 {
+        self.0.iter().map(|p| p.faults().crashes()).sum()
+    }
+
+    /// Whether some replica asked for `resource`.
+    fn requested(&self, resource: &str) -> bool {
+        self.0.iter().any(|p| p.faults().requested(resource))
+    }
+
+    fn hits(&self) -> u64 {
+        self.0.iter().map(|p| p.faults().hits()).sum()
+    }
+
     fn any_crashed(&self) -> bool {
         self.0.iter().any(|p| *p.faults().crashed().borrow())
     }
 
-    fn set_blind(&self, blind: bool) {
+    fn blind(&self) {
         for p in self.0 {
-            p.faults().set_blind(blind);
+            p.faults().blind();
+        }
+    }
+
+    fn see(&self, now: u64) {
+        for p in self.0 {
+            p.faults().see(now);
         }
     }
 

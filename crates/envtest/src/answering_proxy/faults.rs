@@ -9,7 +9,9 @@
 //! after a dependency upgrade, and `rand`'s seeded generators promise no
 //! value stability across its versions.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -66,7 +68,8 @@ pub(crate) fn parse_head(buf: &[u8]) -> Parsed {
             "transfer-encoding" if !value.eq_ignore_ascii_case("identity") => {
                 head.unframed = true;
             }
-            "upgrade" => head.unframed = true,
+            // An upgrade, or a body sent only after a 100 Continue.
+            "upgrade" | "expect" => head.unframed = true,
             _ => {}
         }
     }
@@ -125,11 +128,13 @@ pub(crate) fn is_counted_write(head: &Head) -> bool {
 
 /// What to do with a request.
 pub(crate) enum Decision {
-    /// Pass it on; its answer's status goes to log entry `entry`, and its
-    /// answer is held back `delay` (a watch under stale reads).
+    /// Pass it on; its answer's status goes to log entry `entry`, its
+    /// answer is held back `delay` (a watch under stale reads), and with
+    /// `crash_point` the controller crashes once that answer arrives.
     Forward {
         entry: Option<usize>,
         delay: Duration,
+        crash_point: bool,
     },
     /// Answer it with these bytes instead; it never reaches the server.
     Answer(Vec<u8>),
@@ -155,6 +160,9 @@ pub(crate) struct Plan {
     /// The controller "crashes" once the answer to its Nth forwarded
     /// counted write arrives: from then on its requests are not forwarded.
     pub crash_after_write: Option<u64>,
+    /// Forwarded counted writes, shared by the proxies of a run's replicas
+    /// (the Nth write is the Nth of them all).
+    pub crash_counter: Arc<AtomicU64>,
 }
 
 /// One request and what became of it, for a run's report.
@@ -170,11 +178,41 @@ struct Inner {
     plan: Plan,
     writes_seen: u64,
     writes_forwarded: u64,
-    watches: u64,
+    /// Watch requests so far, per resource.
+    watches: HashMap<String, u64>,
+    /// Resources requested so far.
+    requested: std::collections::HashSet<String>,
     log: Option<Vec<Logged>>,
     log_start: Instant,
-    crash_entry: Option<usize>,
+    /// Write N is forwarded and its answer not in yet: other writes are
+    /// not forwarded meanwhile (the process is as good as dead).
+    crash_pending: bool,
+    crashes: u64,
+    hits: u64,
+    /// The last counted write tried (forwarded or answered by a fault).
     last_write: Option<Instant>,
+    /// Watches from a resourceVersion before this are answered 410: the
+    /// blind window's states are never replayed.
+    stale_before: Option<u64>,
+}
+
+impl Inner {
+    fn new(plan: Plan, log: Option<Vec<Logged>>, log_start: Instant) -> Self {
+        Self {
+            plan,
+            writes_seen: 0,
+            writes_forwarded: 0,
+            watches: HashMap::new(),
+            requested: std::collections::HashSet::new(),
+            log,
+            log_start,
+            crash_pending: false,
+            crashes: 0,
+            hits: 0,
+            last_write: None,
+            stale_before: None,
+        }
+    }
 }
 
 /// The fault state of one proxy, shared by its connections.
@@ -190,16 +228,7 @@ pub(crate) struct Faults {
 impl Default for Faults {
     fn default() -> Self {
         Self {
-            inner: Mutex::new(Inner {
-                plan: Plan::default(),
-                writes_seen: 0,
-                writes_forwarded: 0,
-                watches: 0,
-                log: None,
-                log_start: Instant::now(),
-                crash_entry: None,
-                last_write: None,
-            }),
+            inner: Mutex::new(Inner::new(Plan::default(), None, Instant::now())),
             blind: watch::channel(false).0,
             watch_cut: watch::channel(0).0,
             crashed: watch::channel(false).0,
@@ -218,18 +247,7 @@ impl Faults {
     /// Starts a run: this plan, counters and log from zero, not crashed,
     /// watches not blind.
     pub fn begin(&self, plan: Plan, start: Instant) {
-        let mut inner = self.inner();
-        *inner = Inner {
-            plan,
-            writes_seen: 0,
-            writes_forwarded: 0,
-            watches: 0,
-            log: Some(Vec::new()),
-            log_start: start,
-            crash_entry: None,
-            last_write: None,
-        };
-        drop(inner);
+        *self.inner() = Inner::new(plan, Some(Vec::new()), start);
         self.blind.send_replace(false);
         self.crashed.send_replace(false);
     }
@@ -244,18 +262,41 @@ impl Faults {
         self.inner().writes_forwarded
     }
 
-    /// When the last counted write was forwarded, if one was.
+    /// When the last counted write was tried (forwarded or answered by a
+    /// fault), if one was.
     pub fn last_write(&self) -> Option<Instant> {
         self.inner().last_write
     }
 
-    /// Makes the watches blind (closing the open ones) or lets them see
-    /// again (answering the held ones 410, so that their clients relist).
-    pub fn set_blind(&self, blind: bool) {
-        self.blind.send_replace(blind);
-        if blind {
-            self.watch_cut.send_modify(|g| *g += 1);
-        }
+    /// Whether the controller asked for `resource` (a list, a watch, a
+    /// get) since the run began.
+    pub fn requested(&self, resource: &str) -> bool {
+        self.inner().requested.contains(resource)
+    }
+
+    /// Crashes that happened since the run began.
+    pub fn crashes(&self) -> u64 {
+        self.inner().crashes
+    }
+
+    /// Requests a fault hit since the run began.
+    pub fn hits(&self) -> u64 {
+        self.inner().hits
+    }
+
+    /// Makes the watches blind, closing the open ones.
+    pub fn blind(&self) {
+        self.blind.send_replace(true);
+        self.watch_cut.send_modify(|g| *g += 1);
+    }
+
+    /// Lets the watches see again: the held ones, and any later one from a
+    /// resourceVersion before `now` (the server's when the window ends),
+    /// are answered 410, so that their clients relist and see only the
+    /// last state.
+    pub fn see(&self, now: u64) {
+        self.inner().stale_before = Some(now);
+        self.blind.send_replace(false);
     }
 
     pub fn watch_cuts(&self) -> watch::Receiver<u64> {
@@ -267,10 +308,12 @@ impl Faults {
         self.crashed.subscribe()
     }
 
-    /// After the crashed controller was started again: forward its requests.
+    /// Once a crash was handled: no more crashes this run; requests are
+    /// forwarded again (call it before starting the controller again).
     pub fn resume(&self) {
         let mut inner = self.inner();
         inner.plan.crash_after_write = None;
+        inner.crash_pending = false;
         drop(inner);
         self.crashed.send_replace(false);
     }
@@ -294,71 +337,102 @@ impl Faults {
     /// blind waits here until they see again.
     pub async fn decide(&self, head: &Head) -> Decision {
         let mut blind = self.blind.subscribe();
-        let watch = is_watch(&head.target);
+        let forward = |entry| Decision::Forward {
+            entry,
+            delay: Duration::ZERO,
+            crash_point: false,
+        };
         {
             let mut inner = self.inner();
+            if let Some(resource) = resource_of(&head.target)
+                && !inner.requested.contains(resource)
+            {
+                inner.requested.insert(resource.to_owned());
+            }
             if *self.crashed.borrow() {
-                Self::record(
-                    &mut inner,
-                    head,
-                    "not forwarded: the controller crashed".into(),
-                );
+                let why = "not forwarded: the controller crashed";
+                Self::record(&mut inner, head, why.into());
                 return Decision::Close;
             }
-            if watch {
-                inner.watches += 1;
-                let n = inner.watches;
+            if is_watch(&head.target) {
+                let resource = resource_of(&head.target).unwrap_or_default().to_owned();
+                let n = {
+                    let n = inner.watches.entry(resource.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                let from = query_value(&head.target, "resourceVersion")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .filter(|v| *v > 0);
                 if *blind.borrow_and_update() {
-                    Self::record(&mut inner, head, "held: watches blind".into());
-                } else if chance(inner.plan.seed, GONE, n, inner.plan.gone) {
+                    inner.hits += 1;
+                    Self::record(&mut inner, head, "held: watches blind (fault)".into());
+                } else if let (Some(from), Some(before)) = (from, inner.stale_before)
+                    && from < before
+                {
+                    inner.hits += 1;
+                    let why = "answered 410 Gone: from before the blind window's end (fault)";
+                    Self::record(&mut inner, head, why.into());
+                    return Decision::Answer(status_response(410));
+                } else if chance(inner.plan.seed ^ fnv(&resource), GONE, n, inner.plan.gone) {
+                    inner.hits += 1;
                     Self::record(&mut inner, head, "answered 410 Gone (fault)".into());
                     return Decision::Answer(status_response(410));
                 } else {
-                    let resource = resource_of(&head.target).unwrap_or_default();
                     let delay = match &inner.plan.stale {
                         Some((delay, only))
-                            if only.is_empty() || only.iter().any(|r| r == resource) =>
+                            if only.is_empty() || only.contains(&resource) =>
                         {
                             *delay
                         }
                         _ => Duration::ZERO,
                     };
-                    let entry = Self::record(&mut inner, head, "…".into());
-                    return Decision::Forward { entry, delay };
+                    let mut pending = String::from("…");
+                    if !delay.is_zero() {
+                        inner.hits += 1;
+                        pending.push_str(&format!(" answer held back {delay:?} (fault)"));
+                    }
+                    let entry = Self::record(&mut inner, head, pending);
+                    return Decision::Forward {
+                        entry,
+                        delay,
+                        crash_point: false,
+                    };
                 }
-            } else if is_counted_write(head)
-                && inner.plan.namespace.as_ref().is_none_or(|ns| {
-                    let path = head
-                        .target
-                        .split_once('?')
-                        .map_or(head.target.as_str(), |(p, _)| p);
-                    path.contains(&format!("/namespaces/{ns}/"))
-                })
+            } else if is_counted_write(head) && in_namespace(head, inner.plan.namespace.as_deref())
             {
+                if inner.crash_pending {
+                    let why = "not forwarded: the controller is crashing (its last write is answered, the crash pending)";
+                    Self::record(&mut inner, head, why.into());
+                    return Decision::Close;
+                }
                 inner.writes_seen += 1;
+                inner.last_write = Some(Instant::now());
                 let n = inner.writes_seen;
                 if let Some((status, p)) = inner.plan.write_errors
+                    // A real server answers 409 Conflict to an update or a
+                    // patch (a stale resourceVersion, an apply conflict);
+                    // to a create it would mean AlreadyExists, a lie here.
+                    && (status != 409 || matches!(head.method.as_str(), "PUT" | "PATCH"))
                     && chance(inner.plan.seed, WRITE, n, p)
                 {
+                    inner.hits += 1;
                     Self::record(&mut inner, head, format!("answered {status} (fault)"));
                     return Decision::Answer(status_response(status));
                 }
                 inner.writes_forwarded += 1;
-                inner.last_write = Some(Instant::now());
+                let total = inner.plan.crash_counter.fetch_add(1, Ordering::SeqCst) + 1;
+                let crash_point = inner.plan.crash_after_write == Some(total);
+                inner.crash_pending |= crash_point;
                 let entry = Self::record(&mut inner, head, "…".into());
-                if inner.plan.crash_after_write == Some(inner.writes_forwarded) {
-                    inner.crash_entry = entry;
-                }
                 return Decision::Forward {
                     entry,
                     delay: Duration::ZERO,
+                    crash_point,
                 };
             } else {
                 let entry = Self::record(&mut inner, head, "…".into());
-                return Decision::Forward {
-                    entry,
-                    delay: Duration::ZERO,
-                };
+                return forward(entry);
             }
         }
         // A watch while blind: held until the watches see again.
@@ -370,27 +444,60 @@ impl Faults {
         Decision::Answer(status_response(410))
     }
 
-    /// The answer to a forwarded request began with `status`.
-    pub fn responded(&self, entry: usize, status: Option<u16>) {
+    /// The answer to a forwarded request began with `status`; with
+    /// `crash_point`, the controller crashes now.
+    pub fn responded(&self, entry: Option<usize>, status: Option<u16>, crash_point: bool) {
         let mut inner = self.inner();
-        let crash = inner.crash_entry == Some(entry);
-        if let Some(logged) = inner.log.as_mut().and_then(|log| log.get_mut(entry)) {
+        if let Some(logged) = entry.and_then(|e| inner.log.as_mut()?.get_mut(e)) {
+            // What decide noted after the "…" (a fault on the answer) stays.
+            let note = logged
+                .outcome
+                .strip_prefix('…')
+                .unwrap_or_default()
+                .to_owned();
             logged.outcome = match status {
-                Some(s) => format!("{s}"),
-                None => "answered (status unreadable)".into(),
+                Some(s) => format!("{s}{note}"),
+                None => format!("answered (status unreadable){note}"),
             };
-            if crash {
+            if crash_point {
                 logged
                     .outcome
                     .push_str(" — then the controller crashed (fault)");
             }
         }
-        if crash {
-            inner.crash_entry = None;
+        if crash_point {
+            inner.crashes += 1;
+            inner.hits += 1;
             drop(inner);
             self.crashed.send_replace(true);
         }
     }
+}
+
+/// Whether a request's path is in `namespace` (any, if `None`).
+fn in_namespace(head: &Head, namespace: Option<&str>) -> bool {
+    namespace.is_none_or(|ns| {
+        let path = head
+            .target
+            .split_once('?')
+            .map_or(head.target.as_str(), |(p, _)| p);
+        path.contains(&format!("/namespaces/{ns}/"))
+    })
+}
+
+/// The value of `name` in a request target's query, if there.
+fn query_value<'a>(target: &'a str, name: &str) -> Option<&'a str> {
+    let query = target.split_once('?')?.1;
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// FNV-1a of a string: a resource's own stream of choices from one seed.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 const GONE: u64 = 1;

@@ -105,7 +105,7 @@ impl Check {
         }
     }
 
-    /// No owner has two objects of kind `K` whose controller
+    /// No owner (by uid) has two objects of kind `K` whose controller
     /// ownerReference names it: a child made twice (say, under a generated
     /// name by a controller that read a cache that did not have the first
     /// one yet).
@@ -122,10 +122,12 @@ impl Check {
             kind.plural
         );
         Self::new(name, move |snapshot| {
-            let mut by_owner: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut by_owner: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
             for child in snapshot.dynamic(&kind)? {
+                // By uid: an owner deleted and made again under its name
+                // is another owner, its old children the collector's.
                 if let Some(owner) = controller_of(child) {
-                    let owner = format!("{} {}", owner.kind, owner.name);
+                    let owner = (owner.uid.clone(), format!("{} {}", owner.kind, owner.name));
                     by_owner
                         .entry(owner)
                         .or_default()
@@ -135,7 +137,7 @@ impl Check {
             let twice: Vec<String> = by_owner
                 .into_iter()
                 .filter(|(_, children)| children.len() > 1)
-                .map(|(owner, children)| format!("{owner} controls {}", children.join(", ")))
+                .map(|((_, owner), children)| format!("{owner} controls {}", children.join(", ")))
                 .collect();
             if twice.is_empty() {
                 Ok(())
@@ -148,7 +150,8 @@ impl Check {
     /// Every object of kind `K` has a controller ownerReference to an
     /// object that exists (of a recorded kind): nothing left behind that
     /// the garbage collector will never take. The owners' kinds must be
-    /// recorded too.
+    /// recorded too, and every object of `K` counts: when parents and
+    /// children are of one kind, write your own check.
     pub fn no_orphans<K: Resource<DynamicType = ()>>() -> Self {
         Self::no_orphans_of(ApiResource::erase::<K>(&()))
     }
