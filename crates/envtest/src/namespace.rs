@@ -12,7 +12,6 @@ use kube_client::{Client, Config};
 /// plane's own and not waited for; the namespace controller then empties
 /// and removes the namespace. [`keep`](Self::keep) gives the name without
 /// the delete.
-#[derive(Debug)]
 pub struct TestNamespace {
     name: String,
     deleter: Option<mpsc::Sender<String>>,
@@ -38,6 +37,13 @@ impl std::ops::Deref for TestNamespace {
 
     fn deref(&self) -> &String {
         &self.name
+    }
+}
+
+/// As its name's: `{ns:?}` is `"the-name"`, as it was when this was a `String`.
+impl std::fmt::Debug for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.name, f)
     }
 }
 

@@ -380,9 +380,7 @@ impl Faults {
                     return Decision::Answer(status_response(410));
                 } else {
                     let delay = match &inner.plan.stale {
-                        Some((delay, only))
-                            if only.is_empty() || only.contains(&resource) =>
-                        {
+                        Some((delay, only)) if only.is_empty() || only.contains(&resource) => {
                             *delay
                         }
                         _ => Duration::ZERO,
