@@ -518,7 +518,7 @@ async fn undecodable_deleted(format: WireFormat) {
         informer,
         seen,
         shutdown,
-        ..
+        ns: _ns, // the namespace lives as long as the test
     } = cached_then_garbled("garbled-del", "victim", format).await;
     // Its DELETED event cannot be decoded; later events move the version on.
     garble(&proxy, format);
