@@ -235,6 +235,17 @@ async fn accept_loop(
                     deliver(&mut release, &mut client_write),
                 ) } => {}
             }
+            // A crash point whose answer never came (the connection ended
+            // first): the write was sent, so the crash happens now rather
+            // than never.
+            let unanswered = conn
+                .awaiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some((entry, true)) = unanswered {
+                state.faults.responded(entry, None, true);
+            }
         });
     }
 }
@@ -260,6 +271,7 @@ async fn watch_cut(state: &State, conn: &Conn) {
     let mut cuts = state.faults.watch_cuts();
     while cuts.changed().await.is_ok() {
         if conn.watching.load(Ordering::SeqCst) {
+            state.faults.watch_closed();
             return;
         }
     }

@@ -279,6 +279,11 @@ impl Faults {
         self.inner().crashes
     }
 
+    /// A live watch was closed by [`blind`](Self::blind): a hit.
+    pub fn watch_closed(&self) {
+        self.inner().hits += 1;
+    }
+
     /// Requests a fault hit since the run began.
     pub fn hits(&self) -> u64 {
         self.inner().hits
@@ -364,10 +369,18 @@ impl Faults {
                 let from = query_value(&head.target, "resourceVersion")
                     .and_then(|v| v.parse::<u64>().ok())
                     .filter(|v| *v > 0);
+                // A streaming list (sendInitialEvents) is a list, not a
+                // watch from a version: the blind window's 410 is not for
+                // it (a real server does not answer it so, and kinformer's
+                // informer takes any error on one as streaming lists being
+                // unsupported, for good). Fault::gone does hit it: that
+                // relists too, by a plain list.
+                let streaming_list = query_value(&head.target, "sendInitialEvents") == Some("true");
                 if *blind.borrow_and_update() {
                     inner.hits += 1;
                     Self::record(&mut inner, head, "held: watches blind (fault)".into());
-                } else if let (Some(from), Some(before)) = (from, inner.stale_before)
+                } else if let (Some(from), Some(before), false) =
+                    (from, inner.stale_before, streaming_list)
                     && from < before
                 {
                     inner.hits += 1;
