@@ -8,27 +8,8 @@ use kinformer_controllers::kube::api::{Api, Patch, PatchParams, PostParams};
 use kinformer_envtest::{TestEnv, rbac};
 use tokio::process::Child;
 
-fn deployment(name: &str, configmap: &str) -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": configmap}}]}],
-                    "volumes": [{"name": "v", "configMap": {"name": configmap}}]
-                }
-            }
-        }
-    }))
-    .unwrap()
-}
-
-fn configmap(name: &str, value: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": value}}))
-        .unwrap()
-}
+mod common;
+use common::{configmap, deployment};
 
 async fn hash_of(api: &Api<Deployment>, name: &str) -> Option<String> {
     let d = api.get(name).await.unwrap();

@@ -11,29 +11,10 @@ use kinformer_controllers::kube::{Client, ResourceExt};
 use kinformer_envtest::fault_run::BoxError;
 use kinformer_envtest::{Check, Fault, FaultRun, TestEnv};
 
+mod common;
+use common::{configmap, deployment};
+
 const BIN: &str = env!("CARGO_BIN_EXE_configmap-hash");
-
-fn deployment(name: &str, configmap: &str) -> Deployment {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [{"name": "c", "image": "x", "envFrom": [{"configMapRef": {"name": configmap}}]}],
-                    "volumes": [{"name": "v", "configMap": {"name": configmap}}]
-                }
-            }
-        }
-    }))
-    .unwrap()
-}
-
-fn configmap(name: &str, value: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": value}}))
-        .unwrap()
-}
 
 /// Two Deployments on one ConfigMap that changes twice, a third on a
 /// ConfigMap that arrives after it.
